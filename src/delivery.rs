@@ -1,0 +1,68 @@
+//! One delivery of one message, as the gate sees it, whatever brought it: the RocketMQ consumer
+//! or the demo's built-in traffic source.
+//!
+//! This module owns the broker-neutral shape of a message and its payload hash. It must not
+//! parse business content; that is [`crate::route`]'s job.
+
+use std::collections::BTreeMap;
+
+use sha2::{Digest, Sha256};
+
+/// The property a producer sets (and RocketMQ keeps) as the message's stable id across
+/// redeliveries. The broker's `msgId` changes on every redelivery; this does not.
+pub const UNIQ_KEY_PROPERTY: &str = "UNIQ_KEY";
+
+/// The property `idemgate replay` sets on a re-published dead letter, so that the gate can
+/// tell a replay from other duplicates.
+pub const REPLAY_PROPERTY: &str = "IDEMGATE_REPLAY_OF";
+
+/// A message as delivered, plus where it came from.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Delivery {
+    /// The broker's message id. It changes on every redelivery.
+    pub msg_id: String,
+    /// The producer's id of this send (RocketMQ `UNIQ_KEY`). Stable across redeliveries; a
+    /// producer resend of the same business key gets a new one. Empty when unknown.
+    pub uniq_key: String,
+    pub topic: String,
+    pub tags: String,
+    /// RocketMQ `KEYS`: business keys the producer attached, in order.
+    pub keys: Vec<String>,
+    pub properties: BTreeMap<String, String>,
+    pub body: Vec<u8>,
+    pub queue_id: i32,
+    pub queue_offset: i64,
+    /// How many times the broker has redelivered this message after a failure.
+    pub reconsume_times: i32,
+}
+
+impl Delivery {
+    /// The hex SHA-256 of the body: what a claim remembers, so a duplicate with a different
+    /// body (a key collision, i.e. a producer bug) is caught.
+    pub fn payload_hash(&self) -> String {
+        hex::encode(Sha256::digest(&self.body))
+    }
+
+    /// True when the message is a re-publication by `idemgate replay`.
+    pub fn is_replay(&self) -> bool {
+        self.properties.contains_key(REPLAY_PROPERTY)
+    }
+
+    pub fn property(&self, name: &str) -> Option<&str> {
+        self.properties.get(name).map(String::as_str)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn payload_hash_is_stable_and_depends_on_the_body() {
+        let a = Delivery { body: b"{\"sku\":\"A\"}".to_vec(), ..Default::default() };
+        let b = Delivery { body: b"{\"sku\":\"B\"}".to_vec(), msg_id: "other".into(), ..Default::default() };
+        assert_eq!(a.payload_hash(), a.clone().payload_hash());
+        assert_eq!(a.payload_hash().len(), 64);
+        assert_ne!(a.payload_hash(), b.payload_hash());
+    }
+}

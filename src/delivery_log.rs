@@ -1,0 +1,97 @@
+//! The delivery log: one row per delivery attempt, whatever its outcome. It is the raw material
+//! of the trace page, the metrics and the reconciler.
+//!
+//! This module owns the `delivery_log` table's writes. A `processed` row is written inside the
+//! gate's transaction, so it exists exactly when the effect does; every other row is written on
+//! its own. It must not decide outcomes; the gate does.
+
+use crate::delivery::Delivery;
+use crate::gate::{DuplicateCause, Layer, Outcome};
+use crate::route::{MAX_BIZ_ID_CHARS, MAX_BIZ_TYPE_CHARS, MAX_ID_CHARS, MAX_TOPIC_CHARS, excerpt};
+use crate::store::{Backend, Conn, Sql, query};
+
+/// The longest error text kept, in characters.
+pub const MAX_ERROR_CHARS: usize = 2_000;
+/// The most body bytes kept for a dead-lettered or invalid delivery (RocketMQ's own default
+/// message size limit). A longer body is cut and the row's error says so.
+pub const MAX_KEPT_PAYLOAD: usize = 4 * 1024 * 1024;
+
+static APPEND: Sql = Sql::new(
+    "INSERT INTO delivery_log (logged_at_ms, instance_id, consumer_group, msg_id, uniq_key, \
+     topic, tags, queue_id, queue_offset, reconsume_times, biz_type, biz_id, execute_time, \
+     outcome, cause, layer, payload_match, payload_hash, error, latency_us, payload) \
+     VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+);
+
+/// One row of the log, borrowed from the delivery it describes.
+#[derive(Debug, Clone)]
+pub struct Entry<'a> {
+    pub logged_at_ms: i64,
+    pub instance_id: &'a str,
+    pub consumer_group: &'a str,
+    pub delivery: &'a Delivery,
+    pub biz_type: &'a str,
+    pub biz_id: &'a str,
+    pub execute_time: i64,
+    pub outcome: Outcome,
+    pub cause: Option<DuplicateCause>,
+    pub layer: Option<Layer>,
+    pub payload_match: Option<bool>,
+    pub payload_hash: Option<&'a str>,
+    pub error: Option<&'a str>,
+    pub latency_us: i64,
+    /// Keep the body: for dead letters (so they can be replayed) and invalid messages (so they
+    /// can be inspected and fixed).
+    pub keep_payload: bool,
+}
+
+/// Appends `entry` through `conn` (a pooled connection or the gate's open transaction).
+///
+/// Text that came from outside (msgId, topic, a rejected bizId) is cut to its column's size
+/// with [`excerpt`], so that a hostile message is logged instead of failing the insert.
+pub async fn append(conn: &mut Conn, backend: Backend, entry: &Entry<'_>) -> Result<(), sqlx::Error> {
+    let d = entry.delivery;
+    let mut error = entry.error.map(|e| clip(e, MAX_ERROR_CHARS));
+    let payload = entry.keep_payload.then(|| {
+        if d.body.len() > MAX_KEPT_PAYLOAD {
+            let note = format!(" [body of {} bytes cut to {MAX_KEPT_PAYLOAD}]", d.body.len());
+            error = Some(error.take().unwrap_or_default() + &note);
+            &d.body[..MAX_KEPT_PAYLOAD]
+        } else {
+            &d.body[..]
+        }
+    });
+    query(backend, &APPEND)
+        .bind(entry.logged_at_ms)
+        .bind(entry.instance_id)
+        .bind(entry.consumer_group)
+        .bind(excerpt(&d.msg_id, MAX_ID_CHARS))
+        .bind(excerpt(&d.uniq_key, MAX_ID_CHARS))
+        .bind(excerpt(&d.topic, MAX_TOPIC_CHARS))
+        .bind(excerpt(&d.tags, MAX_TOPIC_CHARS))
+        .bind(d.queue_id)
+        .bind(d.queue_offset)
+        .bind(d.reconsume_times)
+        .bind(excerpt(entry.biz_type, MAX_BIZ_TYPE_CHARS))
+        .bind(excerpt(entry.biz_id, MAX_BIZ_ID_CHARS))
+        .bind(entry.execute_time)
+        .bind(entry.outcome.as_str())
+        .bind(entry.cause.map(DuplicateCause::as_str))
+        .bind(entry.layer.map(Layer::as_str))
+        .bind(entry.payload_match.map(i16::from))
+        .bind(entry.payload_hash)
+        .bind(error)
+        .bind(entry.latency_us)
+        .bind(payload)
+        .execute(conn)
+        .await?;
+    Ok(())
+}
+
+/// Cuts `text` to `max` characters without splitting one.
+fn clip(text: &str, max: usize) -> String {
+    match text.char_indices().nth(max) {
+        Some((i, _)) => text[..i].to_owned(),
+        None => text.to_owned(),
+    }
+}

@@ -1,0 +1,483 @@
+//! The gate: one delivery in, one disposition out, with the business effect applied at most
+//! once per business key and consumer group.
+//!
+//! For each delivery the gate
+//! 1. reads the business key ([`crate::route`]); a bad key is logged `invalid`;
+//! 2. begins a transaction and **claims** the key in `idempotent_record` (insert first);
+//! 3. if the key was taken, rolls back without running the handler, names the duplicate's cause
+//!    and logs it;
+//! 4. otherwise runs the handler in the same transaction, appends the `processed` log row, and
+//!    commits: claim, effect and log row become durable together or not at all.
+//!
+//! A failing handler rolls everything back, so the key stays unclaimed and a redelivery can
+//! still succeed. The unique index is the only arbiter between concurrent deliveries and
+//! between processes: there is no in-process lock for a second instance to bypass.
+//!
+//! **Consumer groups.** The group is part of the claim key. Instances of one group block each
+//! other (they apply the same effect); two groups that apply different effects for the same
+//! business key (say, stock and loyalty points) never block each other.
+
+mod claim;
+mod outcome;
+
+use std::time::{Duration, Instant};
+
+pub use claim::{Claim, classify};
+pub use outcome::{Disposition, DuplicateCause, Layer, Outcome, Phases, Verdict};
+
+use crate::delivery::Delivery;
+use crate::delivery_log::{self, Entry};
+use crate::handler::{Effect, HandlerError, Handlers, Work};
+use crate::route::{BizKey, MAX_ID_CHARS, Rejection, Routes, check_key_text, excerpt};
+use crate::store::{Store, is_transient};
+use crate::throttle::{Permit, Throttle};
+use claim::Claimant;
+
+/// Who is consuming: part of every claim and log row.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Identity {
+    pub consumer_group: String,
+    /// This process, as shown in logs, log rows and metrics.
+    pub instance_id: String,
+}
+
+impl Identity {
+    /// `host-pid`: unique among the processes sharing a database.
+    pub fn default_instance_id() -> String {
+        let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
+            .ok()
+            .map(|h| h.trim().to_owned())
+            .filter(|h| !h.is_empty())
+            .unwrap_or_else(|| "localhost".to_owned());
+        format!("{host}-{}", std::process::id())
+    }
+}
+
+/// How the gate treats failures.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Policy {
+    /// The broker's `maxReconsumeTimes`: a retryable failure at this reconsume count is the
+    /// last attempt and is logged `dead_lettered`.
+    pub max_reconsume_times: i32,
+    /// How often a transient database conflict (deadlock, busy file) is retried inside the
+    /// gate before the broker is asked to redeliver.
+    pub transient_retries: u32,
+    /// How many duplicate warnings a second may log; the rest are counted and reported.
+    pub duplicate_warnings_per_second: u32,
+}
+
+impl Default for Policy {
+    fn default() -> Self {
+        Self { max_reconsume_times: 16, transient_retries: 3, duplicate_warnings_per_second: 20 }
+    }
+}
+
+/// A gate's configuration is wrong.
+#[derive(Debug, thiserror::Error)]
+pub enum GateError {
+    #[error("routes[{route}].handler: no handler named {name:?}; known handlers: {known}")]
+    UnknownHandler { route: usize, name: String, known: String },
+    #[error("consumer.group: {0}")]
+    BadGroup(String),
+    #[error("consumer.instance: {0}")]
+    BadInstance(String),
+}
+
+/// The idempotent processing of deliveries. Share it behind an `Arc`.
+pub struct Gate {
+    store: Store,
+    routes: Routes,
+    handlers: Handlers,
+    identity: Identity,
+    policy: Policy,
+    duplicate_warnings: Throttle,
+}
+
+impl std::fmt::Debug for Gate {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Gate")
+            .field("store", &self.store)
+            .field("identity", &self.identity)
+            .field("handlers", &self.handlers)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Where an attempt ended.
+enum Attempt {
+    Committed { effect: Effect },
+    Taken,
+    Refused(HandlerError),
+}
+
+impl Gate {
+    /// Checks that every route has a handler and that the identity fits the key columns.
+    pub fn new(
+        store: Store,
+        routes: Routes,
+        handlers: Handlers,
+        identity: Identity,
+        policy: Policy,
+    ) -> Result<Self, GateError> {
+        for (route, name) in routes.handler_names() {
+            if handlers.get(name).is_none() {
+                return Err(GateError::UnknownHandler {
+                    route,
+                    name: name.to_owned(),
+                    known: handlers.names().collect::<Vec<_>>().join(", "),
+                });
+            }
+        }
+        check_key_text(&identity.consumer_group, MAX_ID_CHARS).map_err(GateError::BadGroup)?;
+        if identity.instance_id.is_empty() || identity.instance_id.chars().count() > MAX_ID_CHARS {
+            return Err(GateError::BadInstance(format!("must be 1 to {MAX_ID_CHARS} characters")));
+        }
+        let duplicate_warnings = Throttle::new(policy.duplicate_warnings_per_second, Duration::from_secs(1));
+        Ok(Self { store, routes, handlers, identity, policy, duplicate_warnings })
+    }
+
+    pub fn store(&self) -> &Store {
+        &self.store
+    }
+
+    pub fn identity(&self) -> &Identity {
+        &self.identity
+    }
+
+    pub fn routes(&self) -> &Routes {
+        &self.routes
+    }
+
+    pub fn policy(&self) -> &Policy {
+        &self.policy
+    }
+
+    /// Processes one delivery. Never panics on input and never fails: every problem becomes a
+    /// disposition, and a delivery whose log row could not be written is never acknowledged.
+    pub async fn process(&self, d: &Delivery) -> Disposition {
+        let started = Instant::now();
+        let key = match self.routes.resolve(d) {
+            Ok(key) => key,
+            Err(rejection) => return self.reject(d, rejection, started).await,
+        };
+        let payload_hash = d.payload_hash();
+        let mut phases = Phases::default();
+        let attempt = loop {
+            match self.attempt(d, &key, &payload_hash, started, &mut phases).await {
+                Err(e) if is_transient(&e) && phases.transient_retries < self.policy.transient_retries => {
+                    phases.transient_retries += 1;
+                    let jitter = rand::random_range(0..=5u64 << phases.transient_retries);
+                    tokio::time::sleep(Duration::from_millis(jitter)).await;
+                }
+                other => break other,
+            }
+        };
+        match attempt {
+            Ok(Attempt::Committed { effect }) => {
+                let (outcome, layer) = match effect {
+                    Effect::Applied => (Outcome::Processed, None),
+                    Effect::AlreadyApplied { layer, .. } => (Outcome::Duplicate, Some(layer)),
+                };
+                Disposition {
+                    outcome,
+                    verdict: Verdict::Ack,
+                    key: Some(key),
+                    cause: layer.map(|_| DuplicateCause::Unknown),
+                    layer,
+                    payload_match: None,
+                    error: None,
+                    latency: started.elapsed(),
+                    logged: true,
+                    phases,
+                }
+            }
+            Ok(Attempt::Taken) => self.duplicate(d, key, &payload_hash, started, phases).await,
+            Ok(Attempt::Refused(why)) => self.refused(d, key, &payload_hash, why, started, phases).await,
+            Err(e) => {
+                let why = HandlerError::Retryable(format!("database error: {e}"));
+                self.refused(d, key, &payload_hash, why, started, phases).await
+            }
+        }
+    }
+
+    /// One transaction: claim, handler, log row, commit.
+    async fn attempt(
+        &self,
+        d: &Delivery,
+        key: &BizKey,
+        payload_hash: &str,
+        started: Instant,
+        phases: &mut Phases,
+    ) -> Result<Attempt, sqlx::Error> {
+        let backend = self.store.backend();
+        let who = Claimant {
+            consumer_group: &self.identity.consumer_group,
+            instance_id: &self.identity.instance_id,
+        };
+        let mut clock = Instant::now();
+        let mut lap = |slot: &mut u64| {
+            let now = Instant::now();
+            *slot += micros(now - clock);
+            clock = now;
+        };
+
+        let mut tx = self.store.begin().await?;
+        lap(&mut phases.begin_us);
+        let now_ms = now_ms();
+        let claimed = claim::claim(&mut tx, backend, &who, key, d, payload_hash, now_ms).await?;
+        lap(&mut phases.claim_us);
+        if !claimed {
+            tx.rollback().await?;
+            return Ok(Attempt::Taken);
+        }
+
+        let handler = self
+            .handlers
+            .get(&key.handler)
+            .expect("Gate::new checked that every route's handler exists");
+        let work = Work { delivery: d, key, backend, now_ms };
+        let result = handler.handle(&work, &mut tx).await;
+        lap(&mut phases.handler_us);
+        let effect = match result {
+            Ok(effect) => effect,
+            Err(HandlerError::Database(e)) => {
+                tx.rollback().await?;
+                return Err(e);
+            }
+            Err(refusal) => {
+                tx.rollback().await?;
+                return Ok(Attempt::Refused(refusal));
+            }
+        };
+
+        let (outcome, layer, detail) = match &effect {
+            Effect::Applied => (Outcome::Processed, None, None),
+            Effect::AlreadyApplied { layer, detail } => (Outcome::Duplicate, Some(*layer), Some(detail.as_str())),
+        };
+        if let Some(layer) = layer {
+            self.warn_duplicate(d, key, DuplicateCause::Unknown, Some(layer));
+        }
+        let entry = Entry {
+            logged_at_ms: now_ms,
+            instance_id: &self.identity.instance_id,
+            consumer_group: &self.identity.consumer_group,
+            delivery: d,
+            biz_type: &key.biz_type,
+            biz_id: &key.biz_id,
+            execute_time: key.execute_time,
+            outcome,
+            cause: layer.map(|_| DuplicateCause::Unknown),
+            layer,
+            payload_match: None,
+            payload_hash: Some(payload_hash),
+            error: detail,
+            latency_us: micros(started.elapsed()) as i64,
+            keep_payload: false,
+        };
+        delivery_log::append(&mut tx, backend, &entry).await?;
+        lap(&mut phases.log_us);
+        tx.commit().await?;
+        lap(&mut phases.commit_us);
+        Ok(Attempt::Committed { effect })
+    }
+
+    /// The key was taken: name the cause, log the duplicate, acknowledge.
+    async fn duplicate(
+        &self,
+        d: &Delivery,
+        key: BizKey,
+        payload_hash: &str,
+        started: Instant,
+        mut phases: Phases,
+    ) -> Disposition {
+        let backend = self.store.backend();
+        let lookup_started = Instant::now();
+        let earlier = match self.store.pool().acquire().await {
+            Ok(mut conn) => claim::find(&mut conn, backend, &self.identity.consumer_group, &key).await,
+            Err(e) => Err(e),
+        };
+        phases.lookup_us += micros(lookup_started.elapsed());
+        let earlier = earlier.unwrap_or_else(|e| {
+            tracing::warn!(error = %e, "could not read the earlier claim of a duplicate; its cause is logged as unknown");
+            None
+        });
+        let (cause, payload_match) = classify(d, payload_hash, earlier.as_ref());
+        self.warn_duplicate(d, &key, cause, Some(Layer::Db));
+        if payload_match == Some(false) {
+            tracing::error!(
+                biz_type = %key.biz_type, biz_id = %key.biz_id, msg_id = ?d.msg_id, uniq_key = ?d.uniq_key,
+                claimed_by = ?earlier.as_ref().map(|c| c.msg_id.as_str()),
+                "key collision: a duplicate carries a different body than the delivery that claimed the key"
+            );
+        }
+        let error = (payload_match == Some(false)).then_some("key collision: the body differs from the claim's");
+        let disposition = Disposition {
+            outcome: Outcome::Duplicate,
+            verdict: Verdict::Ack,
+            cause: Some(cause),
+            layer: Some(Layer::Db),
+            payload_match,
+            error: error.map(str::to_owned),
+            latency: Duration::ZERO,
+            logged: false,
+            phases,
+            key: None,
+        };
+        self.record(d, Some(key), Some(payload_hash), disposition, started).await
+    }
+
+    /// The handler or the database said no: retry, dead-letter or invalid.
+    async fn refused(
+        &self,
+        d: &Delivery,
+        key: BizKey,
+        payload_hash: &str,
+        why: HandlerError,
+        started: Instant,
+        phases: Phases,
+    ) -> Disposition {
+        let (outcome, verdict) = match &why {
+            HandlerError::Invalid(_) => (Outcome::Invalid, Verdict::Ack),
+            HandlerError::Permanent(_) => (Outcome::DeadLettered, Verdict::DeadLetter),
+            HandlerError::Retryable(_) | HandlerError::Database(_) => {
+                if d.reconsume_times >= self.policy.max_reconsume_times {
+                    (Outcome::DeadLettered, Verdict::Retry)
+                } else {
+                    (Outcome::Failed, Verdict::Retry)
+                }
+            }
+        };
+        let error = why.to_string();
+        match outcome {
+            Outcome::Failed => tracing::info!(
+                biz_type = %key.biz_type, biz_id = %key.biz_id, msg_id = ?d.msg_id,
+                reconsume_times = d.reconsume_times, error = %error, "delivery failed; the broker will redeliver it"
+            ),
+            _ => tracing::warn!(
+                biz_type = %key.biz_type, biz_id = %key.biz_id, msg_id = ?d.msg_id,
+                reconsume_times = d.reconsume_times, outcome = %outcome, error = %error, "delivery given up"
+            ),
+        }
+        let disposition = Disposition {
+            outcome,
+            verdict,
+            key: None,
+            cause: None,
+            layer: None,
+            payload_match: None,
+            error: Some(error),
+            latency: Duration::ZERO,
+            logged: false,
+            phases,
+        };
+        self.record(d, Some(key), Some(payload_hash), disposition, started).await
+    }
+
+    /// The key could not be read: log `invalid` with the reason and the body.
+    async fn reject(&self, d: &Delivery, rejection: Rejection, started: Instant) -> Disposition {
+        tracing::warn!(
+            msg_id = ?excerpt(&d.msg_id, MAX_ID_CHARS), topic = ?excerpt(&d.topic, 64),
+            reason = %rejection.reason, "invalid delivery"
+        );
+        let disposition = Disposition {
+            outcome: Outcome::Invalid,
+            verdict: Verdict::Ack,
+            key: None,
+            cause: None,
+            layer: None,
+            payload_match: None,
+            error: Some(rejection.reason),
+            latency: Duration::ZERO,
+            logged: false,
+            phases: Phases::default(),
+        };
+        let key = BizKey {
+            biz_type: rejection.biz_type,
+            biz_id: rejection.biz_id,
+            execute_time: 0,
+            handler: String::new(),
+        };
+        self.record(d, Some(key), None, disposition, started).await
+    }
+
+    /// Writes the log row of a delivery that did not commit an effect. If the row cannot be
+    /// written, the delivery is not acknowledged: the broker brings it back and nothing is lost.
+    async fn record(
+        &self,
+        d: &Delivery,
+        key: Option<BizKey>,
+        payload_hash: Option<&str>,
+        mut disposition: Disposition,
+        started: Instant,
+    ) -> Disposition {
+        let backend = self.store.backend();
+        let (biz_type, biz_id, execute_time) = key
+            .as_ref()
+            .map(|k| (k.biz_type.as_str(), k.biz_id.as_str(), k.execute_time))
+            .unwrap_or(("", "", 0));
+        disposition.latency = started.elapsed();
+        let entry = Entry {
+            logged_at_ms: now_ms(),
+            instance_id: &self.identity.instance_id,
+            consumer_group: &self.identity.consumer_group,
+            delivery: d,
+            biz_type,
+            biz_id,
+            execute_time,
+            outcome: disposition.outcome,
+            cause: disposition.cause,
+            layer: disposition.layer,
+            payload_match: disposition.payload_match,
+            payload_hash,
+            error: disposition.error.as_deref(),
+            latency_us: micros(disposition.latency) as i64,
+            keep_payload: matches!(disposition.outcome, Outcome::DeadLettered | Outcome::Invalid),
+        };
+        let log_started = Instant::now();
+        let written = match self.store.pool().acquire().await {
+            Ok(mut conn) => delivery_log::append(&mut conn, backend, &entry).await,
+            Err(e) => Err(e),
+        };
+        disposition.phases.log_us += micros(log_started.elapsed());
+        match written {
+            Ok(()) => disposition.logged = true,
+            Err(e) => {
+                tracing::error!(
+                    error = %e, msg_id = ?excerpt(&d.msg_id, MAX_ID_CHARS), outcome = %disposition.outcome,
+                    "could not write the delivery log; asking the broker to redeliver"
+                );
+                disposition.verdict = Verdict::Retry;
+            }
+        }
+        if disposition.outcome != Outcome::Invalid {
+            disposition.key = key;
+        }
+        disposition
+    }
+
+    fn warn_duplicate(&self, d: &Delivery, key: &BizKey, cause: DuplicateCause, layer: Option<Layer>) {
+        if let Permit::Emit { held_back } = self.duplicate_warnings.check() {
+            tracing::warn!(
+                biz_type = %key.biz_type,
+                biz_id = %key.biz_id,
+                execute_time = key.execute_time,
+                msg_id = ?d.msg_id,
+                uniq_key = ?d.uniq_key,
+                cause = %cause,
+                layer = layer.map(Layer::as_str).unwrap_or("db"),
+                reconsume_times = d.reconsume_times,
+                similar_warnings_held_back = held_back,
+                "duplicate delivery skipped"
+            );
+        }
+    }
+}
+
+/// Epoch milliseconds now.
+pub fn now_ms() -> i64 {
+    chrono::Utc::now().timestamp_millis()
+}
+
+fn micros(d: Duration) -> u64 {
+    u64::try_from(d.as_micros()).unwrap_or(u64::MAX)
+}

@@ -1,0 +1,577 @@
+//! Routing and key extraction: which business key a delivery claims, configured per topic and
+//! tag.
+//!
+//! A route says which `biz_type` a topic/tag carries, where the `biz_id` comes from (the message
+//! KEYS, a property, or a JSON field of the body) and where the optional `execute_time` of a
+//! delayed message comes from. Everything that can be wrong with a delivery's key is found here
+//! and described in a reason an engineer can act on; the gate logs it as `invalid`.
+//!
+//! This module owns the limits and the character rules of keys. It must not touch the database.
+
+use std::fmt::Write as _;
+
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+use crate::delivery::Delivery;
+
+/// Longest `biz_type`, in characters (the column is VARCHAR(64)).
+pub const MAX_BIZ_TYPE_CHARS: usize = 64;
+/// Longest `biz_id`, in characters (the column is VARCHAR(128)). Order numbers, UUIDs and
+/// composite keys such as `ORDER-2026-000123:LINE-2` fit with room to spare.
+pub const MAX_BIZ_ID_CHARS: usize = 128;
+/// Longest msgId, UNIQ_KEY and consumer group, in characters.
+pub const MAX_ID_CHARS: usize = 128;
+/// Longest topic and tags, in characters (RocketMQ's own topic limit is 127).
+pub const MAX_TOPIC_CHARS: usize = 255;
+
+/// Punctuation allowed in a `biz_id` or `biz_type` besides letters and digits.
+///
+/// Quotes, angle brackets, semicolons, backslashes, whitespace and control characters never
+/// belong in a business key; where they appear, a producer is broken or someone is probing.
+pub const KEY_PUNCTUATION: &str = "-_.:/@#+=,|~";
+
+/// A route as written in the configuration file.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RouteConfig {
+    pub topic: String,
+    /// `*` or a RocketMQ tag expression such as `create || update`.
+    #[serde(default = "any_tag")]
+    pub tags: String,
+    pub biz_type: String,
+    /// `keys`, `property:NAME` or `json:/json/pointer`.
+    #[serde(default = "from_keys")]
+    pub biz_id: String,
+    /// Absent for ordinary messages; `property:NAME` or `json:/pointer` for delayed ones. The
+    /// value is epoch milliseconds or an RFC 3339 time.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub execute_time: Option<String>,
+    /// The handler that applies the effect; defaults to `biz_type`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub handler: Option<String>,
+}
+
+fn any_tag() -> String {
+    "*".to_owned()
+}
+
+fn from_keys() -> String {
+    "keys".to_owned()
+}
+
+/// Where a value comes from in a delivery.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Source {
+    /// The first of the message's KEYS.
+    Keys,
+    Property(String),
+    /// An RFC 6901 pointer into the JSON body.
+    Json(String),
+}
+
+impl Source {
+    fn parse(text: &str, field: &str) -> Result<Self, RouteError> {
+        let bad = |why: &str| RouteError {
+            field: field.to_owned(),
+            message: format!("{text:?} {why}; expected \"keys\", \"property:NAME\" or \"json:/pointer\""),
+        };
+        if text == "keys" {
+            return Ok(Self::Keys);
+        }
+        if let Some(name) = text.strip_prefix("property:") {
+            if name.is_empty() {
+                return Err(bad("names no property"));
+            }
+            return Ok(Self::Property(name.to_owned()));
+        }
+        if let Some(pointer) = text.strip_prefix("json:") {
+            if !pointer.starts_with('/') {
+                return Err(bad("is not a JSON pointer (it must start with '/')"));
+            }
+            return Ok(Self::Json(pointer.to_owned()));
+        }
+        Err(bad("is not a key source"))
+    }
+
+    fn describe(&self) -> String {
+        match self {
+            Self::Keys => "the message KEYS".to_owned(),
+            Self::Property(name) => format!("property {name}"),
+            Self::Json(pointer) => format!("JSON field {pointer}"),
+        }
+    }
+}
+
+/// A configuration error in one route, naming the offending key.
+#[derive(Debug, Clone, thiserror::Error)]
+#[error("{field}: {message}")]
+pub struct RouteError {
+    pub field: String,
+    pub message: String,
+}
+
+#[derive(Debug, Clone)]
+enum TagFilter {
+    Any,
+    OneOf(Vec<String>),
+}
+
+impl TagFilter {
+    fn parse(expr: &str) -> Option<Self> {
+        let expr = expr.trim();
+        if expr == "*" {
+            return Some(Self::Any);
+        }
+        let tags: Vec<String> = expr.split("||").map(|t| t.trim().to_owned()).collect();
+        if tags.iter().any(|t| t.is_empty() || t == "*") {
+            return None;
+        }
+        Some(Self::OneOf(tags))
+    }
+
+    fn matches(&self, tag: &str) -> bool {
+        match self {
+            Self::Any => true,
+            Self::OneOf(tags) => tags.iter().any(|t| t == tag),
+        }
+    }
+}
+
+#[derive(Debug, Clone)]
+struct Route {
+    topic: String,
+    tags: TagFilter,
+    biz_type: String,
+    biz_id: Source,
+    execute_time: Option<Source>,
+    handler: String,
+}
+
+/// The business key a delivery claims, checked against every rule.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BizKey {
+    pub biz_type: String,
+    pub biz_id: String,
+    /// Epoch milliseconds of a delayed message's scheduled time; 0 for ordinary messages.
+    pub execute_time: i64,
+    /// The handler that applies the effect.
+    pub handler: String,
+}
+
+/// Why a delivery cannot be processed, with what could be read of its key for the log.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Rejection {
+    pub reason: String,
+    /// The route's biz_type, or empty where no route matched.
+    pub biz_type: String,
+    /// Whatever bizId was found, as found (the delivery log stores a printable, bounded
+    /// excerpt of it, so the rejected message can still be looked up); empty where none was.
+    pub biz_id: String,
+}
+
+/// The routing table: the first route whose topic and tag match a delivery decides its key.
+#[derive(Debug, Clone, Default)]
+pub struct Routes {
+    routes: Vec<Route>,
+}
+
+impl Routes {
+    /// Builds the table, rejecting the first route that is wrong with an error naming it as
+    /// `routes[i].field`.
+    pub fn new(configs: &[RouteConfig]) -> Result<Self, RouteError> {
+        let mut routes = Vec::with_capacity(configs.len());
+        for (i, c) in configs.iter().enumerate() {
+            let at = |field: &str| format!("routes[{i}].{field}");
+            if c.topic.is_empty() || c.topic.chars().count() > MAX_TOPIC_CHARS {
+                return Err(RouteError {
+                    field: at("topic"),
+                    message: format!("must be 1 to {MAX_TOPIC_CHARS} characters"),
+                });
+            }
+            let tags = TagFilter::parse(&c.tags).ok_or_else(|| RouteError {
+                field: at("tags"),
+                message: format!("{:?} is not \"*\" or a tag list such as \"a || b\"", c.tags),
+            })?;
+            check_key_text(&c.biz_type, MAX_BIZ_TYPE_CHARS).map_err(|m| RouteError {
+                field: at("biz_type"),
+                message: m,
+            })?;
+            let biz_id = Source::parse(&c.biz_id, &at("biz_id"))?;
+            let execute_time = c
+                .execute_time
+                .as_deref()
+                .map(|s| match Source::parse(s, &at("execute_time"))? {
+                    Source::Keys => Err(RouteError {
+                        field: at("execute_time"),
+                        message: "cannot come from the message KEYS".to_owned(),
+                    }),
+                    other => Ok(other),
+                })
+                .transpose()?;
+            routes.push(Route {
+                topic: c.topic.clone(),
+                tags,
+                biz_type: c.biz_type.clone(),
+                biz_id,
+                execute_time,
+                handler: c.handler.clone().unwrap_or_else(|| c.biz_type.clone()),
+            });
+        }
+        Ok(Self { routes })
+    }
+
+    /// The handler names the routes need, for checking them against the registry at start.
+    pub fn handler_names(&self) -> impl Iterator<Item = (usize, &str)> {
+        self.routes.iter().enumerate().map(|(i, r)| (i, r.handler.as_str()))
+    }
+
+    /// Every (topic, tag expression) pair the routes cover, for building subscriptions.
+    pub fn topics(&self) -> Vec<(String, String)> {
+        let mut out: Vec<(String, Vec<String>)> = Vec::new();
+        for r in &self.routes {
+            let tags = match &r.tags {
+                TagFilter::Any => vec!["*".to_owned()],
+                TagFilter::OneOf(t) => t.clone(),
+            };
+            match out.iter_mut().find(|(t, _)| *t == r.topic) {
+                Some((_, existing)) => existing.extend(tags),
+                None => out.push((r.topic.clone(), tags)),
+            }
+        }
+        out.into_iter()
+            .map(|(topic, mut tags)| {
+                if tags.iter().any(|t| t == "*") {
+                    (topic, "*".to_owned())
+                } else {
+                    tags.dedup();
+                    (topic, tags.join(" || "))
+                }
+            })
+            .collect()
+    }
+
+    /// Finds the delivery's route and reads its business key.
+    pub fn resolve(&self, d: &Delivery) -> Result<BizKey, Rejection> {
+        let reject = |reason: String, biz_type: &str| Rejection {
+            reason,
+            biz_type: biz_type.to_owned(),
+            biz_id: String::new(),
+        };
+        for (what, value, max) in [
+            ("msgId", &d.msg_id, MAX_ID_CHARS),
+            ("UNIQ_KEY", &d.uniq_key, MAX_ID_CHARS),
+            ("topic", &d.topic, MAX_TOPIC_CHARS),
+            ("tags", &d.tags, MAX_TOPIC_CHARS),
+        ] {
+            let n = value.chars().count();
+            if n > max {
+                return Err(reject(format!("{what} is {n} characters long; the limit is {max}"), ""));
+            }
+        }
+        let Some(route) = self
+            .routes
+            .iter()
+            .find(|r| r.topic == d.topic && r.tags.matches(&d.tags))
+        else {
+            return Err(reject(
+                format!(
+                    "no route for topic {} with tag {}",
+                    excerpt(&d.topic, 64),
+                    excerpt(&d.tags, 64)
+                ),
+                "",
+            ));
+        };
+
+        let mut body = Body::new(&d.body);
+        let raw_id = read(&route.biz_id, d, &mut body)
+            .map_err(|why| reject(format!("biz_id: {why}"), &route.biz_type))?;
+        if let Err(why) = check_key_text(&raw_id, MAX_BIZ_ID_CHARS) {
+            return Err(Rejection {
+                reason: format!("biz_id from {}: {why}", route.biz_id.describe()),
+                biz_type: route.biz_type.clone(),
+                biz_id: raw_id,
+            });
+        }
+        let execute_time = match &route.execute_time {
+            None => 0,
+            Some(source) => read(source, d, &mut body)
+                .and_then(|text| parse_execute_time(&text))
+                .map_err(|why| Rejection {
+                    reason: format!("execute_time: {why}"),
+                    biz_type: route.biz_type.clone(),
+                    biz_id: raw_id.clone(),
+                })?,
+        };
+        Ok(BizKey {
+            biz_type: route.biz_type.clone(),
+            biz_id: raw_id,
+            execute_time,
+            handler: route.handler.clone(),
+        })
+    }
+}
+
+/// The body, parsed as JSON at most once per delivery.
+struct Body<'a> {
+    raw: &'a [u8],
+    parsed: Option<Result<Value, String>>,
+}
+
+impl<'a> Body<'a> {
+    fn new(raw: &'a [u8]) -> Self {
+        Self { raw, parsed: None }
+    }
+
+    fn json(&mut self) -> Result<&Value, String> {
+        let raw = self.raw;
+        self.parsed
+            .get_or_insert_with(|| {
+                let text = std::str::from_utf8(raw).map_err(|e| {
+                    format!("the body is not UTF-8 (invalid byte at offset {})", e.valid_up_to())
+                })?;
+                serde_json::from_str(text).map_err(|e| format!("the body is not JSON ({e})"))
+            })
+            .as_ref()
+            .map_err(Clone::clone)
+    }
+}
+
+fn read(source: &Source, d: &Delivery, body: &mut Body<'_>) -> Result<String, String> {
+    let text = match source {
+        Source::Keys => d
+            .keys
+            .iter()
+            .find(|k| !k.is_empty())
+            .cloned()
+            .ok_or_else(|| {
+                if d.keys.is_empty() {
+                    "the message has no KEYS".to_owned()
+                } else {
+                    "the message KEYS are empty".to_owned()
+                }
+            })?,
+        Source::Property(name) => d
+            .property(name)
+            .map(str::to_owned)
+            .ok_or_else(|| format!("the message has no property {name}"))?,
+        Source::Json(pointer) => match body.json()?.pointer(pointer) {
+            None | Some(Value::Null) => return Err(format!("the body has no field {pointer}")),
+            Some(Value::String(s)) => s.clone(),
+            Some(Value::Number(n)) if n.is_i64() || n.is_u64() => n.to_string(),
+            Some(other) => {
+                return Err(format!(
+                    "field {pointer} is {}, expected a string or an integer",
+                    json_kind(other)
+                ));
+            }
+        },
+    };
+    if text.is_empty() {
+        return Err(format!("{} is empty", source.describe()));
+    }
+    Ok(text)
+}
+
+fn json_kind(v: &Value) -> &'static str {
+    match v {
+        Value::Null => "null",
+        Value::Bool(_) => "a boolean",
+        Value::Number(_) => "a fractional or out-of-range number",
+        Value::String(_) => "a string",
+        Value::Array(_) => "an array",
+        Value::Object(_) => "an object",
+    }
+}
+
+/// Epoch milliseconds, or an RFC 3339 time.
+fn parse_execute_time(text: &str) -> Result<i64, String> {
+    let ms = match text.parse::<i64>() {
+        Ok(ms) => ms,
+        Err(_) => chrono::DateTime::parse_from_rfc3339(text)
+            .map(|t| t.timestamp_millis())
+            .map_err(|_| {
+                format!(
+                    "{} is neither epoch milliseconds nor an RFC 3339 time",
+                    excerpt(text, 64)
+                )
+            })?,
+    };
+    if ms < 0 {
+        return Err(format!("{ms} is before 1970"));
+    }
+    Ok(ms)
+}
+
+/// Checks a biz_id or biz_type: 1 to `max` characters, letters, digits and [`KEY_PUNCTUATION`].
+pub fn check_key_text(text: &str, max: usize) -> Result<(), String> {
+    if text.is_empty() {
+        return Err("is empty".to_owned());
+    }
+    let n = text.chars().count();
+    if n > max {
+        return Err(format!("is {n} characters long; the limit is {max}"));
+    }
+    if let Some((pos, c)) = text
+        .chars()
+        .enumerate()
+        .find(|(_, c)| !(c.is_alphanumeric() || KEY_PUNCTUATION.contains(*c)))
+    {
+        return Err(format!(
+            "has a forbidden character {} (U+{:04X}) at position {}; allowed are letters, digits and {}",
+            c.escape_debug(),
+            c as u32,
+            pos + 1,
+            KEY_PUNCTUATION.chars().map(String::from).collect::<Vec<_>>().join(" ")
+        ));
+    }
+    Ok(())
+}
+
+/// A printable rendition of untrusted text: control and invisible characters escaped, cut to
+/// `max` characters with a note of the full length. Safe for a log line and a VARCHAR(max).
+pub fn excerpt(text: &str, max: usize) -> String {
+    let escaped: String = text.chars().flat_map(char::escape_debug).collect();
+    if escaped.chars().count() <= max {
+        return escaped;
+    }
+    let note = format!("…({} chars)", text.chars().count());
+    let keep = max.saturating_sub(note.chars().count());
+    let mut out: String = escaped.chars().take(keep).collect();
+    let _ = write!(out, "{note}");
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn route(biz_id: &str, execute_time: Option<&str>) -> Routes {
+        Routes::new(&[RouteConfig {
+            topic: "shop".into(),
+            tags: "stock_deduct || stock_deduct_v2".into(),
+            biz_type: "stock.deduct".into(),
+            biz_id: biz_id.into(),
+            execute_time: execute_time.map(Into::into),
+            handler: None,
+        }])
+        .unwrap()
+    }
+
+    fn delivery(body: &[u8]) -> Delivery {
+        Delivery {
+            msg_id: "m1".into(),
+            topic: "shop".into(),
+            tags: "stock_deduct".into(),
+            keys: vec!["D-1".into()],
+            body: body.to_vec(),
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn a_key_is_read_from_keys_properties_and_json() {
+        let d = delivery(br#"{"deduction":{"id":"D-9"},"n":42}"#);
+        assert_eq!(route("keys", None).resolve(&d).unwrap().biz_id, "D-1");
+        assert_eq!(route("json:/deduction/id", None).resolve(&d).unwrap().biz_id, "D-9");
+        assert_eq!(route("json:/n", None).resolve(&d).unwrap().biz_id, "42");
+        let mut d = d;
+        d.properties.insert("BIZ".into(), "P-7".into());
+        let key = route("property:BIZ", None).resolve(&d).unwrap();
+        assert_eq!((key.biz_id.as_str(), key.handler.as_str(), key.execute_time), ("P-7", "stock.deduct", 0));
+    }
+
+    #[test]
+    fn execute_time_accepts_millis_and_rfc3339() {
+        let mut d = delivery(br#"{"at":"2026-01-02T03:04:05Z"}"#);
+        assert_eq!(route("keys", Some("json:/at")).resolve(&d).unwrap().execute_time, 1_767_323_045_000);
+        d.properties.insert("AT".into(), "1700000000000".into());
+        assert_eq!(route("keys", Some("property:AT")).resolve(&d).unwrap().execute_time, 1_700_000_000_000);
+        d.properties.insert("AT".into(), "tomorrow".into());
+        let r = route("keys", Some("property:AT")).resolve(&d).unwrap_err();
+        assert!(r.reason.contains("neither epoch milliseconds nor an RFC 3339"), "{}", r.reason);
+        assert_eq!(r.biz_id, "D-1");
+    }
+
+    #[test]
+    fn each_bad_key_gets_a_reason_that_says_what_is_wrong() {
+        let cases: Vec<(Routes, Delivery, &str)> = vec![
+            (route("keys", None), Delivery { keys: vec![], ..delivery(b"{}") }, "biz_id: the message has no KEYS"),
+            (route("keys", None), Delivery { keys: vec![String::new()], ..delivery(b"{}") }, "biz_id: the message KEYS are empty"),
+            (route("property:X", None), delivery(b"{}"), "biz_id: the message has no property X"),
+            (route("json:/id", None), delivery(b"\xff\xfe"), "biz_id: the body is not UTF-8 (invalid byte at offset 0)"),
+            (route("json:/id", None), delivery(b"not json"), "biz_id: the body is not JSON"),
+            (route("json:/id", None), delivery(b"{}"), "biz_id: the body has no field /id"),
+            (route("json:/id", None), delivery(br#"{"id":""}"#), "biz_id: JSON field /id is empty"),
+            (route("json:/id", None), delivery(br#"{"id":1.5}"#), "biz_id: field /id is a fractional or out-of-range number"),
+            (route("json:/id", None), delivery(br#"{"id":{"a":1}}"#), "biz_id: field /id is an object"),
+            (route("json:/id", None), delivery(br#"{"id":"x' OR '1'='1"}"#), "has a forbidden character \\' (U+0027) at position 2"),
+            (route("json:/id", None), delivery(br#"{"id":"<script>alert(1)</script>"}"#), "forbidden character < (U+003C) at position 1"),
+            (route("json:/id", None), delivery(b"{\"id\":\"a\\u0000b\"}"), "forbidden character \\0 (U+0000) at position 2"),
+            (route("json:/id", None), delivery(b"{\"id\":\"a\\nb\"}"), "forbidden character \\n (U+000A) at position 2"),
+            (route("json:/id", None), delivery(b"{\"id\":\"a b\"}"), "forbidden character   (U+0020) at position 2"),
+        ];
+        for (routes, d, expected) in cases {
+            let r = routes.resolve(&d).unwrap_err();
+            assert!(r.reason.contains(expected), "expected {expected:?} in {:?}", r.reason);
+            assert_eq!(r.biz_type, "stock.deduct");
+        }
+    }
+
+    #[test]
+    fn an_oversized_id_is_rejected_and_its_excerpt_is_bounded() {
+        let long = "A".repeat(10_000);
+        let d = Delivery { keys: vec![long], ..delivery(b"{}") };
+        let r = route("keys", None).resolve(&d).unwrap_err();
+        assert!(r.reason.contains("is 10000 characters long; the limit is 128"), "{}", r.reason);
+        assert_eq!(r.biz_id.len(), 10_000);
+        let kept = excerpt(&r.biz_id, MAX_BIZ_ID_CHARS);
+        assert_eq!(kept.chars().count(), MAX_BIZ_ID_CHARS);
+        assert!(kept.ends_with("…(10000 chars)"));
+        let d = Delivery { msg_id: "m".repeat(200), ..delivery(b"{}") };
+        assert!(route("keys", None).resolve(&d).unwrap_err().reason.starts_with("msgId is 200 characters"));
+    }
+
+    #[test]
+    fn a_message_without_a_route_is_rejected_by_topic_and_tag() {
+        let d = Delivery { tags: "refund".into(), ..delivery(b"{}") };
+        let r = route("keys", None).resolve(&d).unwrap_err();
+        assert_eq!(r.reason, "no route for topic shop with tag refund");
+        assert_eq!(r.biz_type, "");
+    }
+
+    #[test]
+    fn a_bad_route_is_refused_with_its_key_named() {
+        let mut c = RouteConfig {
+            topic: "t".into(),
+            tags: "*".into(),
+            biz_type: "order.create".into(),
+            biz_id: "body".into(),
+            execute_time: None,
+            handler: None,
+        };
+        let e = Routes::new(std::slice::from_ref(&c)).unwrap_err();
+        assert_eq!(e.field, "routes[0].biz_id");
+        c.biz_id = "keys".into();
+        c.biz_type = "order create".into();
+        assert_eq!(Routes::new(std::slice::from_ref(&c)).unwrap_err().field, "routes[0].biz_type");
+        c.biz_type = "order.create".into();
+        c.tags = "a || ".into();
+        assert_eq!(Routes::new(std::slice::from_ref(&c)).unwrap_err().field, "routes[0].tags");
+        c.tags = "*".into();
+        c.execute_time = Some("keys".into());
+        assert_eq!(Routes::new(&[c]).unwrap_err().field, "routes[0].execute_time");
+    }
+
+    #[test]
+    fn subscriptions_merge_the_tags_of_one_topic() {
+        let r = Routes::new(&[
+            RouteConfig { topic: "shop".into(), tags: "a".into(), biz_type: "x".into(), biz_id: "keys".into(), execute_time: None, handler: None },
+            RouteConfig { topic: "shop".into(), tags: "b || c".into(), biz_type: "y".into(), biz_id: "keys".into(), execute_time: None, handler: None },
+            RouteConfig { topic: "other".into(), tags: "*".into(), biz_type: "z".into(), biz_id: "keys".into(), execute_time: None, handler: None },
+        ])
+        .unwrap();
+        assert_eq!(r.topics(), vec![("shop".into(), "a || b || c".into()), ("other".into(), "*".into())]);
+    }
+}

@@ -1,0 +1,65 @@
+//! The built-in example business: the seeds' e-commerce scenario of orders, payments and stock,
+//! one handler per idempotency scheme.
+//!
+//! - `order.create` inserts an order whose `order_no` is a business unique key (scheme 1);
+//! - `payment.confirm` moves an order from UNPAID to PAID with a conditional update (the state
+//!   machine scheme), telling an already-made move from an illegal one;
+//! - `stock.deduct` decrements stock: not idempotent at all, made safe only by the gate, and
+//!   it writes a ledger row per applied deduction so a double application is visible.
+//!
+//! The demo, the benchmarks and the tests use these. A deployment registers its own handlers.
+
+mod order;
+mod payment;
+mod stock;
+
+use serde::de::DeserializeOwned;
+
+pub use order::{CreateOrder, OrderCreate};
+pub use payment::{ConfirmPayment, PaymentConfirm};
+pub use stock::{DeductStock, StockDeduct, seed_stock};
+
+use crate::handler::{HandlerError, Handlers};
+use crate::route::RouteConfig;
+
+pub const ORDER_CREATE: &str = "order.create";
+pub const PAYMENT_CONFIRM: &str = "payment.confirm";
+pub const STOCK_DEDUCT: &str = "stock.deduct";
+
+/// The topic the example traffic uses, with one tag per business event.
+pub const TOPIC: &str = "idemgate_shop";
+pub const TAG_ORDER_CREATE: &str = "order_create";
+pub const TAG_PAYMENT_CONFIRM: &str = "payment_confirm";
+pub const TAG_STOCK_DEDUCT: &str = "stock_deduct";
+
+/// The three handlers, under their biz_type names.
+pub fn handlers() -> Handlers {
+    Handlers::new()
+        .with(ORDER_CREATE, OrderCreate)
+        .with(PAYMENT_CONFIRM, PaymentConfirm)
+        .with(STOCK_DEDUCT, StockDeduct)
+}
+
+/// Routes for the example traffic on `topic`: the bizId is the message's first KEY.
+pub fn routes(topic: &str) -> Vec<RouteConfig> {
+    [
+        (TAG_ORDER_CREATE, ORDER_CREATE),
+        (TAG_PAYMENT_CONFIRM, PAYMENT_CONFIRM),
+        (TAG_STOCK_DEDUCT, STOCK_DEDUCT),
+    ]
+    .into_iter()
+    .map(|(tag, biz_type)| RouteConfig {
+        topic: topic.to_owned(),
+        tags: tag.to_owned(),
+        biz_type: biz_type.to_owned(),
+        biz_id: "keys".to_owned(),
+        execute_time: None,
+        handler: None,
+    })
+    .collect()
+}
+
+/// Parses a handler's JSON body; a body of the wrong shape makes the delivery invalid.
+fn parse_body<T: DeserializeOwned>(body: &[u8]) -> Result<T, HandlerError> {
+    serde_json::from_slice(body).map_err(|e| HandlerError::Invalid(format!("body: {e}")))
+}

@@ -1,0 +1,74 @@
+//! `stock.deduct`: a plain decrement, not idempotent by itself. Only the gate keeps a
+//! redelivered deduction from taking stock twice; the ledger row per applied deduction (no
+//! unique key on purpose) makes any double application visible to the reconciler.
+
+use async_trait::async_trait;
+use serde::{Deserialize, Serialize};
+use sqlx::Row;
+
+use crate::handler::{Effect, Handler, HandlerError, Work};
+use crate::store::{Conn, Sql, Store, query};
+
+/// The body of a `stock.deduct` message.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DeductStock {
+    pub sku: String,
+    pub quantity: i64,
+}
+
+static DEDUCT: Sql = Sql::new("UPDATE shop_stock SET quantity = quantity - ? WHERE sku = ? AND quantity >= ?");
+static LEDGER: Sql = Sql::new(
+    "INSERT INTO shop_stock_ledger (deduction_id, sku, quantity, applied_at_ms) VALUES (?, ?, ?, ?)",
+);
+static LEVEL: Sql = Sql::new("SELECT quantity FROM shop_stock WHERE sku = ?");
+static DELETE_SKU: Sql = Sql::new("DELETE FROM shop_stock WHERE sku = ?");
+static INSERT_SKU: Sql = Sql::new("INSERT INTO shop_stock (sku, quantity) VALUES (?, ?)");
+
+pub struct StockDeduct;
+
+#[async_trait]
+impl Handler for StockDeduct {
+    async fn handle(&self, work: &Work<'_>, conn: &mut Conn) -> Result<Effect, HandlerError> {
+        let deduct: DeductStock = super::parse_body(&work.delivery.body)?;
+        if deduct.quantity <= 0 {
+            return Err(HandlerError::Invalid(format!("quantity {} is not positive", deduct.quantity)));
+        }
+        let done = query(work.backend, &DEDUCT)
+            .bind(deduct.quantity)
+            .bind(deduct.sku.as_str())
+            .bind(deduct.quantity)
+            .execute(&mut *conn)
+            .await?;
+        if done.rows_affected() == 0 {
+            let level = query(work.backend, &LEVEL)
+                .bind(deduct.sku.as_str())
+                .fetch_optional(&mut *conn)
+                .await?;
+            return Err(HandlerError::Permanent(match level {
+                None => format!("unknown sku {}", deduct.sku),
+                Some(row) => format!(
+                    "insufficient stock of {}: {} left, {} asked",
+                    deduct.sku,
+                    row.try_get::<i64, _>(0)?,
+                    deduct.quantity
+                ),
+            }));
+        }
+        query(work.backend, &LEDGER)
+            .bind(work.key.biz_id.as_str())
+            .bind(deduct.sku.as_str())
+            .bind(deduct.quantity)
+            .bind(work.now_ms)
+            .execute(&mut *conn)
+            .await?;
+        Ok(Effect::Applied)
+    }
+}
+
+/// Sets the stock level of `sku` (for the demo, benchmarks and tests).
+pub async fn seed_stock(store: &Store, sku: &str, quantity: i64) -> Result<(), sqlx::Error> {
+    let mut tx = store.begin().await?;
+    store.query(&DELETE_SKU).bind(sku).execute(&mut *tx).await?;
+    store.query(&INSERT_SKU).bind(sku).bind(quantity).execute(&mut *tx).await?;
+    tx.commit().await
+}
