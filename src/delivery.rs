@@ -59,8 +59,15 @@ mod tests {
 
     #[test]
     fn payload_hash_is_stable_and_depends_on_the_body() {
-        let a = Delivery { body: b"{\"sku\":\"A\"}".to_vec(), ..Default::default() };
-        let b = Delivery { body: b"{\"sku\":\"B\"}".to_vec(), msg_id: "other".into(), ..Default::default() };
+        let a = Delivery {
+            body: b"{\"sku\":\"A\"}".to_vec(),
+            ..Default::default()
+        };
+        let b = Delivery {
+            body: b"{\"sku\":\"B\"}".to_vec(),
+            msg_id: "other".into(),
+            ..Default::default()
+        };
         assert_eq!(a.payload_hash(), a.clone().payload_hash());
         assert_eq!(a.payload_hash().len(), 64);
         assert_ne!(a.payload_hash(), b.payload_hash());

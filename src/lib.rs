@@ -13,22 +13,26 @@
 //! - [`gate`]: claim, handler and log row in one transaction; duplicate causes.
 //! - [`handler`]: the trait business code implements, and the registry.
 //! - [`delivery_log`]: one row per delivery attempt.
+//! - [`scratch`]: throwaway databases for benchmarks and tests.
 //! - [`shop`]: the built-in example business (orders, payments, stock).
 //! - [`traffic`]: the built-in traffic source that stands in for the broker in the demo.
 //! - [`demo`]: the one-command demo on embedded defaults.
 //! - [`bench`]: the measurements behind the README's figures.
+//! - [`cli`]: the command line.
 //! - [`config`]: the typed, layered configuration.
 
-//pub mod bench;
-//pub mod config;
+pub mod bench;
+pub mod cli;
+pub mod config;
 pub mod delivery;
 pub mod delivery_log;
-//pub mod demo;
+pub mod demo;
 pub mod gate;
 pub mod handler;
 pub mod route;
+pub mod scratch;
 pub mod shop;
 pub mod store;
-//pub mod telemetry;
+pub mod telemetry;
 pub mod throttle;
-//pub mod traffic;
+pub mod traffic;

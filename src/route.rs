@@ -74,7 +74,9 @@ impl Source {
     fn parse(text: &str, field: &str) -> Result<Self, RouteError> {
         let bad = |why: &str| RouteError {
             field: field.to_owned(),
-            message: format!("{text:?} {why}; expected \"keys\", \"property:NAME\" or \"json:/pointer\""),
+            message: format!(
+                "{text:?} {why}; expected \"keys\", \"property:NAME\" or \"json:/pointer\""
+            ),
         };
         if text == "keys" {
             return Ok(Self::Keys);
@@ -223,7 +225,10 @@ impl Routes {
 
     /// The handler names the routes need, for checking them against the registry at start.
     pub fn handler_names(&self) -> impl Iterator<Item = (usize, &str)> {
-        self.routes.iter().enumerate().map(|(i, r)| (i, r.handler.as_str()))
+        self.routes
+            .iter()
+            .enumerate()
+            .map(|(i, r)| (i, r.handler.as_str()))
     }
 
     /// Every (topic, tag expression) pair the routes cover, for building subscriptions.
@@ -266,7 +271,10 @@ impl Routes {
         ] {
             let n = value.chars().count();
             if n > max {
-                return Err(reject(format!("{what} is {n} characters long; the limit is {max}"), ""));
+                return Err(reject(
+                    format!("{what} is {n} characters long; the limit is {max}"),
+                    "",
+                ));
             }
         }
         let Some(route) = self
@@ -329,7 +337,10 @@ impl<'a> Body<'a> {
         self.parsed
             .get_or_insert_with(|| {
                 let text = std::str::from_utf8(raw).map_err(|e| {
-                    format!("the body is not UTF-8 (invalid byte at offset {})", e.valid_up_to())
+                    format!(
+                        "the body is not UTF-8 (invalid byte at offset {})",
+                        e.valid_up_to()
+                    )
                 })?;
                 serde_json::from_str(text).map_err(|e| format!("the body is not JSON ({e})"))
             })
@@ -423,7 +434,11 @@ pub fn check_key_text(text: &str, max: usize) -> Result<(), String> {
             c.escape_debug(),
             c as u32,
             pos + 1,
-            KEY_PUNCTUATION.chars().map(String::from).collect::<Vec<_>>().join(" ")
+            KEY_PUNCTUATION
+                .chars()
+                .map(String::from)
+                .collect::<Vec<_>>()
+                .join(" ")
         ));
     }
     Ok(())
@@ -474,47 +489,139 @@ mod tests {
     fn a_key_is_read_from_keys_properties_and_json() {
         let d = delivery(br#"{"deduction":{"id":"D-9"},"n":42}"#);
         assert_eq!(route("keys", None).resolve(&d).unwrap().biz_id, "D-1");
-        assert_eq!(route("json:/deduction/id", None).resolve(&d).unwrap().biz_id, "D-9");
+        assert_eq!(
+            route("json:/deduction/id", None)
+                .resolve(&d)
+                .unwrap()
+                .biz_id,
+            "D-9"
+        );
         assert_eq!(route("json:/n", None).resolve(&d).unwrap().biz_id, "42");
         let mut d = d;
         d.properties.insert("BIZ".into(), "P-7".into());
         let key = route("property:BIZ", None).resolve(&d).unwrap();
-        assert_eq!((key.biz_id.as_str(), key.handler.as_str(), key.execute_time), ("P-7", "stock.deduct", 0));
+        assert_eq!(
+            (key.biz_id.as_str(), key.handler.as_str(), key.execute_time),
+            ("P-7", "stock.deduct", 0)
+        );
     }
 
     #[test]
     fn execute_time_accepts_millis_and_rfc3339() {
         let mut d = delivery(br#"{"at":"2026-01-02T03:04:05Z"}"#);
-        assert_eq!(route("keys", Some("json:/at")).resolve(&d).unwrap().execute_time, 1_767_323_045_000);
+        assert_eq!(
+            route("keys", Some("json:/at"))
+                .resolve(&d)
+                .unwrap()
+                .execute_time,
+            1_767_323_045_000
+        );
         d.properties.insert("AT".into(), "1700000000000".into());
-        assert_eq!(route("keys", Some("property:AT")).resolve(&d).unwrap().execute_time, 1_700_000_000_000);
+        assert_eq!(
+            route("keys", Some("property:AT"))
+                .resolve(&d)
+                .unwrap()
+                .execute_time,
+            1_700_000_000_000
+        );
         d.properties.insert("AT".into(), "tomorrow".into());
         let r = route("keys", Some("property:AT")).resolve(&d).unwrap_err();
-        assert!(r.reason.contains("neither epoch milliseconds nor an RFC 3339"), "{}", r.reason);
+        assert!(
+            r.reason
+                .contains("neither epoch milliseconds nor an RFC 3339"),
+            "{}",
+            r.reason
+        );
         assert_eq!(r.biz_id, "D-1");
     }
 
     #[test]
     fn each_bad_key_gets_a_reason_that_says_what_is_wrong() {
         let cases: Vec<(Routes, Delivery, &str)> = vec![
-            (route("keys", None), Delivery { keys: vec![], ..delivery(b"{}") }, "biz_id: the message has no KEYS"),
-            (route("keys", None), Delivery { keys: vec![String::new()], ..delivery(b"{}") }, "biz_id: the message KEYS are empty"),
-            (route("property:X", None), delivery(b"{}"), "biz_id: the message has no property X"),
-            (route("json:/id", None), delivery(b"\xff\xfe"), "biz_id: the body is not UTF-8 (invalid byte at offset 0)"),
-            (route("json:/id", None), delivery(b"not json"), "biz_id: the body is not JSON"),
-            (route("json:/id", None), delivery(b"{}"), "biz_id: the body has no field /id"),
-            (route("json:/id", None), delivery(br#"{"id":""}"#), "biz_id: JSON field /id is empty"),
-            (route("json:/id", None), delivery(br#"{"id":1.5}"#), "biz_id: field /id is a fractional or out-of-range number"),
-            (route("json:/id", None), delivery(br#"{"id":{"a":1}}"#), "biz_id: field /id is an object"),
-            (route("json:/id", None), delivery(br#"{"id":"x' OR '1'='1"}"#), "has a forbidden character \\' (U+0027) at position 2"),
-            (route("json:/id", None), delivery(br#"{"id":"<script>alert(1)</script>"}"#), "forbidden character < (U+003C) at position 1"),
-            (route("json:/id", None), delivery(b"{\"id\":\"a\\u0000b\"}"), "forbidden character \\0 (U+0000) at position 2"),
-            (route("json:/id", None), delivery(b"{\"id\":\"a\\nb\"}"), "forbidden character \\n (U+000A) at position 2"),
-            (route("json:/id", None), delivery(b"{\"id\":\"a b\"}"), "forbidden character   (U+0020) at position 2"),
+            (
+                route("keys", None),
+                Delivery {
+                    keys: vec![],
+                    ..delivery(b"{}")
+                },
+                "biz_id: the message has no KEYS",
+            ),
+            (
+                route("keys", None),
+                Delivery {
+                    keys: vec![String::new()],
+                    ..delivery(b"{}")
+                },
+                "biz_id: the message KEYS are empty",
+            ),
+            (
+                route("property:X", None),
+                delivery(b"{}"),
+                "biz_id: the message has no property X",
+            ),
+            (
+                route("json:/id", None),
+                delivery(b"\xff\xfe"),
+                "biz_id: the body is not UTF-8 (invalid byte at offset 0)",
+            ),
+            (
+                route("json:/id", None),
+                delivery(b"not json"),
+                "biz_id: the body is not JSON",
+            ),
+            (
+                route("json:/id", None),
+                delivery(b"{}"),
+                "biz_id: the body has no field /id",
+            ),
+            (
+                route("json:/id", None),
+                delivery(br#"{"id":""}"#),
+                "biz_id: JSON field /id is empty",
+            ),
+            (
+                route("json:/id", None),
+                delivery(br#"{"id":1.5}"#),
+                "biz_id: field /id is a fractional or out-of-range number",
+            ),
+            (
+                route("json:/id", None),
+                delivery(br#"{"id":{"a":1}}"#),
+                "biz_id: field /id is an object",
+            ),
+            (
+                route("json:/id", None),
+                delivery(br#"{"id":"x' OR '1'='1"}"#),
+                "has a forbidden character \\' (U+0027) at position 2",
+            ),
+            (
+                route("json:/id", None),
+                delivery(br#"{"id":"<script>alert(1)</script>"}"#),
+                "forbidden character < (U+003C) at position 1",
+            ),
+            (
+                route("json:/id", None),
+                delivery(b"{\"id\":\"a\\u0000b\"}"),
+                "forbidden character \\0 (U+0000) at position 2",
+            ),
+            (
+                route("json:/id", None),
+                delivery(b"{\"id\":\"a\\nb\"}"),
+                "forbidden character \\n (U+000A) at position 2",
+            ),
+            (
+                route("json:/id", None),
+                delivery(b"{\"id\":\"a b\"}"),
+                "forbidden character   (U+0020) at position 2",
+            ),
         ];
         for (routes, d, expected) in cases {
             let r = routes.resolve(&d).unwrap_err();
-            assert!(r.reason.contains(expected), "expected {expected:?} in {:?}", r.reason);
+            assert!(
+                r.reason.contains(expected),
+                "expected {expected:?} in {:?}",
+                r.reason
+            );
             assert_eq!(r.biz_type, "stock.deduct");
         }
     }
@@ -522,20 +629,40 @@ mod tests {
     #[test]
     fn an_oversized_id_is_rejected_and_its_excerpt_is_bounded() {
         let long = "A".repeat(10_000);
-        let d = Delivery { keys: vec![long], ..delivery(b"{}") };
+        let d = Delivery {
+            keys: vec![long],
+            ..delivery(b"{}")
+        };
         let r = route("keys", None).resolve(&d).unwrap_err();
-        assert!(r.reason.contains("is 10000 characters long; the limit is 128"), "{}", r.reason);
+        assert!(
+            r.reason
+                .contains("is 10000 characters long; the limit is 128"),
+            "{}",
+            r.reason
+        );
         assert_eq!(r.biz_id.len(), 10_000);
         let kept = excerpt(&r.biz_id, MAX_BIZ_ID_CHARS);
         assert_eq!(kept.chars().count(), MAX_BIZ_ID_CHARS);
         assert!(kept.ends_with("…(10000 chars)"));
-        let d = Delivery { msg_id: "m".repeat(200), ..delivery(b"{}") };
-        assert!(route("keys", None).resolve(&d).unwrap_err().reason.starts_with("msgId is 200 characters"));
+        let d = Delivery {
+            msg_id: "m".repeat(200),
+            ..delivery(b"{}")
+        };
+        assert!(
+            route("keys", None)
+                .resolve(&d)
+                .unwrap_err()
+                .reason
+                .starts_with("msgId is 200 characters")
+        );
     }
 
     #[test]
     fn a_message_without_a_route_is_rejected_by_topic_and_tag() {
-        let d = Delivery { tags: "refund".into(), ..delivery(b"{}") };
+        let d = Delivery {
+            tags: "refund".into(),
+            ..delivery(b"{}")
+        };
         let r = route("keys", None).resolve(&d).unwrap_err();
         assert_eq!(r.reason, "no route for topic shop with tag refund");
         assert_eq!(r.biz_type, "");
@@ -555,23 +682,59 @@ mod tests {
         assert_eq!(e.field, "routes[0].biz_id");
         c.biz_id = "keys".into();
         c.biz_type = "order create".into();
-        assert_eq!(Routes::new(std::slice::from_ref(&c)).unwrap_err().field, "routes[0].biz_type");
+        assert_eq!(
+            Routes::new(std::slice::from_ref(&c)).unwrap_err().field,
+            "routes[0].biz_type"
+        );
         c.biz_type = "order.create".into();
         c.tags = "a || ".into();
-        assert_eq!(Routes::new(std::slice::from_ref(&c)).unwrap_err().field, "routes[0].tags");
+        assert_eq!(
+            Routes::new(std::slice::from_ref(&c)).unwrap_err().field,
+            "routes[0].tags"
+        );
         c.tags = "*".into();
         c.execute_time = Some("keys".into());
-        assert_eq!(Routes::new(&[c]).unwrap_err().field, "routes[0].execute_time");
+        assert_eq!(
+            Routes::new(&[c]).unwrap_err().field,
+            "routes[0].execute_time"
+        );
     }
 
     #[test]
     fn subscriptions_merge_the_tags_of_one_topic() {
         let r = Routes::new(&[
-            RouteConfig { topic: "shop".into(), tags: "a".into(), biz_type: "x".into(), biz_id: "keys".into(), execute_time: None, handler: None },
-            RouteConfig { topic: "shop".into(), tags: "b || c".into(), biz_type: "y".into(), biz_id: "keys".into(), execute_time: None, handler: None },
-            RouteConfig { topic: "other".into(), tags: "*".into(), biz_type: "z".into(), biz_id: "keys".into(), execute_time: None, handler: None },
+            RouteConfig {
+                topic: "shop".into(),
+                tags: "a".into(),
+                biz_type: "x".into(),
+                biz_id: "keys".into(),
+                execute_time: None,
+                handler: None,
+            },
+            RouteConfig {
+                topic: "shop".into(),
+                tags: "b || c".into(),
+                biz_type: "y".into(),
+                biz_id: "keys".into(),
+                execute_time: None,
+                handler: None,
+            },
+            RouteConfig {
+                topic: "other".into(),
+                tags: "*".into(),
+                biz_type: "z".into(),
+                biz_id: "keys".into(),
+                execute_time: None,
+                handler: None,
+            },
         ])
         .unwrap();
-        assert_eq!(r.topics(), vec![("shop".into(), "a || b || c".into()), ("other".into(), "*".into())]);
+        assert_eq!(
+            r.topics(),
+            vec![
+                ("shop".into(), "a || b || c".into()),
+                ("other".into(), "*".into())
+            ]
+        );
     }
 }

@@ -18,6 +18,11 @@ macro_rules! labelled {
             /// Every value, in declaration order (for metrics that start at 0).
             pub const ALL: &'static [$name] = &[$($name::$variant,)+];
 
+            /// The position in [`Self::ALL`], for per-value counters kept in arrays.
+            pub fn index(self) -> usize {
+                self as usize
+            }
+
             /// The stored and exported name.
             pub fn as_str(self) -> &'static str {
                 match self {

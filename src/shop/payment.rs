@@ -24,7 +24,8 @@ static MARK_PAID: Sql = Sql::new(
     "UPDATE shop_order SET status = 'PAID', payment_no = ?, paid_at_ms = ? \
      WHERE order_no = ? AND status = 'UNPAID' AND amount_cents = ?",
 );
-static READ_ORDER: Sql = Sql::new("SELECT status, amount_cents, payment_no FROM shop_order WHERE order_no = ?");
+static READ_ORDER: Sql =
+    Sql::new("SELECT status, amount_cents, payment_no FROM shop_order WHERE order_no = ?");
 
 pub struct PaymentConfirm;
 

@@ -16,7 +16,8 @@ pub struct DeductStock {
     pub quantity: i64,
 }
 
-static DEDUCT: Sql = Sql::new("UPDATE shop_stock SET quantity = quantity - ? WHERE sku = ? AND quantity >= ?");
+static DEDUCT: Sql =
+    Sql::new("UPDATE shop_stock SET quantity = quantity - ? WHERE sku = ? AND quantity >= ?");
 static LEDGER: Sql = Sql::new(
     "INSERT INTO shop_stock_ledger (deduction_id, sku, quantity, applied_at_ms) VALUES (?, ?, ?, ?)",
 );
@@ -31,7 +32,10 @@ impl Handler for StockDeduct {
     async fn handle(&self, work: &Work<'_>, conn: &mut Conn) -> Result<Effect, HandlerError> {
         let deduct: DeductStock = super::parse_body(&work.delivery.body)?;
         if deduct.quantity <= 0 {
-            return Err(HandlerError::Invalid(format!("quantity {} is not positive", deduct.quantity)));
+            return Err(HandlerError::Invalid(format!(
+                "quantity {} is not positive",
+                deduct.quantity
+            )));
         }
         let done = query(work.backend, &DEDUCT)
             .bind(deduct.quantity)
@@ -69,6 +73,11 @@ impl Handler for StockDeduct {
 pub async fn seed_stock(store: &Store, sku: &str, quantity: i64) -> Result<(), sqlx::Error> {
     let mut tx = store.begin().await?;
     store.query(&DELETE_SKU).bind(sku).execute(&mut *tx).await?;
-    store.query(&INSERT_SKU).bind(sku).bind(quantity).execute(&mut *tx).await?;
+    store
+        .query(&INSERT_SKU)
+        .bind(sku)
+        .bind(quantity)
+        .execute(&mut *tx)
+        .await?;
     tx.commit().await
 }

@@ -1,0 +1,50 @@
+#!/usr/bin/env bash
+# Starts the local services the tests need (PostgreSQL, MariaDB, Redis) when they are not
+# running, waits until each answers, and drops scratch databases that earlier runs left behind.
+# A service that cannot be started is an error: the tests never skip a missing service.
+set -euo pipefail
+
+wait_for() { # name, check command...
+  local name=$1; shift
+  for _ in $(seq 1 60); do
+    if "$@" >/dev/null 2>&1; then return 0; fi
+    sleep 0.5
+  done
+  echo "services: $name did not come up within 30 s" >&2
+  return 1
+}
+
+pg_up() { pg_isready -h 127.0.0.1 -p 5432 -q; }
+if ! pg_up; then
+  echo "services: starting PostgreSQL" >&2
+  command -v pg_ctlcluster >/dev/null || { echo "services: PostgreSQL is not installed" >&2; exit 1; }
+  pg_ctlcluster --skip-systemctl-redirect "$(ls /etc/postgresql | head -n1)" main start
+fi
+wait_for PostgreSQL pg_up
+
+mariadb_up() { mariadb-admin -h 127.0.0.1 -u root ping --silent >/dev/null 2>&1; }
+if ! mariadb_up; then
+  echo "services: starting MariaDB" >&2
+  [[ -x /usr/sbin/mariadbd ]] || { echo "services: MariaDB is not installed" >&2; exit 1; }
+  start-stop-daemon --start --oknodo --background --exec /usr/sbin/mariadbd
+fi
+wait_for MariaDB mariadb_up
+
+redis_up() { [[ "$(redis-cli -h 127.0.0.1 -p 6379 ping 2>/dev/null)" == PONG ]]; }
+if ! redis_up; then
+  echo "services: starting Redis" >&2
+  command -v redis-server >/dev/null || { echo "services: Redis is not installed" >&2; exit 1; }
+  mkdir -p /var/lib/redis /var/log/redis
+  redis-server --daemonize yes --bind 127.0.0.1 -::1 --port 6379 --save "" --appendonly no \
+    --dir /var/lib/redis --logfile /var/log/redis/ci.log
+fi
+wait_for Redis redis_up
+
+# Scratch databases of runs that were killed before they could drop them.
+for db in $(psql -h 127.0.0.1 -U postgres -Atc "SELECT datname FROM pg_database WHERE datname LIKE 'idemgate\_scratch\_%'"); do
+  psql -h 127.0.0.1 -U postgres -qc "DROP DATABASE IF EXISTS \"$db\" WITH (FORCE)" >/dev/null
+done
+for db in $(mariadb -h 127.0.0.1 -u root -Ne "SELECT schema_name FROM information_schema.schemata WHERE schema_name LIKE 'idemgate\\_scratch\\_%'"); do
+  mariadb -h 127.0.0.1 -u root -e "DROP DATABASE IF EXISTS \`$db\`"
+done
+echo "services: PostgreSQL, MariaDB and Redis are up" >&2

@@ -1,0 +1,433 @@
+//! `idemgate bench gate`: processed messages per second for a stream of `stock.deduct`
+//! deliveries with a share of duplicates, through the gate and through the naive per-message
+//! pattern of the seeds, on each backend, at one and at several deliveries in flight.
+//!
+//! The naive pattern, as users write it: in one transaction per message, SELECT the dedup row;
+//! if absent INSERT it, apply the business change, commit. It uses the same table (with its
+//! unique index) so that the only difference is the pattern. Under concurrency its SELECT
+//! sees nothing for two copies at once, and the second INSERT fails: the consumer throws and
+//! the broker redelivers. The gate's insert-first claim waits for the first copy instead and
+//! answers "duplicate".
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+use sqlx::Row;
+use tokio::sync::Mutex;
+
+use super::{Percentiles, peak_rss_mib, rate};
+use crate::delivery::Delivery;
+use crate::gate::{Gate, Identity, Outcome, Phases, Policy};
+use crate::route::Routes;
+use crate::scratch::ScratchDb;
+use crate::shop::{self, DeductStock};
+use crate::store::{Backend, Sql, Store, StoreOptions};
+
+/// What to measure.
+#[derive(Debug, Clone)]
+pub struct Options {
+    pub backends: Vec<Backend>,
+    pub messages: usize,
+    /// Share of the stream that repeats an earlier message.
+    pub duplicates: f64,
+    /// Deliveries in flight, one run per value.
+    pub concurrency: Vec<usize>,
+}
+
+/// One pattern's run.
+#[derive(Debug, Clone)]
+pub struct RunReport {
+    pub backend: Backend,
+    pub pattern: &'static str,
+    pub concurrency: usize,
+    pub messages: usize,
+    pub elapsed: Duration,
+    pub latency: Percentiles,
+    /// Effects applied (ledger rows) and keys applied more than once.
+    pub applied: i64,
+    pub double_applied: i64,
+    /// Deliveries that ended in an error the broker would have to redeliver.
+    pub errors: usize,
+    /// For the gate: mean time per message in each phase.
+    pub phases: Option<Phases>,
+    pub peak_rss_mib: f64,
+}
+
+impl RunReport {
+    pub fn rate(&self) -> f64 {
+        rate(self.messages, self.elapsed)
+    }
+}
+
+const GROUP: &str = "bench_group";
+/// Deductions spread over this many SKUs, so that the runs measure the pattern rather than
+/// the row lock of one hot SKU.
+const SKUS: usize = 16;
+
+/// A stream of `stock.deduct` deliveries in which `duplicates` of the messages repeat one of
+/// the last 16 (so that, with several in flight, copies race each other): half as broker
+/// redeliveries, half as producer resends. Returns the stream and the number of distinct keys.
+pub fn stream(messages: usize, duplicates: f64, seed: u64) -> (Vec<Delivery>, usize) {
+    let mut rng = StdRng::seed_from_u64(seed);
+    let mut out: Vec<Delivery> = Vec::with_capacity(messages);
+    let mut originals: Vec<usize> = Vec::new();
+    for i in 0..messages {
+        let d = if !originals.is_empty() && rng.random_bool(duplicates) {
+            let window = originals.len().min(16);
+            let pick = originals[originals.len() - 1 - rng.random_range(0..window)];
+            let mut copy = out[pick].clone();
+            copy.msg_id = format!("M-{i}");
+            if rng.random_bool(0.5) {
+                copy.uniq_key = format!("U-{i}");
+            }
+            copy
+        } else {
+            originals.push(i);
+            Delivery {
+                msg_id: format!("M-{i}"),
+                uniq_key: format!("U-{i}"),
+                topic: shop::TOPIC.to_owned(),
+                tags: shop::TAG_STOCK_DEDUCT.to_owned(),
+                keys: vec![format!("DEDUCT-{i}")],
+                body: serde_json::to_vec(&DeductStock {
+                    sku: sku(i % SKUS),
+                    quantity: 1,
+                })
+                .expect("serializable"),
+                ..Default::default()
+            }
+        };
+        out.push(d);
+    }
+    let distinct = originals.len();
+    (out, distinct)
+}
+
+/// Runs every backend, pattern and concurrency; calls `report` after each run.
+pub async fn run(
+    options: &Options,
+    mut report: impl FnMut(&RunReport),
+) -> anyhow::Result<Vec<RunReport>> {
+    let (stream, distinct) = stream(options.messages, options.duplicates, 42);
+    let stream = Arc::new(stream);
+    let max_c = options.concurrency.iter().copied().max().unwrap_or(1);
+    let store_options = StoreOptions {
+        max_connections: (max_c as u32) + 2,
+        ..Default::default()
+    };
+    let mut all = Vec::new();
+    for &backend in &options.backends {
+        let db = ScratchDb::create(backend, &store_options).await?;
+        let gate = Arc::new(Gate::new(
+            db.store.clone(),
+            Routes::new(&shop::routes(shop::TOPIC))?,
+            shop::handlers(),
+            Identity {
+                consumer_group: GROUP.to_owned(),
+                instance_id: "bench".to_owned(),
+            },
+            Policy {
+                duplicate_warnings_per_second: 0,
+                ..Policy::default()
+            },
+        )?);
+        for &concurrency in &options.concurrency {
+            for pattern in [Pattern::Naive, Pattern::Gate] {
+                reset(&db.store).await?;
+                let r = run_one(&gate, &db.store, pattern, &stream, concurrency).await?;
+                let (applied, double_applied) = books(&db.store).await?;
+                let r = RunReport {
+                    backend,
+                    pattern: pattern.name(),
+                    concurrency,
+                    messages: stream.len(),
+                    elapsed: r.elapsed,
+                    latency: r.latency,
+                    applied,
+                    double_applied,
+                    errors: r.errors,
+                    phases: r.phases,
+                    peak_rss_mib: peak_rss_mib(),
+                };
+                if pattern == Pattern::Gate && (applied != distinct as i64 || double_applied != 0) {
+                    anyhow::bail!(
+                        "the gate applied {applied} effects for {distinct} keys ({double_applied} twice) on {backend}"
+                    );
+                }
+                report(&r);
+                all.push(r);
+            }
+        }
+        db.drop_now().await;
+    }
+    Ok(all)
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Pattern {
+    Naive,
+    Gate,
+}
+
+impl Pattern {
+    fn name(self) -> &'static str {
+        match self {
+            Self::Naive => "naive select-then-insert",
+            Self::Gate => "idemgate",
+        }
+    }
+}
+
+struct Timing {
+    elapsed: Duration,
+    latency: Percentiles,
+    errors: usize,
+    phases: Option<Phases>,
+}
+
+async fn run_one(
+    gate: &Arc<Gate>,
+    store: &Store,
+    pattern: Pattern,
+    stream: &Arc<Vec<Delivery>>,
+    concurrency: usize,
+) -> anyhow::Result<Timing> {
+    let next = Arc::new(AtomicUsize::new(0));
+    let totals = Arc::new(Mutex::new((
+        Vec::with_capacity(stream.len()),
+        0usize,
+        Phases::default(),
+    )));
+    let started = Instant::now();
+    let mut workers = Vec::new();
+    for _ in 0..concurrency {
+        let (gate, store, stream, next, totals) = (
+            gate.clone(),
+            store.clone(),
+            stream.clone(),
+            next.clone(),
+            totals.clone(),
+        );
+        workers.push(tokio::spawn(async move {
+            let (mut latencies, mut errors, mut phases) = (Vec::new(), 0usize, Phases::default());
+            loop {
+                let i = next.fetch_add(1, Ordering::Relaxed);
+                let Some(d) = stream.get(i) else { break };
+                let t = Instant::now();
+                let ok = match pattern {
+                    Pattern::Gate => {
+                        let r = gate.process(d).await;
+                        phases.add(&r.phases);
+                        matches!(r.outcome, Outcome::Processed | Outcome::Duplicate)
+                    }
+                    Pattern::Naive => naive(&store, d).await.is_ok(),
+                };
+                latencies.push(t.elapsed().as_micros() as u64);
+                errors += usize::from(!ok);
+            }
+            let mut totals = totals.lock().await;
+            totals.0.extend(latencies);
+            totals.1 += errors;
+            totals.2.add(&phases);
+        }));
+    }
+    for w in workers {
+        w.await?;
+    }
+    let elapsed = started.elapsed();
+    let mut totals = totals.lock().await;
+    let n = stream.len() as u64;
+    let phases = (pattern == Pattern::Gate).then(|| {
+        let p = totals.2;
+        Phases {
+            begin_us: p.begin_us / n,
+            claim_us: p.claim_us / n,
+            handler_us: p.handler_us / n,
+            log_us: p.log_us / n,
+            commit_us: p.commit_us / n,
+            lookup_us: p.lookup_us / n,
+            transient_retries: p.transient_retries,
+        }
+    });
+    Ok(Timing {
+        elapsed,
+        latency: Percentiles::of(&mut totals.0),
+        errors: totals.1,
+        phases,
+    })
+}
+
+static NAIVE_CHECK: Sql = Sql::new(
+    "SELECT 1 FROM idempotent_record WHERE consumer_group = ? AND biz_type = ? AND biz_id = ? AND execute_time = 0",
+);
+static NAIVE_INSERT: Sql = Sql::new(
+    "INSERT INTO idempotent_record (consumer_group, biz_type, biz_id, execute_time, msg_id, uniq_key, \
+     payload_hash, instance_id, claimed_at_ms) VALUES (?, ?, ?, 0, ?, ?, ?, 'bench', ?)",
+);
+static DEDUCT: Sql =
+    Sql::new("UPDATE shop_stock SET quantity = quantity - ? WHERE sku = ? AND quantity >= ?");
+static LEDGER: Sql = Sql::new(
+    "INSERT INTO shop_stock_ledger (deduction_id, sku, quantity, applied_at_ms) VALUES (?, ?, ?, ?)",
+);
+
+/// The seeds' naive per-message pattern: select, then insert, then business, one transaction.
+async fn naive(store: &Store, d: &Delivery) -> Result<(), sqlx::Error> {
+    let biz_id = d.keys.first().map(String::as_str).unwrap_or("");
+    let body: DeductStock =
+        serde_json::from_slice(&d.body).map_err(|e| sqlx::Error::Decode(e.into()))?;
+    let now = crate::gate::now_ms();
+    let mut tx = store.begin().await?;
+    let seen = store
+        .query(&NAIVE_CHECK)
+        .bind(GROUP)
+        .bind(shop::STOCK_DEDUCT)
+        .bind(biz_id)
+        .fetch_optional(&mut *tx)
+        .await?;
+    if seen.is_some() {
+        return tx.commit().await;
+    }
+    store
+        .query(&NAIVE_INSERT)
+        .bind(GROUP)
+        .bind(shop::STOCK_DEDUCT)
+        .bind(biz_id)
+        .bind(d.msg_id.as_str())
+        .bind(d.uniq_key.as_str())
+        .bind(d.payload_hash())
+        .bind(now)
+        .execute(&mut *tx)
+        .await?;
+    store
+        .query(&DEDUCT)
+        .bind(body.quantity)
+        .bind(body.sku.as_str())
+        .bind(body.quantity)
+        .execute(&mut *tx)
+        .await?;
+    store
+        .query(&LEDGER)
+        .bind(biz_id)
+        .bind(body.sku.as_str())
+        .bind(body.quantity)
+        .bind(now)
+        .execute(&mut *tx)
+        .await?;
+    tx.commit().await
+}
+
+static CLEAR: [Sql; 3] = [
+    Sql::new("DELETE FROM idempotent_record"),
+    Sql::new("DELETE FROM delivery_log"),
+    Sql::new("DELETE FROM shop_stock_ledger"),
+];
+static APPLIED: Sql = Sql::new("SELECT COUNT(*) FROM shop_stock_ledger");
+static TWICE: Sql = Sql::new(
+    "SELECT COUNT(*) FROM (SELECT deduction_id FROM shop_stock_ledger GROUP BY deduction_id HAVING COUNT(*) > 1) t",
+);
+
+async fn reset(store: &Store) -> Result<(), sqlx::Error> {
+    for sql in &CLEAR {
+        store.query(sql).execute(store.pool()).await?;
+    }
+    for i in 0..SKUS {
+        shop::seed_stock(store, &sku(i), i64::MAX / 2).await?;
+    }
+    Ok(())
+}
+
+fn sku(i: usize) -> String {
+    format!("SKU-BENCH-{i:02}")
+}
+
+async fn books(store: &Store) -> Result<(i64, i64), sqlx::Error> {
+    let applied = store
+        .query(&APPLIED)
+        .fetch_one(store.pool())
+        .await?
+        .try_get(0)?;
+    let twice = store
+        .query(&TWICE)
+        .fetch_one(store.pool())
+        .await?
+        .try_get(0)?;
+    Ok((applied, twice))
+}
+
+/// The runs as a Markdown table.
+pub fn table(reports: &[RunReport]) -> String {
+    let mut out = String::from(
+        "| backend | in flight | pattern | msg/s | p50 ms | p99 ms | effects | applied twice | errors (redeliveries) | peak RSS MiB |\n\
+         |---|---|---|---|---|---|---|---|---|---|\n",
+    );
+    for r in reports {
+        out.push_str(&format!(
+            "| {} | {} | {} | {:.0} | {:.2} | {:.2} | {} | {} | {} | {:.0} |\n",
+            r.backend,
+            r.concurrency,
+            r.pattern,
+            r.rate(),
+            r.latency.p50_us as f64 / 1000.0,
+            r.latency.p99_us as f64 / 1000.0,
+            r.applied,
+            r.double_applied,
+            r.errors,
+            r.peak_rss_mib
+        ));
+    }
+    out
+}
+
+/// Where the gate's time goes, per message, as a Markdown table.
+pub fn phase_table(reports: &[RunReport]) -> String {
+    let mut out = String::from(
+        "| backend | in flight | begin µs | claim µs | handler µs | log µs | commit µs | duplicate lookup µs | transient retries |\n\
+         |---|---|---|---|---|---|---|---|---|\n",
+    );
+    for r in reports {
+        if let Some(p) = r.phases {
+            out.push_str(&format!(
+                "| {} | {} | {} | {} | {} | {} | {} | {} | {} |\n",
+                r.backend,
+                r.concurrency,
+                p.begin_us,
+                p.claim_us,
+                p.handler_us,
+                p.log_us,
+                p.commit_us,
+                p.lookup_us,
+                p.transient_retries
+            ));
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_stream_has_the_asked_share_of_duplicates_close_to_their_originals() {
+        let (s, distinct) = stream(10_000, 0.3, 1);
+        let dup_share = 1.0 - distinct as f64 / s.len() as f64;
+        assert!((0.28..0.32).contains(&dup_share), "{dup_share}");
+        let own = |d: &Delivery| format!("U-{}", &d.msg_id[2..]);
+        let is_copy = |d: &Delivery| d.keys[0] != format!("DEDUCT-{}", &d.msg_id[2..]);
+        let redeliveries = s
+            .iter()
+            .filter(|d| is_copy(d) && d.uniq_key != own(d))
+            .count();
+        let resends = s
+            .iter()
+            .filter(|d| is_copy(d) && d.uniq_key == own(d))
+            .count();
+        assert!(
+            redeliveries > 1000 && resends > 1000,
+            "{redeliveries} {resends}"
+        );
+    }
+}

@@ -1,0 +1,78 @@
+//! `idemgate bench …`: the measurements behind the README's figures. Each benchmark runs the
+//! product beside the naive way a user would write the same thing, on the same database in
+//! the same run, checks the results for correctness, and prints a table.
+//!
+//! Benchmarks create scratch databases ([`crate::scratch`]) and drop them afterwards. They
+//! must not be pointed at production servers.
+
+pub mod gate;
+
+use std::time::Duration;
+
+/// Latency percentiles of a sample, in microseconds.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct Percentiles {
+    pub p50_us: u64,
+    pub p99_us: u64,
+    pub max_us: u64,
+}
+
+impl Percentiles {
+    pub fn of(samples: &mut [u64]) -> Self {
+        if samples.is_empty() {
+            return Self::default();
+        }
+        samples.sort_unstable();
+        let at = |q: f64| samples[((samples.len() - 1) as f64 * q).round() as usize];
+        Self {
+            p50_us: at(0.50),
+            p99_us: at(0.99),
+            max_us: samples[samples.len() - 1],
+        }
+    }
+}
+
+/// Peak resident memory of this process so far (VmHWM), in MiB; 0 where /proc is missing.
+pub fn peak_rss_mib() -> f64 {
+    proc_status_kib("VmHWM:") as f64 / 1024.0
+}
+
+/// Resident memory of this process now (VmRSS), in MiB.
+pub fn rss_mib() -> f64 {
+    proc_status_kib("VmRSS:") as f64 / 1024.0
+}
+
+fn proc_status_kib(field: &str) -> u64 {
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with(field))
+                .and_then(|l| l.split_whitespace().nth(1))
+                .and_then(|v| v.parse().ok())
+        })
+        .unwrap_or(0)
+}
+
+/// Messages per second.
+pub fn rate(messages: usize, elapsed: Duration) -> f64 {
+    messages as f64 / elapsed.as_secs_f64().max(f64::EPSILON)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn percentiles_pick_the_ranked_samples() {
+        let mut s: Vec<u64> = (1..=100).collect();
+        let p = Percentiles::of(&mut s);
+        assert_eq!((p.p50_us, p.p99_us, p.max_us), (51, 99, 100));
+        assert_eq!(Percentiles::of(&mut []), Percentiles::default());
+    }
+
+    #[test]
+    fn memory_is_read_from_proc() {
+        assert!(peak_rss_mib() > 0.0 && rss_mib() > 0.0);
+    }
+}

@@ -1,0 +1,339 @@
+//! The typed configuration, layered: built-in defaults, then a TOML file, then environment
+//! variables. Every field names its environment variable; `Settings::load` validates the
+//! whole and names the offending key when something is wrong.
+//!
+//! The defaults are the embedded ones: a SQLite file and the example shop routes, so that
+//! `idemgate demo` needs no services. This module owns reading and checking settings; it must
+//! not open connections.
+
+use std::path::Path;
+
+use figment::Figment;
+use figment::providers::{Env, Format, Serialized, Toml};
+use serde::{Deserialize, Serialize};
+
+use crate::gate::{Identity, Policy};
+use crate::route::{RouteConfig, Routes};
+use crate::shop;
+use crate::store::{Backend, StoreOptions};
+
+/// All of idemgate's settings.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Settings {
+    pub database: DatabaseSettings,
+    pub consumer: ConsumerSettings,
+    /// Which business key each topic/tag carries. The file's `[[routes]]` tables replace the
+    /// default shop routes as a whole.
+    pub routes: Vec<RouteConfig>,
+    pub log: LogSettings,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DatabaseSettings {
+    /// `IDEMGATE_DATABASE__URL`: `sqlite://FILE?mode=rwc`, `postgres://…` or `mysql://…`
+    /// (MariaDB too).
+    pub url: String,
+    /// `IDEMGATE_DATABASE__MAX_CONNECTIONS`: pool size; at least the number of deliveries
+    /// processed at once.
+    pub max_connections: u32,
+    /// `IDEMGATE_DATABASE__ACQUIRE_TIMEOUT_MS`: how long a delivery waits for a connection
+    /// before it fails (and is retried by the broker).
+    pub acquire_timeout_ms: u64,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ConsumerSettings {
+    /// `IDEMGATE_CONSUMER__GROUP`: the RocketMQ consumer group. Part of every claim key: two
+    /// groups apply their own effects, instances of one group share theirs.
+    pub group: String,
+    /// `IDEMGATE_CONSUMER__INSTANCE`: this process's name in logs, log rows and metrics.
+    /// Empty means `hostname-pid`.
+    pub instance: String,
+    /// `IDEMGATE_CONSUMER__MAX_RECONSUME_TIMES`: the broker's retry budget; the failure at this
+    /// reconsume count is logged `dead_lettered`.
+    pub max_reconsume_times: i32,
+    /// `IDEMGATE_CONSUMER__TRANSIENT_RETRIES`: in-gate retries of a deadlock or busy database
+    /// before the broker is asked to redeliver.
+    pub transient_retries: u32,
+    /// `IDEMGATE_CONSUMER__DUPLICATE_WARNINGS_PER_SECOND`: WARN lines for duplicates per second;
+    /// the rest are counted and reported with the next one.
+    pub duplicate_warnings_per_second: u32,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct LogSettings {
+    /// `IDEMGATE_LOG__FILTER`: a `tracing` filter such as `info` or `idemgate=debug,sqlx=warn`.
+    /// `RUST_LOG`, when set, wins.
+    pub filter: String,
+    /// `IDEMGATE_LOG__FORMAT`: `text` or `json`.
+    pub format: LogFormat,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum LogFormat {
+    Text,
+    Json,
+}
+
+impl Default for Settings {
+    fn default() -> Self {
+        let policy = Policy::default();
+        Self {
+            database: DatabaseSettings {
+                url: "sqlite://idemgate.db?mode=rwc".to_owned(),
+                max_connections: 16,
+                acquire_timeout_ms: 10_000,
+            },
+            consumer: ConsumerSettings {
+                group: "idemgate_shop_consumer".to_owned(),
+                instance: String::new(),
+                max_reconsume_times: policy.max_reconsume_times,
+                transient_retries: policy.transient_retries,
+                duplicate_warnings_per_second: policy.duplicate_warnings_per_second,
+            },
+            routes: shop::routes(shop::TOPIC),
+            log: LogSettings {
+                filter: "info".to_owned(),
+                format: LogFormat::Text,
+            },
+        }
+    }
+}
+
+/// A setting is missing, malformed or inconsistent.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("configuration file {0} does not exist")]
+    MissingFile(String),
+    #[error("configuration: {0}")]
+    Parse(String),
+    #[error("configuration key {key}: {message}")]
+    Invalid { key: String, message: String },
+}
+
+fn invalid(key: &str, message: impl Into<String>) -> ConfigError {
+    ConfigError::Invalid {
+        key: key.to_owned(),
+        message: message.into(),
+    }
+}
+
+impl Settings {
+    /// Defaults, then `file` (if given; it must exist), then `IDEMGATE_SECTION__KEY` variables.
+    pub fn load(file: Option<&Path>) -> Result<Self, ConfigError> {
+        Self::load_from(file, Env::prefixed("IDEMGATE_"))
+    }
+
+    fn load_from(file: Option<&Path>, env: Env) -> Result<Self, ConfigError> {
+        let mut figment = Figment::from(Serialized::defaults(Settings::default()));
+        if let Some(path) = file {
+            if !path.is_file() {
+                return Err(ConfigError::MissingFile(path.display().to_string()));
+            }
+            figment = figment.merge(Toml::file_exact(path));
+        }
+        // Only SECTION__KEY variables are settings; others with the prefix (IDEMGATE_CONFIG,
+        // the tests' own) are not.
+        figment = figment.merge(env.filter(|k| k.as_str().contains("__")).split("__"));
+        let settings: Settings = figment
+            .extract()
+            .map_err(|e| ConfigError::Parse(describe(&e)))?;
+        settings.validate()?;
+        Ok(settings)
+    }
+
+    /// Checks what types alone cannot.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        Backend::from_url(&self.database.url)
+            .map_err(|e| invalid("database.url", e.to_string()))?;
+        if self.database.max_connections == 0 {
+            return Err(invalid("database.max_connections", "must be at least 1"));
+        }
+        if self.database.acquire_timeout_ms == 0 {
+            return Err(invalid("database.acquire_timeout_ms", "must be at least 1"));
+        }
+        crate::route::check_key_text(&self.consumer.group, crate::route::MAX_ID_CHARS)
+            .map_err(|m| invalid("consumer.group", m))?;
+        if self.consumer.instance.chars().count() > crate::route::MAX_ID_CHARS {
+            return Err(invalid(
+                "consumer.instance",
+                "is longer than 128 characters",
+            ));
+        }
+        if !(0..=32).contains(&self.consumer.max_reconsume_times) {
+            return Err(invalid(
+                "consumer.max_reconsume_times",
+                "must be between 0 and 32 (RocketMQ's own limit)",
+            ));
+        }
+        if self.routes.is_empty() {
+            return Err(invalid("routes", "at least one route is needed"));
+        }
+        Routes::new(&self.routes).map_err(|e| invalid(&e.field, e.message))?;
+        Ok(())
+    }
+
+    pub fn routes(&self) -> Routes {
+        Routes::new(&self.routes).expect("validated by Settings::load")
+    }
+
+    pub fn store_options(&self) -> StoreOptions {
+        StoreOptions {
+            max_connections: self.database.max_connections,
+            acquire_timeout: std::time::Duration::from_millis(self.database.acquire_timeout_ms),
+        }
+    }
+
+    pub fn identity(&self) -> Identity {
+        let instance_id = if self.consumer.instance.is_empty() {
+            Identity::default_instance_id()
+        } else {
+            self.consumer.instance.clone()
+        };
+        Identity {
+            consumer_group: self.consumer.group.clone(),
+            instance_id,
+        }
+    }
+
+    pub fn policy(&self) -> Policy {
+        Policy {
+            max_reconsume_times: self.consumer.max_reconsume_times,
+            transient_retries: self.consumer.transient_retries,
+            duplicate_warnings_per_second: self.consumer.duplicate_warnings_per_second,
+        }
+    }
+}
+
+/// figment's error, with the key path and the source (file or variable) it came from.
+fn describe(e: &figment::Error) -> String {
+    e.clone()
+        .into_iter()
+        .map(|e| {
+            let key = if e.path.is_empty() {
+                String::new()
+            } else {
+                format!("key {}: ", e.path.join("."))
+            };
+            let from = e
+                .metadata
+                .as_ref()
+                .map(|m| match &m.source {
+                    Some(src) => format!(" (from {} {src})", m.name),
+                    None => format!(" (from {})", m.name),
+                })
+                .unwrap_or_default();
+            format!("{key}{}{from}", e.kind)
+        })
+        .collect::<Vec<_>>()
+        .join("; ")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn write(dir: &tempfile::TempDir, text: &str) -> std::path::PathBuf {
+        let path = dir.path().join("idemgate.toml");
+        std::fs::write(&path, text).unwrap();
+        path
+    }
+
+    fn no_env() -> Env {
+        Env::prefixed("IDEMGATE_UNIT_TEST_NOTHING_")
+    }
+
+    #[test]
+    fn the_defaults_are_valid_and_embedded() {
+        let s = Settings::load_from(None, no_env()).unwrap();
+        assert!(s.database.url.starts_with("sqlite://"));
+        assert_eq!(s.routes.len(), 3);
+    }
+
+    #[test]
+    #[allow(clippy::result_large_err)] // figment::Jail's own error type
+    fn a_file_overrides_defaults_and_the_environment_overrides_the_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = write(
+            &dir,
+            r#"
+            [database]
+            url = "postgres://app@db/shop"
+            [consumer]
+            group = "stock_consumer"
+            [[routes]]
+            topic = "orders"
+            biz_type = "order.create"
+            biz_id = "json:/order_no"
+            "#,
+        );
+        figment::Jail::expect_with(|jail| {
+            jail.set_env("IDEMGATE_TEST_CONFIG_CONSUMER__GROUP", "from_env");
+            jail.set_env("IDEMGATE_TEST_CONFIG_UNRELATED", "ignored");
+            let s =
+                Settings::load_from(Some(&path), Env::prefixed("IDEMGATE_TEST_CONFIG_")).unwrap();
+            assert_eq!(s.database.url, "postgres://app@db/shop");
+            assert_eq!(
+                s.database.max_connections, 16,
+                "unset keys keep their defaults"
+            );
+            assert_eq!(s.consumer.group, "from_env");
+            assert_eq!(s.routes.len(), 1);
+            assert_eq!(s.routes[0].tags, "*");
+            Ok(())
+        });
+    }
+
+    #[test]
+    fn a_bad_setting_is_refused_with_its_key_named() {
+        let dir = tempfile::tempdir().unwrap();
+        let cases = [
+            (
+                "[database]\nurl = \"oracle://x\"",
+                "configuration key database.url",
+            ),
+            (
+                "[database]\nmax_connections = \"many\"",
+                "key database.max_connections",
+            ),
+            (
+                "[database]\nurll = \"x\"",
+                "key database.urll: unknown field: found `urll`",
+            ),
+            (
+                "[consumer]\ngroup = \"a b\"",
+                "configuration key consumer.group: has a forbidden character",
+            ),
+            (
+                "[consumer]\nmax_reconsume_times = 99",
+                "configuration key consumer.max_reconsume_times",
+            ),
+            (
+                "[[routes]]\ntopic = \"t\"\nbiz_type = \"x\"\nbiz_id = \"body\"",
+                "configuration key routes[0].biz_id",
+            ),
+            ("[log]\nformat = \"xml\"", "key log.format"),
+            ("this is not toml", "configuration"),
+        ];
+        for (text, expected) in cases {
+            let err = Settings::load_from(Some(&write(&dir, text)), no_env())
+                .unwrap_err()
+                .to_string();
+            assert!(
+                err.contains(expected),
+                "{text:?}: expected {expected:?} in {err:?}"
+            );
+        }
+        let missing = Settings::load_from(Some(Path::new("/nonexistent/idemgate.toml")), no_env())
+            .unwrap_err();
+        assert_eq!(
+            missing.to_string(),
+            "configuration file /nonexistent/idemgate.toml does not exist"
+        );
+    }
+}

@@ -1,0 +1,157 @@
+//! Throwaway databases for benchmarks and tests: a fresh database on a PostgreSQL or MariaDB
+//! server (or a SQLite file in a temporary folder), migrated, and dropped afterwards.
+//!
+//! It needs an admin URL that may create databases. It must never be pointed at a production
+//! server's real database: it only ever creates and drops databases named `idemgate_scratch_*`.
+
+use std::sync::atomic::{AtomicU32, Ordering};
+
+use sqlx::{AnyPool, AssertSqlSafe, Executor};
+
+use crate::store::{Backend, Store, StoreError, StoreOptions};
+
+/// The admin URLs of the machine's services, as the tests and benchmarks default to them.
+pub const POSTGRES_ADMIN_URL: &str = "postgres://postgres@127.0.0.1:5432/postgres";
+pub const MYSQL_ADMIN_URL: &str = "mysql://root@127.0.0.1:3306/test";
+
+/// The name prefix of every scratch database.
+pub const PREFIX: &str = "idemgate_scratch_";
+
+/// The admin URL for `backend`: `IDEMGATE_TEST_POSTGRES_URL` / `IDEMGATE_TEST_MYSQL_URL`, or
+/// the local default.
+pub fn admin_url(backend: Backend) -> Option<String> {
+    let (var, default) = match backend {
+        Backend::Postgres => ("IDEMGATE_TEST_POSTGRES_URL", POSTGRES_ADMIN_URL),
+        Backend::MySql => ("IDEMGATE_TEST_MYSQL_URL", MYSQL_ADMIN_URL),
+        Backend::Sqlite => return None,
+    };
+    Some(std::env::var(var).unwrap_or_else(|_| default.to_owned()))
+}
+
+/// A fresh, migrated database.
+pub struct ScratchDb {
+    pub store: Store,
+    pub url: String,
+    backend: Backend,
+    name: String,
+    _dir: Option<tempfile::TempDir>,
+}
+
+static NEXT: AtomicU32 = AtomicU32::new(0);
+
+#[derive(Debug, thiserror::Error)]
+pub enum ScratchError {
+    #[error("{backend} is needed here and is not reachable at {url}: {source}")]
+    Unreachable {
+        backend: Backend,
+        url: String,
+        #[source]
+        source: sqlx::Error,
+    },
+    #[error("could not create a scratch database: {0}")]
+    Create(#[source] sqlx::Error),
+    #[error("could not create a temporary folder: {0}")]
+    TempDir(#[source] std::io::Error),
+    #[error(transparent)]
+    Store(#[from] StoreError),
+}
+
+impl ScratchDb {
+    /// Creates and migrates a scratch database on `backend`'s server.
+    pub async fn create(backend: Backend, options: &StoreOptions) -> Result<Self, ScratchError> {
+        sqlx::any::install_default_drivers();
+        let name = format!(
+            "{PREFIX}{}_{}_{}",
+            std::process::id(),
+            NEXT.fetch_add(1, Ordering::Relaxed),
+            rand::random::<u16>()
+        );
+        let (url, dir) = match admin_url(backend) {
+            None => {
+                let dir = tempfile::tempdir().map_err(ScratchError::TempDir)?;
+                let url = format!(
+                    "sqlite://{}?mode=rwc",
+                    dir.path().join("idemgate.db").display()
+                );
+                (url, Some(dir))
+            }
+            Some(admin) => {
+                let pool =
+                    AnyPool::connect(&admin)
+                        .await
+                        .map_err(|source| ScratchError::Unreachable {
+                            backend,
+                            url: crate::store::redact_url(&admin),
+                            source,
+                        })?;
+                pool.execute(AssertSqlSafe(format!("CREATE DATABASE {name}")))
+                    .await
+                    .map_err(ScratchError::Create)?;
+                pool.close().await;
+                let base = admin.rsplit_once('/').map(|(b, _)| b).unwrap_or(&admin);
+                (format!("{base}/{name}"), None)
+            }
+        };
+        let store = Store::open(&url, options).await?;
+        Ok(Self {
+            store,
+            url,
+            backend,
+            name,
+            _dir: dir,
+        })
+    }
+
+    pub fn backend(&self) -> Backend {
+        self.backend
+    }
+
+    /// Closes the pool and drops the database.
+    pub async fn drop_now(self) {
+        self.store.close().await;
+        if let Some(admin) = admin_url(self.backend) {
+            drop_database(self.backend, &admin, &self.name).await;
+        }
+    }
+}
+
+async fn drop_database(backend: Backend, admin: &str, name: &str) {
+    let Ok(pool) = AnyPool::connect(admin).await else {
+        return;
+    };
+    let sql = match backend {
+        Backend::Postgres => format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)"),
+        _ => format!("DROP DATABASE IF EXISTS {name}"),
+    };
+    if let Err(e) = pool.execute(AssertSqlSafe(sql)).await {
+        tracing::warn!(error = %e, database = name, "could not drop a scratch database");
+    }
+    pool.close().await;
+}
+
+impl Drop for ScratchDb {
+    /// A scratch database not dropped with [`ScratchDb::drop_now`] (a test that panicked) is
+    /// dropped here, from a thread with a runtime of its own: the current runtime cannot be
+    /// blocked on.
+    fn drop(&mut self) {
+        let Some(admin) = admin_url(self.backend) else {
+            return;
+        };
+        let (backend, name, pool) = (self.backend, self.name.clone(), self.store.pool().clone());
+        if pool.is_closed() {
+            return;
+        }
+        let _ = std::thread::spawn(move || {
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .ok()?;
+            rt.block_on(async move {
+                pool.close().await;
+                drop_database(backend, &admin, &name).await;
+            });
+            Some(())
+        })
+        .join();
+    }
+}
