@@ -8,8 +8,7 @@ use idemgate::handler::{Effect, Handler, HandlerError, Handlers, Work};
 use idemgate::route::{RouteConfig, Routes};
 use idemgate::store::{Conn, Sql, Store, StoreOptions, query};
 
-static CREDIT: Sql =
-    Sql::new("UPDATE wallet SET balance_cents = balance_cents + ? WHERE user_id = ?");
+static CREDIT: Sql = Sql::new("UPDATE wallet SET balance_cents = balance_cents + ? WHERE user_id = ?");
 
 struct Credit;
 
@@ -19,19 +18,11 @@ impl Handler for Credit {
         let body: serde_json::Value = serde_json::from_slice(&work.delivery.body)
             .map_err(|e| HandlerError::Invalid(format!("body: {e}")))?;
         let (Some(user), Some(cents)) = (body["user_id"].as_str(), body["cents"].as_i64()) else {
-            return Err(HandlerError::Invalid(
-                "user_id and cents are required".into(),
-            ));
+            return Err(HandlerError::Invalid("user_id and cents are required".into()));
         };
-        let done = query(work.backend, &CREDIT)
-            .bind(cents)
-            .bind(user)
-            .execute(&mut *conn)
-            .await?;
+        let done = query(work.backend, &CREDIT).bind(cents).bind(user).execute(&mut *conn).await?;
         if done.rows_affected() == 0 {
-            return Err(HandlerError::Retryable(format!(
-                "wallet of {user} not found yet"
-            )));
+            return Err(HandlerError::Retryable(format!("wallet of {user} not found yet")));
         }
         Ok(Effect::Applied)
     }
@@ -40,17 +31,12 @@ impl Handler for Credit {
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let dir = tempfile::tempdir()?;
-    let url = format!(
-        "sqlite://{}?mode=rwc",
-        dir.path().join("wallet.db").display()
-    );
+    let url = format!("sqlite://{}?mode=rwc", dir.path().join("wallet.db").display());
     let store = Store::open(&url, &StoreOptions::default()).await?;
     sqlx::query("CREATE TABLE wallet (user_id TEXT PRIMARY KEY, balance_cents BIGINT NOT NULL)")
         .execute(store.pool())
         .await?;
-    sqlx::query("INSERT INTO wallet VALUES ('u1', 0)")
-        .execute(store.pool())
-        .await?;
+    sqlx::query("INSERT INTO wallet VALUES ('u1', 0)").execute(store.pool()).await?;
 
     let routes = Routes::new(&[RouteConfig {
         topic: "wallet".into(),
@@ -61,10 +47,7 @@ async fn main() -> anyhow::Result<()> {
         handler: None,
     }])?;
     let handlers = Handlers::new().with("wallet.credit", Credit);
-    let identity = Identity {
-        consumer_group: "wallet_service".into(),
-        instance_id: "example".into(),
-    };
+    let identity = Identity { consumer_group: "wallet_service".into(), instance_id: "example".into() };
     let gate = Gate::new(store.clone(), routes, handlers, identity, Policy::default())?;
 
     let credit = Delivery {
@@ -76,12 +59,7 @@ async fn main() -> anyhow::Result<()> {
         ..Default::default()
     };
     let first = gate.process(&credit).await;
-    let again = gate
-        .process(&Delivery {
-            msg_id: "M-2".into(),
-            ..credit
-        })
-        .await;
+    let again = gate.process(&Delivery { msg_id: "M-2".into(), ..credit }).await;
     let balance: i64 = sqlx::query_scalar("SELECT balance_cents FROM wallet WHERE user_id = 'u1'")
         .fetch_one(store.pool())
         .await?;

@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
-# The test command: starts what the tests need, then runs every test. A missing service fails
-# the run; nothing is skipped.
+# The test command: starts what the tests need, installs what they run (once per machine),
+# then runs every test. A missing service or tool fails the run; nothing is skipped.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/services.sh
+scripts/install-prometheus.sh >/dev/null
+scripts/install-rocketmq.sh >/dev/null
 cargo test --locked --all-targets "$@"

@@ -4,6 +4,7 @@
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::sync::Arc;
+use std::sync::atomic::AtomicBool;
 use std::time::Duration;
 
 use anyhow::Context;
@@ -13,6 +14,7 @@ use crate::bench;
 use crate::config::Settings;
 use crate::demo::{self, DemoOptions};
 use crate::gate::{Gate, Policy};
+use crate::http::{self, AppState};
 use crate::shop;
 use crate::store::{Backend, Store, redact_url};
 use crate::traffic::Mix;
@@ -30,6 +32,11 @@ pub struct Cli {
 
 #[derive(Debug, Subcommand)]
 pub enum Command {
+    /// Consume from RocketMQ through the gate, with the HTTP server, until SIGTERM/SIGINT.
+    Serve,
+    /// Send the example traffic (orders, payments, stock deductions with duplicates) to a
+    /// real topic and print what was sent as JSON.
+    Produce(ProduceArgs),
     /// Run the gate on embedded defaults (SQLite, built-in traffic); no services needed.
     Demo(DemoArgs),
     /// Apply the database migrations and exit.
@@ -61,6 +68,39 @@ pub struct DemoArgs {
     pub status_every: u64,
 }
 
+#[derive(Debug, Args)]
+pub struct ProduceArgs {
+    /// Messages to send.
+    #[arg(long, default_value_t = 2000)]
+    pub count: u64,
+    /// Messages per second; 0 sends as fast as the broker takes them.
+    #[arg(long, default_value_t = 500)]
+    pub rate: u32,
+    /// Share of duplicates (redeliveries, producer resends, late duplicates), 0 to 0.9.
+    #[arg(long, default_value_t = 0.3)]
+    pub duplicates: f64,
+    /// Share of poison payments (for orders that never exist; they end dead-lettered).
+    #[arg(long, default_value_t = 0.01)]
+    pub poison: f64,
+    /// Share of malformed messages (no key, a hostile key, a truncated body).
+    #[arg(long, default_value_t = 0.005)]
+    pub malformed: f64,
+    /// Share of payments sent before their order (they fail and are retried).
+    #[arg(long, default_value_t = 0.05)]
+    pub early_payments: f64,
+    /// The topic (default: the example shop's).
+    #[arg(long, default_value = shop::TOPIC)]
+    pub topic: String,
+    /// Prefix of every business key (default: R and the current UTC time).
+    #[arg(long)]
+    pub run: Option<String>,
+    #[arg(long, default_value_t = 1)]
+    pub seed: u64,
+    /// Also write every accepted send to this file as JSON lines (kind, UNIQ_KEY, tags, KEYS).
+    #[arg(long)]
+    pub sends: Option<PathBuf>,
+}
+
 #[derive(Debug, Subcommand)]
 pub enum BenchCommand {
     /// The gate against the naive select-then-insert pattern, stock.deduct at a share of
@@ -88,23 +128,24 @@ pub async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
     let settings = Settings::load(cli.config.as_deref())?;
     crate::telemetry::init(&settings.log);
     match cli.command {
+        Command::Serve => {
+            let store = open_store(&settings).await?;
+            shop::ensure_example_stock(&store).await.context("creating the example shop's stock")?;
+            crate::serve::run(&settings, store, shop::handlers()).await?;
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Produce(args) => produce_command(&settings, args).await,
         Command::Demo(args) => demo_command(settings, args).await,
         Command::Migrate => {
-            let store = Store::open(&settings.database.url, &settings.store_options()).await?;
-            println!(
-                "migrations applied to {}",
-                redact_url(&settings.database.url)
-            );
+            let store = open_store(&settings).await?;
+            println!("migrations applied to {}", redact_url(&settings.database.url));
             store.close().await;
             Ok(ExitCode::SUCCESS)
         }
         Command::Config => {
             let mut shown = settings.clone();
             shown.database.url = redact_url(&shown.database.url);
-            print!(
-                "{}",
-                toml::to_string_pretty(&shown).context("rendering the configuration")?
-            );
+            print!("{}", toml::to_string_pretty(&shown).context("rendering the configuration")?);
             Ok(ExitCode::SUCCESS)
         }
         Command::Bench(BenchCommand::Gate(args)) => bench_gate(args).await,
@@ -112,27 +153,24 @@ pub async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
 }
 
 async fn demo_command(settings: Settings, args: DemoArgs) -> anyhow::Result<ExitCode> {
-    if !(0.0..=0.9).contains(&args.duplicates) {
-        anyhow::bail!("--duplicates must be between 0 and 0.9");
-    }
-    let store = Store::open(&settings.database.url, &settings.store_options())
-        .await
-        .with_context(|| format!("opening {}", redact_url(&settings.database.url)))?;
-    let policy = Policy {
-        max_reconsume_times: args.max_reconsume_times,
-        ..settings.policy()
-    };
-    let gate = Arc::new(Gate::new(
-        store.clone(),
-        settings.routes(),
-        shop::handlers(),
-        settings.identity(),
-        policy,
-    )?);
+    let duplicates = share("duplicates", args.duplicates, 0.9)?;
+    let store = open_store(&settings).await?;
+    let policy = Policy { max_reconsume_times: args.max_reconsume_times, ..settings.policy() };
+    let gate =
+        Arc::new(Gate::new(store.clone(), settings.routes(), shop::handlers(), settings.identity(), policy)?);
+    let ready = Arc::new(AtomicBool::new(true));
+    let server =
+        http::Server::bind(&settings.http.bind, AppState { store: store.clone(), consumer_ready: ready })
+            .await?;
+    let url = format!("http://{}/", server.local_addr()?);
+    let (stop_http, http_stopped) = tokio::sync::oneshot::channel::<()>();
+    let http_task = tokio::spawn(server.run(async {
+        let _ = http_stopped.await;
+    }));
     println!(
-        "idemgate demo: {} deliveries/s with {:.0}% duplicates into {} (instance {}). Ctrl-C stops.",
+        "idemgate demo: {} deliveries/s with {:.0}% duplicates into {} (instance {}).\nOpen {url}  (Ctrl-C stops)",
         args.rate,
-        args.duplicates * 100.0,
+        duplicates * 100.0,
         redact_url(&settings.database.url),
         gate.identity().instance_id
     );
@@ -140,10 +178,7 @@ async fn demo_command(settings: Settings, args: DemoArgs) -> anyhow::Result<Exit
         rate: args.rate,
         duration: args.seconds.map(Duration::from_secs),
         status_every: Duration::from_secs(args.status_every.max(1)),
-        mix: Mix {
-            duplicates: args.duplicates,
-            ..Mix::default()
-        },
+        mix: Mix { duplicates, ..Mix::default() },
         seed: rand::random(),
         ..DemoOptions::default()
     };
@@ -151,7 +186,67 @@ async fn demo_command(settings: Settings, args: DemoArgs) -> anyhow::Result<Exit
         let _ = tokio::signal::ctrl_c().await;
     };
     demo::run(gate, options, shutdown, |line| println!("{line}")).await?;
+    let _ = stop_http.send(());
+    http_task.await.context("the HTTP server task failed")??;
     store.close().await;
+    Ok(ExitCode::SUCCESS)
+}
+
+async fn open_store(settings: &Settings) -> anyhow::Result<Store> {
+    Store::open(&settings.database.url, &settings.store_options())
+        .await
+        .with_context(|| format!("opening {}", redact_url(&settings.database.url)))
+}
+
+fn share(name: &str, value: f64, max: f64) -> anyhow::Result<f64> {
+    if !(0.0..=max).contains(&value) {
+        anyhow::bail!("--{name} must be between 0 and {max}, not {value}");
+    }
+    Ok(value)
+}
+
+async fn produce_command(settings: &Settings, args: ProduceArgs) -> anyhow::Result<ExitCode> {
+    let mix = Mix {
+        duplicates: share("duplicates", args.duplicates, 0.9)?,
+        poison: share("poison", args.poison, 1.0)?,
+        malformed: share("malformed", args.malformed, 1.0)?,
+        early_payments: share("early-payments", args.early_payments, 1.0)?,
+    };
+    let options = crate::produce::ProduceOptions {
+        name_server: settings.broker.name_server.clone(),
+        producer_group: settings.broker.producer_group.clone(),
+        topic: args.topic,
+        count: args.count,
+        rate: args.rate,
+        mix,
+        seed: args.seed,
+        run: args.run.unwrap_or_else(crate::traffic::run_id),
+    };
+    let mut sends = match &args.sends {
+        Some(path) => Some(std::io::BufWriter::new(
+            std::fs::File::create(path).with_context(|| format!("creating {}", path.display()))?,
+        )),
+        None => None,
+    };
+    let mut write_error = None;
+    let report = crate::produce::run(&options, |record| {
+        if let (Some(out), None) = (sends.as_mut(), write_error.as_ref()) {
+            use std::io::Write;
+            let line = serde_json::to_string(record).map_err(std::io::Error::other);
+            if let Err(e) = line.and_then(|l| writeln!(out, "{l}")) {
+                write_error = Some(e);
+            }
+        }
+    })
+    .await?;
+    if let Some(e) = write_error {
+        return Err(e).context("writing --sends");
+    }
+    if let Some(mut out) = sends {
+        use std::io::Write;
+        out.flush().context("writing --sends")?;
+    }
+    println!("{}", serde_json::to_string_pretty(&report)?);
     Ok(ExitCode::SUCCESS)
 }
 
@@ -166,24 +261,13 @@ async fn bench_gate(args: BenchGateArgs) -> anyhow::Result<ExitCode> {
         "bench gate: {} stock.deduct messages, {:.0}% duplicates, {} cores",
         options.messages,
         options.duplicates * 100.0,
-        std::thread::available_parallelism()
-            .map(|n| n.get())
-            .unwrap_or(1)
+        std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1)
     );
     let reports = bench::gate::run(&options, |r| {
-        eprintln!(
-            "  {} {} x{}: {:.0} msg/s",
-            r.backend,
-            r.pattern,
-            r.concurrency,
-            r.rate()
-        );
+        eprintln!("  {} {} x{}: {:.0} msg/s", r.backend, r.pattern, r.concurrency, r.rate());
     })
     .await?;
     println!("\n{}", bench::gate::table(&reports));
-    println!(
-        "Where the gate's time goes (mean per message):\n\n{}",
-        bench::gate::phase_table(&reports)
-    );
+    println!("Where the gate's time goes (mean per message):\n\n{}", bench::gate::phase_table(&reports));
     Ok(ExitCode::SUCCESS)
 }

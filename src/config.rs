@@ -12,6 +12,8 @@ use figment::Figment;
 use figment::providers::{Env, Format, Serialized, Toml};
 use serde::{Deserialize, Serialize};
 
+use crate::broker::StartFrom;
+use crate::broker::consumer::ConsumerOptions;
 use crate::gate::{Identity, Policy};
 use crate::route::{RouteConfig, Routes};
 use crate::shop;
@@ -26,7 +28,37 @@ pub struct Settings {
     /// Which business key each topic/tag carries. The file's `[[routes]]` tables replace the
     /// default shop routes as a whole.
     pub routes: Vec<RouteConfig>,
+    pub broker: BrokerSettings,
+    pub http: HttpSettings,
     pub log: LogSettings,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct BrokerSettings {
+    /// `IDEMGATE_BROKER__NAME_SERVER`: the RocketMQ name server(s), `host:port[;host:port]`.
+    pub name_server: String,
+    /// `IDEMGATE_BROKER__CONSUME_THREADS`: listener calls in flight at once. Each holds one
+    /// database connection, so `database.max_connections` must be at least this.
+    pub consume_threads: u32,
+    /// `IDEMGATE_BROKER__BATCH_SIZE`: messages per listener call. 1 keeps a retry to its own
+    /// message; a larger batch redelivers the whole batch when one message asks for a retry.
+    pub batch_size: u32,
+    /// `IDEMGATE_BROKER__PULL_BATCH_SIZE`: messages fetched from a queue per pull.
+    pub pull_batch_size: u32,
+    /// `IDEMGATE_BROKER__START_FROM`: where a new consumer group starts, `first` (miss nothing)
+    /// or `last`.
+    pub start_from: StartFrom,
+    /// `IDEMGATE_BROKER__PRODUCER_GROUP`: the producer group of `produce` and replay.
+    pub producer_group: String,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct HttpSettings {
+    /// `IDEMGATE_HTTP__BIND`: the address of the web UI, the JSON API, `/metrics` and the
+    /// health endpoints. Loopback unless you mean to expose it.
+    pub bind: String,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -97,13 +129,24 @@ impl Default for Settings {
                 duplicate_warnings_per_second: policy.duplicate_warnings_per_second,
             },
             routes: shop::routes(shop::TOPIC),
-            log: LogSettings {
-                filter: "info".to_owned(),
-                format: LogFormat::Text,
+            broker: BrokerSettings {
+                name_server: "127.0.0.1:9876".to_owned(),
+                consume_threads: 8,
+                batch_size: 1,
+                pull_batch_size: 32,
+                start_from: StartFrom::First,
+                producer_group: "idemgate_producer".to_owned(),
             },
+            http: HttpSettings { bind: "127.0.0.1:8080".to_owned() },
+            log: LogSettings { filter: DEFAULT_LOG_FILTER.to_owned(), format: LogFormat::Text },
         }
     }
 }
+
+/// idemgate at INFO; the RocketMQ client (chatty at INFO: every rebalance and offset
+/// commit) at WARN.
+pub const DEFAULT_LOG_FILTER: &str =
+    "info,rocketmq_client_rust=warn,rocketmq_transport=warn,rocketmq_runtime=warn,rocketmq_remoting=warn";
 
 /// A setting is missing, malformed or inconsistent.
 #[derive(Debug, thiserror::Error)]
@@ -117,10 +160,7 @@ pub enum ConfigError {
 }
 
 fn invalid(key: &str, message: impl Into<String>) -> ConfigError {
-    ConfigError::Invalid {
-        key: key.to_owned(),
-        message: message.into(),
-    }
+    ConfigError::Invalid { key: key.to_owned(), message: message.into() }
 }
 
 impl Settings {
@@ -140,17 +180,14 @@ impl Settings {
         // Only SECTION__KEY variables are settings; others with the prefix (IDEMGATE_CONFIG,
         // the tests' own) are not.
         figment = figment.merge(env.filter(|k| k.as_str().contains("__")).split("__"));
-        let settings: Settings = figment
-            .extract()
-            .map_err(|e| ConfigError::Parse(describe(&e)))?;
+        let settings: Settings = figment.extract().map_err(|e| ConfigError::Parse(describe(&e)))?;
         settings.validate()?;
         Ok(settings)
     }
 
     /// Checks what types alone cannot.
     pub fn validate(&self) -> Result<(), ConfigError> {
-        Backend::from_url(&self.database.url)
-            .map_err(|e| invalid("database.url", e.to_string()))?;
+        Backend::from_url(&self.database.url).map_err(|e| invalid("database.url", e.to_string()))?;
         if self.database.max_connections == 0 {
             return Err(invalid("database.max_connections", "must be at least 1"));
         }
@@ -160,10 +197,7 @@ impl Settings {
         crate::route::check_key_text(&self.consumer.group, crate::route::MAX_ID_CHARS)
             .map_err(|m| invalid("consumer.group", m))?;
         if self.consumer.instance.chars().count() > crate::route::MAX_ID_CHARS {
-            return Err(invalid(
-                "consumer.instance",
-                "is longer than 128 characters",
-            ));
+            return Err(invalid("consumer.instance", "is longer than 128 characters"));
         }
         if !(0..=32).contains(&self.consumer.max_reconsume_times) {
             return Err(invalid(
@@ -171,6 +205,36 @@ impl Settings {
                 "must be between 0 and 32 (RocketMQ's own limit)",
             ));
         }
+        let b = &self.broker;
+        if b.name_server.trim().is_empty() {
+            return Err(invalid("broker.name_server", "is empty"));
+        }
+        if !(1..=256).contains(&b.consume_threads) {
+            return Err(invalid("broker.consume_threads", "must be between 1 and 256"));
+        }
+        if !(1..=32).contains(&b.batch_size) {
+            return Err(invalid("broker.batch_size", "must be between 1 and 32"));
+        }
+        if !(1..=1024).contains(&b.pull_batch_size) {
+            return Err(invalid("broker.pull_batch_size", "must be between 1 and 1024"));
+        }
+        if self.database.max_connections < b.consume_threads {
+            return Err(invalid(
+                "database.max_connections",
+                format!(
+                    "is {}, below broker.consume_threads ({}): every listener call holds a connection",
+                    self.database.max_connections, b.consume_threads
+                ),
+            ));
+        }
+        crate::route::check_key_text(&b.producer_group, crate::route::MAX_ID_CHARS)
+            .map_err(|m| invalid("broker.producer_group", m))?;
+        self.http.bind.parse::<std::net::SocketAddr>().map_err(|e| {
+            invalid(
+                "http.bind",
+                format!("{:?} is not an address such as 127.0.0.1:8080 ({e})", self.http.bind),
+            )
+        })?;
         if self.routes.is_empty() {
             return Err(invalid("routes", "at least one route is needed"));
         }
@@ -195,9 +259,16 @@ impl Settings {
         } else {
             self.consumer.instance.clone()
         };
-        Identity {
-            consumer_group: self.consumer.group.clone(),
-            instance_id,
+        Identity { consumer_group: self.consumer.group.clone(), instance_id }
+    }
+
+    pub fn consumer_options(&self) -> ConsumerOptions {
+        ConsumerOptions {
+            name_server: self.broker.name_server.clone(),
+            consume_threads: self.broker.consume_threads,
+            batch_size: self.broker.batch_size,
+            pull_batch_size: self.broker.pull_batch_size,
+            start_from: self.broker.start_from,
         }
     }
 
@@ -215,11 +286,7 @@ fn describe(e: &figment::Error) -> String {
     e.clone()
         .into_iter()
         .map(|e| {
-            let key = if e.path.is_empty() {
-                String::new()
-            } else {
-                format!("key {}: ", e.path.join("."))
-            };
+            let key = if e.path.is_empty() { String::new() } else { format!("key {}: ", e.path.join(".")) };
             let from = e
                 .metadata
                 .as_ref()
@@ -275,13 +342,9 @@ mod tests {
         figment::Jail::expect_with(|jail| {
             jail.set_env("IDEMGATE_TEST_CONFIG_CONSUMER__GROUP", "from_env");
             jail.set_env("IDEMGATE_TEST_CONFIG_UNRELATED", "ignored");
-            let s =
-                Settings::load_from(Some(&path), Env::prefixed("IDEMGATE_TEST_CONFIG_")).unwrap();
+            let s = Settings::load_from(Some(&path), Env::prefixed("IDEMGATE_TEST_CONFIG_")).unwrap();
             assert_eq!(s.database.url, "postgres://app@db/shop");
-            assert_eq!(
-                s.database.max_connections, 16,
-                "unset keys keep their defaults"
-            );
+            assert_eq!(s.database.max_connections, 16, "unset keys keep their defaults");
             assert_eq!(s.consumer.group, "from_env");
             assert_eq!(s.routes.len(), 1);
             assert_eq!(s.routes[0].tags, "*");
@@ -293,47 +356,30 @@ mod tests {
     fn a_bad_setting_is_refused_with_its_key_named() {
         let dir = tempfile::tempdir().unwrap();
         let cases = [
-            (
-                "[database]\nurl = \"oracle://x\"",
-                "configuration key database.url",
-            ),
-            (
-                "[database]\nmax_connections = \"many\"",
-                "key database.max_connections",
-            ),
-            (
-                "[database]\nurll = \"x\"",
-                "key database.urll: unknown field: found `urll`",
-            ),
-            (
-                "[consumer]\ngroup = \"a b\"",
-                "configuration key consumer.group: has a forbidden character",
-            ),
-            (
-                "[consumer]\nmax_reconsume_times = 99",
-                "configuration key consumer.max_reconsume_times",
-            ),
+            ("[database]\nurl = \"oracle://x\"", "configuration key database.url"),
+            ("[database]\nmax_connections = \"many\"", "key database.max_connections"),
+            ("[database]\nurll = \"x\"", "key database.urll: unknown field: found `urll`"),
+            ("[consumer]\ngroup = \"a b\"", "configuration key consumer.group: has a forbidden character"),
+            ("[consumer]\nmax_reconsume_times = 99", "configuration key consumer.max_reconsume_times"),
             (
                 "[[routes]]\ntopic = \"t\"\nbiz_type = \"x\"\nbiz_id = \"body\"",
                 "configuration key routes[0].biz_id",
             ),
             ("[log]\nformat = \"xml\"", "key log.format"),
+            ("[http]\nbind = \"localhost\"", "configuration key http.bind"),
+            (
+                "[broker]\nconsume_threads = 64",
+                "configuration key database.max_connections: is 16, below broker.consume_threads (64)",
+            ),
+            ("[broker]\nstart_from = \"middle\"", "key broker.start_from"),
             ("this is not toml", "configuration"),
         ];
         for (text, expected) in cases {
-            let err = Settings::load_from(Some(&write(&dir, text)), no_env())
-                .unwrap_err()
-                .to_string();
-            assert!(
-                err.contains(expected),
-                "{text:?}: expected {expected:?} in {err:?}"
-            );
+            let err = Settings::load_from(Some(&write(&dir, text)), no_env()).unwrap_err().to_string();
+            assert!(err.contains(expected), "{text:?}: expected {expected:?} in {err:?}");
         }
-        let missing = Settings::load_from(Some(Path::new("/nonexistent/idemgate.toml")), no_env())
-            .unwrap_err();
-        assert_eq!(
-            missing.to_string(),
-            "configuration file /nonexistent/idemgate.toml does not exist"
-        );
+        let missing =
+            Settings::load_from(Some(Path::new("/nonexistent/idemgate.toml")), no_env()).unwrap_err();
+        assert_eq!(missing.to_string(), "configuration file /nonexistent/idemgate.toml does not exist");
     }
 }

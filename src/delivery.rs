@@ -34,6 +34,8 @@ pub struct Delivery {
     pub queue_offset: i64,
     /// How many times the broker has redelivered this message after a failure.
     pub reconsume_times: i32,
+    /// When the producer created the message, epoch milliseconds; 0 when unknown.
+    pub born_at_ms: i64,
 }
 
 impl Delivery {
@@ -59,15 +61,8 @@ mod tests {
 
     #[test]
     fn payload_hash_is_stable_and_depends_on_the_body() {
-        let a = Delivery {
-            body: b"{\"sku\":\"A\"}".to_vec(),
-            ..Default::default()
-        };
-        let b = Delivery {
-            body: b"{\"sku\":\"B\"}".to_vec(),
-            msg_id: "other".into(),
-            ..Default::default()
-        };
+        let a = Delivery { body: b"{\"sku\":\"A\"}".to_vec(), ..Default::default() };
+        let b = Delivery { body: b"{\"sku\":\"B\"}".to_vec(), msg_id: "other".into(), ..Default::default() };
         assert_eq!(a.payload_hash(), a.clone().payload_hash());
         assert_eq!(a.payload_hash().len(), 64);
         assert_ne!(a.payload_hash(), b.payload_hash());

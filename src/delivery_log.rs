@@ -49,19 +49,12 @@ pub struct Entry<'a> {
 ///
 /// Text that came from outside (msgId, topic, a rejected bizId) is cut to its column's size
 /// with [`excerpt`], so that a hostile message is logged instead of failing the insert.
-pub async fn append(
-    conn: &mut Conn,
-    backend: Backend,
-    entry: &Entry<'_>,
-) -> Result<(), sqlx::Error> {
+pub async fn append(conn: &mut Conn, backend: Backend, entry: &Entry<'_>) -> Result<(), sqlx::Error> {
     let d = entry.delivery;
     let mut error = entry.error.map(|e| clip(e, MAX_ERROR_CHARS));
     let payload = entry.keep_payload.then(|| {
         if d.body.len() > MAX_KEPT_PAYLOAD {
-            let note = format!(
-                " [body of {} bytes cut to {MAX_KEPT_PAYLOAD}]",
-                d.body.len()
-            );
+            let note = format!(" [body of {} bytes cut to {MAX_KEPT_PAYLOAD}]", d.body.len());
             error = Some(error.take().unwrap_or_default() + &note);
             &d.body[..MAX_KEPT_PAYLOAD]
         } else {

@@ -14,7 +14,7 @@ use tokio::sync::{Mutex, mpsc};
 
 use crate::delivery::Delivery;
 use crate::gate::{Disposition, DuplicateCause, Gate, Outcome, Verdict};
-use crate::traffic::{Mix, SKUS, Traffic};
+use crate::traffic::{Mix, Traffic};
 
 /// How the demo runs.
 #[derive(Debug, Clone)]
@@ -98,7 +98,7 @@ impl Counters {
     }
 }
 
-/// Seeds stock for the example SKUs, then feeds the traffic through `gate` until `shutdown`
+/// Creates the example SKUs' stock where missing, then feeds the traffic through `gate` until `shutdown`
 /// resolves or the duration passes. Status lines go to `status`.
 pub async fn run(
     gate: Arc<Gate>,
@@ -106,9 +106,7 @@ pub async fn run(
     shutdown: impl Future<Output = ()>,
     mut status: impl FnMut(String),
 ) -> anyhow::Result<Arc<Counters>> {
-    for sku in SKUS {
-        crate::shop::seed_stock(gate.store(), sku, 1_000_000_000_000).await?;
-    }
+    crate::shop::ensure_example_stock(gate.store()).await?;
     let counters = Arc::new(Counters::default());
     let max_reconsume = gate.policy().max_reconsume_times;
     let (tx, rx) = mpsc::channel::<Delivery>(options.workers * 4);
@@ -151,10 +149,8 @@ pub async fn run(
     }
 
     let started = Instant::now();
-    let mut traffic = Traffic::new(options.mix, options.seed, &run_prefix());
-    let mut send_tick = tokio::time::interval(Duration::from_secs_f64(
-        1.0 / f64::from(options.rate.max(1)),
-    ));
+    let mut traffic = Traffic::new(options.mix, options.seed, &crate::traffic::run_id(), crate::shop::TOPIC);
+    let mut send_tick = tokio::time::interval(Duration::from_secs_f64(1.0 / f64::from(options.rate.max(1))));
     send_tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Burst);
     let mut status_tick = tokio::time::interval(options.status_every);
     status_tick.tick().await;
@@ -178,6 +174,7 @@ pub async fn run(
             _ = send_tick.tick() => {
                 let mut d = traffic.next_send().message;
                 d.msg_id = msg_id();
+                d.born_at_ms = crate::gate::now_ms();
                 if tx.send(d).await.is_err() {
                     break;
                 }
@@ -197,9 +194,4 @@ pub async fn run(
 /// A broker-style message id: 32 hex digits.
 fn msg_id() -> String {
     format!("{:032X}", rand::random::<u128>())
-}
-
-/// A prefix for this run's business keys, so that runs on one database never collide.
-fn run_prefix() -> String {
-    chrono::Utc::now().format("R%Y%m%d%H%M%S").to_string()
 }

@@ -15,13 +15,18 @@
 //! - [`delivery_log`]: one row per delivery attempt.
 //! - [`scratch`]: throwaway databases for benchmarks and tests.
 //! - [`shop`]: the built-in example business (orders, payments, stock).
-//! - [`traffic`]: the built-in traffic source that stands in for the broker in the demo.
+//! - [`broker`]: the RocketMQ client: the push consumer that feeds the gate, and the producer.
+//! - [`serve`]: `idemgate serve`, the service: store, gate, HTTP server and consumer.
+//! - [`produce`]: `idemgate produce`, the example traffic sent to a real topic.
+//! - [`http`]: the HTTP server and its routes.
+//! - [`traffic`]: the example traffic, and the books of what was sent.
 //! - [`demo`]: the one-command demo on embedded defaults.
 //! - [`bench`]: the measurements behind the README's figures.
 //! - [`cli`]: the command line.
 //! - [`config`]: the typed, layered configuration.
 
 pub mod bench;
+pub mod broker;
 pub mod cli;
 pub mod config;
 pub mod delivery;
@@ -29,8 +34,11 @@ pub mod delivery_log;
 pub mod demo;
 pub mod gate;
 pub mod handler;
+pub mod http;
+pub mod produce;
 pub mod route;
 pub mod scratch;
+pub mod serve;
 pub mod shop;
 pub mod store;
 pub mod telemetry;

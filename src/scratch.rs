@@ -66,40 +66,27 @@ impl ScratchDb {
             NEXT.fetch_add(1, Ordering::Relaxed),
             rand::random::<u16>()
         );
-        let (url, dir) = match admin_url(backend) {
-            None => {
-                let dir = tempfile::tempdir().map_err(ScratchError::TempDir)?;
-                let url = format!(
-                    "sqlite://{}?mode=rwc",
-                    dir.path().join("idemgate.db").display()
-                );
-                (url, Some(dir))
-            }
-            Some(admin) => {
-                let pool =
-                    AnyPool::connect(&admin)
+        let (url, dir) =
+            match admin_url(backend) {
+                None => {
+                    let dir = tempfile::tempdir().map_err(ScratchError::TempDir)?;
+                    let url = format!("sqlite://{}?mode=rwc", dir.path().join("idemgate.db").display());
+                    (url, Some(dir))
+                }
+                Some(admin) => {
+                    let pool = AnyPool::connect(&admin).await.map_err(|source| {
+                        ScratchError::Unreachable { backend, url: crate::store::redact_url(&admin), source }
+                    })?;
+                    pool.execute(AssertSqlSafe(format!("CREATE DATABASE {name}")))
                         .await
-                        .map_err(|source| ScratchError::Unreachable {
-                            backend,
-                            url: crate::store::redact_url(&admin),
-                            source,
-                        })?;
-                pool.execute(AssertSqlSafe(format!("CREATE DATABASE {name}")))
-                    .await
-                    .map_err(ScratchError::Create)?;
-                pool.close().await;
-                let base = admin.rsplit_once('/').map(|(b, _)| b).unwrap_or(&admin);
-                (format!("{base}/{name}"), None)
-            }
-        };
+                        .map_err(ScratchError::Create)?;
+                    pool.close().await;
+                    let base = admin.rsplit_once('/').map(|(b, _)| b).unwrap_or(&admin);
+                    (format!("{base}/{name}"), None)
+                }
+            };
         let store = Store::open(&url, options).await?;
-        Ok(Self {
-            store,
-            url,
-            backend,
-            name,
-            _dir: dir,
-        })
+        Ok(Self { store, url, backend, name, _dir: dir })
     }
 
     pub fn backend(&self) -> Backend {
@@ -142,10 +129,7 @@ impl Drop for ScratchDb {
             return;
         }
         let _ = std::thread::spawn(move || {
-            let rt = tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .build()
-                .ok()?;
+            let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().ok()?;
             rt.block_on(async move {
                 pool.close().await;
                 drop_database(backend, &admin, &name).await;

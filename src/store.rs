@@ -123,10 +123,7 @@ pub struct Sql {
 
 impl Sql {
     pub const fn new(portable: &'static str) -> Self {
-        Self {
-            portable,
-            numbered: OnceLock::new(),
-        }
+        Self { portable, numbered: OnceLock::new() }
     }
 
     /// The statement's text for `backend`.
@@ -186,11 +183,7 @@ macro_rules! insert_if_absent {
 impl InsertIfAbsent {
     #[doc(hidden)]
     pub const fn new(plain: &'static str, on_conflict: &'static str, index: &'static str) -> Self {
-        Self {
-            plain: Sql::new(plain),
-            on_conflict: Sql::new(on_conflict),
-            index,
-        }
+        Self { plain: Sql::new(plain), on_conflict: Sql::new(on_conflict), index }
     }
 
     /// Runs the insert with the arguments `bind` adds. True when the row was inserted, false
@@ -203,9 +196,7 @@ impl InsertIfAbsent {
     ) -> Result<bool, sqlx::Error> {
         match backend {
             Backend::Postgres | Backend::Sqlite => {
-                let done = bind(query(backend, &self.on_conflict))
-                    .execute(&mut *conn)
-                    .await?;
+                let done = bind(query(backend, &self.on_conflict)).execute(&mut *conn).await?;
                 Ok(done.rows_affected() == 1)
             }
             Backend::MySql => match bind(query(backend, &self.plain)).execute(&mut *conn).await {
@@ -242,9 +233,7 @@ pub struct Store {
 
 impl fmt::Debug for Store {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("Store")
-            .field("backend", &self.backend)
-            .finish_non_exhaustive()
+        f.debug_struct("Store").field("backend", &self.backend).finish_non_exhaustive()
     }
 }
 
@@ -257,10 +246,7 @@ pub struct StoreOptions {
 
 impl Default for StoreOptions {
     fn default() -> Self {
-        Self {
-            max_connections: 16,
-            acquire_timeout: Duration::from_secs(10),
-        }
+        Self { max_connections: 16, acquire_timeout: Duration::from_secs(10) }
     }
 }
 
@@ -274,11 +260,7 @@ impl Store {
             .acquire_timeout(options.acquire_timeout)
             .connect(url)
             .await
-            .map_err(|source| StoreError::Connect {
-                backend,
-                url: redact_url(url),
-                source,
-            })?;
+            .map_err(|source| StoreError::Connect { backend, url: redact_url(url), source })?;
         if backend == Backend::Sqlite {
             // WAL lets readers (the UI, the reconciler) run beside the single writer. The
             // setting is stored in the file, so once is enough.
@@ -301,10 +283,7 @@ impl Store {
             .migrator()
             .run(&self.pool)
             .await
-            .map_err(|source| StoreError::Migrate {
-                backend: self.backend,
-                source,
-            })
+            .map_err(|source| StoreError::Migrate { backend: self.backend, source })
     }
 
     pub fn backend(&self) -> Backend {
@@ -399,49 +378,25 @@ mod tests {
         let m = "Duplicate entry 'g-t-PRIMARY-0' for key 'idempotent_record_claim_key'";
         assert!(names_index(m, "idempotent_record_claim_key"));
         assert!(!names_index(m, "PRIMARY"));
-        assert!(names_index(
-            "Duplicate entry 'x' for key 'shop_order.PRIMARY'",
-            "PRIMARY"
-        ));
-        assert!(names_index(
-            "Duplicate entry 'x' for key 'PRIMARY'",
-            "PRIMARY"
-        ));
+        assert!(names_index("Duplicate entry 'x' for key 'shop_order.PRIMARY'", "PRIMARY"));
+        assert!(names_index("Duplicate entry 'x' for key 'PRIMARY'", "PRIMARY"));
     }
 
     #[test]
     fn backend_is_read_from_the_url_scheme() {
         assert_eq!(Backend::from_url("sqlite://x.db").unwrap(), Backend::Sqlite);
-        assert_eq!(
-            Backend::from_url("postgres://u@h/db").unwrap(),
-            Backend::Postgres
-        );
-        assert_eq!(
-            Backend::from_url("postgresql://u@h/db").unwrap(),
-            Backend::Postgres
-        );
-        assert_eq!(
-            Backend::from_url("mysql://root@h/test").unwrap(),
-            Backend::MySql
-        );
+        assert_eq!(Backend::from_url("postgres://u@h/db").unwrap(), Backend::Postgres);
+        assert_eq!(Backend::from_url("postgresql://u@h/db").unwrap(), Backend::Postgres);
+        assert_eq!(Backend::from_url("mysql://root@h/test").unwrap(), Backend::MySql);
         let err = Backend::from_url("oracle://x").unwrap_err().to_string();
         assert!(err.contains("\"oracle\""), "{err}");
     }
 
     #[test]
     fn passwords_never_reach_a_log_line() {
-        assert_eq!(
-            redact_url("postgres://app:s3cret@db:5432/x"),
-            "postgres://app:***@db:5432/x"
-        );
-        assert_eq!(
-            redact_url("mysql://root@127.0.0.1/test"),
-            "mysql://root@127.0.0.1/test"
-        );
-        assert_eq!(
-            redact_url("sqlite://demo.db?mode=rwc"),
-            "sqlite://demo.db?mode=rwc"
-        );
+        assert_eq!(redact_url("postgres://app:s3cret@db:5432/x"), "postgres://app:***@db:5432/x");
+        assert_eq!(redact_url("mysql://root@127.0.0.1/test"), "mysql://root@127.0.0.1/test");
+        assert_eq!(redact_url("sqlite://demo.db?mode=rwc"), "sqlite://demo.db?mode=rwc");
         assert_eq!(redact_url("postgres://a:b@c@h/x"), "postgres://a:***@h/x");
     }
 }

@@ -32,11 +32,7 @@ impl Throttle {
         Self {
             per_window,
             window,
-            state: Mutex::new(State {
-                started: Instant::now(),
-                passed: 0,
-                held_back: 0,
-            }),
+            state: Mutex::new(State { started: Instant::now(), passed: 0, held_back: 0 }),
         }
     }
 
@@ -46,10 +42,7 @@ impl Throttle {
 
     fn check_at(&self, now: Instant) -> Permit {
         // A std Mutex: the critical section is a few integer operations and never awaits.
-        let mut s = self
-            .state
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        let mut s = self.state.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
         if now.duration_since(s.started) >= self.window {
             s.started = now;
             s.passed = 0;
@@ -74,20 +67,8 @@ mod tests {
         let t = Throttle::new(3, Duration::from_secs(1));
         let t0 = Instant::now();
         let permits: Vec<_> = (0..10).map(|_| t.check_at(t0)).collect();
-        assert_eq!(
-            permits
-                .iter()
-                .filter(|p| matches!(p, Permit::Emit { .. }))
-                .count(),
-            3
-        );
-        assert_eq!(
-            t.check_at(t0 + Duration::from_millis(1500)),
-            Permit::Emit { held_back: 7 }
-        );
-        assert_eq!(
-            t.check_at(t0 + Duration::from_millis(1600)),
-            Permit::Emit { held_back: 0 }
-        );
+        assert_eq!(permits.iter().filter(|p| matches!(p, Permit::Emit { .. })).count(), 3);
+        assert_eq!(t.check_at(t0 + Duration::from_millis(1500)), Permit::Emit { held_back: 7 });
+        assert_eq!(t.check_at(t0 + Duration::from_millis(1600)), Permit::Emit { held_back: 0 });
     }
 }

@@ -62,12 +62,7 @@ pub struct Mix {
 
 impl Default for Mix {
     fn default() -> Self {
-        Self {
-            duplicates: 0.3,
-            early_payments: 0.05,
-            poison: 0.01,
-            malformed: 0.005,
-        }
+        Self { duplicates: 0.3, early_payments: 0.05, poison: 0.01, malformed: 0.005 }
     }
 }
 
@@ -79,9 +74,10 @@ pub struct Send {
 }
 
 /// What was sent: the books a consumer's results are checked against.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct Tally {
-    pub sends: BTreeMap<SendKind, u64>,
+    /// Sends by kind (`original`, `redelivery`, …).
+    pub sends: BTreeMap<String, u64>,
     /// Distinct orders created.
     pub orders: u64,
     /// Distinct payments of existing orders.
@@ -91,6 +87,12 @@ pub struct Tally {
     pub deducted: BTreeMap<String, i64>,
     /// Distinct poison keys.
     pub poison: u64,
+}
+
+/// A prefix for one run's business keys (`R20261129083647`), so that runs against one
+/// database never collide.
+pub fn run_id() -> String {
+    chrono::Utc::now().format("R%Y%m%d%H%M%S").to_string()
 }
 
 /// A deterministic generator of the example traffic.
@@ -106,14 +108,16 @@ pub struct Traffic {
     late: VecDeque<(u64, Delivery)>,
     tally: Tally,
     run: String,
+    topic: String,
 }
 
 const RECENT: usize = 256;
 const LATE_AFTER_SENDS: u64 = 200;
 
 impl Traffic {
-    /// `run` prefixes every business key, so that runs against one database never collide.
-    pub fn new(mix: Mix, seed: u64, run: &str) -> Self {
+    /// `run` prefixes every business key, so that runs against one database never collide;
+    /// every message goes to `topic`.
+    pub fn new(mix: Mix, seed: u64, run: &str, topic: &str) -> Self {
         Self {
             rng: StdRng::seed_from_u64(seed),
             mix,
@@ -123,6 +127,7 @@ impl Traffic {
             late: VecDeque::new(),
             tally: Tally::default(),
             run: run.to_owned(),
+            topic: topic.to_owned(),
         }
     }
 
@@ -133,53 +138,45 @@ impl Traffic {
     /// The next message to send.
     pub fn next_send(&mut self) -> Send {
         let send = self.choose();
-        *self.tally.sends.entry(send.kind).or_default() += 1;
+        *self.tally.sends.entry(send.kind.as_str().to_owned()).or_default() += 1;
         for held in &mut self.late {
             held.0 = held.0.saturating_sub(1);
         }
         send
     }
 
+    /// The sends still owed to orders already begun (an order's deduction and payment follow
+    /// it): send these after the last [`Traffic::next_send`] so that the books are whole.
+    pub fn finish(&mut self) -> Vec<Send> {
+        let rest: Vec<Send> =
+            self.queue.drain(..).map(|message| Send { kind: SendKind::Original, message }).collect();
+        *self.tally.sends.entry(SendKind::Original.as_str().to_owned()).or_default() += rest.len() as u64;
+        rest
+    }
+
     fn choose(&mut self) -> Send {
         if self.late.front().is_some_and(|(wait, _)| *wait == 0) {
             let (_, message) = self.late.pop_front().expect("checked");
-            return Send {
-                kind: SendKind::LateDuplicate,
-                message,
-            };
+            return Send { kind: SendKind::LateDuplicate, message };
         }
         let roll: f64 = self.rng.random();
         if roll < self.mix.malformed {
-            return Send {
-                kind: SendKind::Malformed,
-                message: self.malformed(),
-            };
+            return Send { kind: SendKind::Malformed, message: self.malformed() };
         }
         if roll < self.mix.malformed + self.mix.poison {
-            return Send {
-                kind: SendKind::Poison,
-                message: self.poison(),
-            };
+            return Send { kind: SendKind::Poison, message: self.poison() };
         }
-        if roll < self.mix.malformed + self.mix.poison + self.mix.duplicates
-            && !self.recent.is_empty()
-        {
+        if roll < self.mix.malformed + self.mix.poison + self.mix.duplicates && !self.recent.is_empty() {
             let pick = self.rng.random_range(0..self.recent.len());
             let original = self.recent[pick].clone();
             match self.rng.random_range(0..3) {
                 0 => {
-                    return Send {
-                        kind: SendKind::Redelivery,
-                        message: original,
-                    };
+                    return Send { kind: SendKind::Redelivery, message: original };
                 }
                 1 => {
                     let mut message = original;
                     message.uniq_key = self.uniq_key();
-                    return Send {
-                        kind: SendKind::ProducerResend,
-                        message,
-                    };
+                    return Send { kind: SendKind::ProducerResend, message };
                 }
                 // The late copy goes out after a pause; this send is a new original.
                 _ => self.late.push_back((LATE_AFTER_SENDS, original)),
@@ -190,10 +187,7 @@ impl Traffic {
             self.recent.pop_front();
         }
         self.recent.push_back(message.clone());
-        Send {
-            kind: SendKind::Original,
-            message,
-        }
+        Send { kind: SendKind::Original, message }
     }
 
     fn next_original(&mut self) -> Delivery {
@@ -221,20 +215,13 @@ impl Traffic {
         let deduct = self.message(
             shop::TAG_STOCK_DEDUCT,
             &deduction_id,
-            serde_json::to_vec(&DeductStock {
-                sku: sku.to_owned(),
-                quantity,
-            }),
+            serde_json::to_vec(&DeductStock { sku: sku.to_owned(), quantity }),
         );
         let payment_no = format!("{}-P-{n}", self.run);
         let pay = self.message(
             shop::TAG_PAYMENT_CONFIRM,
             &payment_no,
-            serde_json::to_vec(&ConfirmPayment {
-                order_no,
-                payment_no: payment_no.clone(),
-                amount_cents,
-            }),
+            serde_json::to_vec(&ConfirmPayment { order_no, payment_no: payment_no.clone(), amount_cents }),
         );
         self.tally.orders += 1;
         self.tally.payments += 1;
@@ -265,12 +252,7 @@ impl Traffic {
     }
 
     fn malformed(&mut self) -> Delivery {
-        let n = self
-            .tally
-            .sends
-            .get(&SendKind::Malformed)
-            .copied()
-            .unwrap_or(0);
+        let n = self.tally.sends.get(SendKind::Malformed.as_str()).copied().unwrap_or(0);
         let mut m = self.message(shop::TAG_STOCK_DEDUCT, "", Ok(b"{\"sku\": ".to_vec()));
         match n % 3 {
             0 => m.keys.clear(),
@@ -283,7 +265,7 @@ impl Traffic {
     fn message(&mut self, tag: &str, key: &str, body: serde_json::Result<Vec<u8>>) -> Delivery {
         Delivery {
             uniq_key: self.uniq_key(),
-            topic: shop::TOPIC.to_owned(),
+            topic: self.topic.clone(),
             tags: tag.to_owned(),
             keys: vec![key.to_owned()],
             body: body.expect("the example bodies always serialize"),
@@ -291,8 +273,10 @@ impl Traffic {
         }
     }
 
+    /// A fresh UNIQ_KEY in RocketMQ's 32-hex-digit form. Drawn from the thread's entropy, not
+    /// the seeded generator: two runs with one seed must still never share a UNIQ_KEY.
     fn uniq_key(&mut self) -> String {
-        format!("{:032X}", self.rng.random::<u128>())
+        format!("{:032X}", rand::random::<u128>())
     }
 }
 
@@ -302,12 +286,11 @@ mod tests {
 
     #[test]
     fn the_mix_has_the_asked_share_of_duplicates_and_every_kind() {
-        let mut t = Traffic::new(Mix::default(), 7, "T");
+        let mut t = Traffic::new(Mix::default(), 7, "T", shop::TOPIC);
         let sends: Vec<Send> = (0..20_000).map(|_| t.next_send()).collect();
         let count = |k: SendKind| sends.iter().filter(|s| s.kind == k).count() as f64;
-        let dups = count(SendKind::Redelivery)
-            + count(SendKind::ProducerResend)
-            + count(SendKind::LateDuplicate);
+        let dups =
+            count(SendKind::Redelivery) + count(SendKind::ProducerResend) + count(SendKind::LateDuplicate);
         let share = dups / sends.len() as f64;
         assert!((0.27..0.33).contains(&share), "duplicate share {share}");
         for kind in [
@@ -320,10 +303,7 @@ mod tests {
             assert!(count(kind) > 0.0, "{kind:?}");
         }
         // A resend keeps the business key and body and changes the UNIQ_KEY.
-        let resend = sends
-            .iter()
-            .find(|s| s.kind == SendKind::ProducerResend)
-            .unwrap();
+        let resend = sends.iter().find(|s| s.kind == SendKind::ProducerResend).unwrap();
         let original = sends
             .iter()
             .find(|s| s.kind == SendKind::Original && s.message.keys == resend.message.keys)
@@ -331,15 +311,21 @@ mod tests {
         assert_eq!(original.message.body, resend.message.body);
         assert_ne!(original.message.uniq_key, resend.message.uniq_key);
         assert_eq!(t.tally().orders, t.tally().payments);
+        // Finishing sends what the begun orders still owe: every order has its three messages.
+        let rest = t.finish();
+        let originals = sends.iter().chain(rest.iter()).filter(|s| s.kind == SendKind::Original);
+        let by_tag = |tag: &str| originals.clone().filter(|s| s.message.tags == tag).count() as u64;
+        assert_eq!(by_tag(shop::TAG_ORDER_CREATE), t.tally().orders);
+        assert_eq!(by_tag(shop::TAG_PAYMENT_CONFIRM), t.tally().payments);
+        assert_eq!(by_tag(shop::TAG_STOCK_DEDUCT), t.tally().deductions);
+        assert!(t.finish().is_empty());
     }
 
     #[test]
     fn the_same_seed_gives_the_same_traffic() {
         let keys = |seed| {
-            let mut t = Traffic::new(Mix::default(), seed, "R");
-            (0..500)
-                .map(|_| t.next_send().message.keys.join(","))
-                .collect::<Vec<_>>()
+            let mut t = Traffic::new(Mix::default(), seed, "R", shop::TOPIC);
+            (0..500).map(|_| t.next_send().message.keys.join(",")).collect::<Vec<_>>()
         };
         assert_eq!(keys(1), keys(1));
         assert_ne!(keys(1), keys(2));

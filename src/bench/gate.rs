@@ -92,11 +92,8 @@ pub fn stream(messages: usize, duplicates: f64, seed: u64) -> (Vec<Delivery>, us
                 topic: shop::TOPIC.to_owned(),
                 tags: shop::TAG_STOCK_DEDUCT.to_owned(),
                 keys: vec![format!("DEDUCT-{i}")],
-                body: serde_json::to_vec(&DeductStock {
-                    sku: sku(i % SKUS),
-                    quantity: 1,
-                })
-                .expect("serializable"),
+                body: serde_json::to_vec(&DeductStock { sku: sku(i % SKUS), quantity: 1 })
+                    .expect("serializable"),
                 ..Default::default()
             }
         };
@@ -107,17 +104,11 @@ pub fn stream(messages: usize, duplicates: f64, seed: u64) -> (Vec<Delivery>, us
 }
 
 /// Runs every backend, pattern and concurrency; calls `report` after each run.
-pub async fn run(
-    options: &Options,
-    mut report: impl FnMut(&RunReport),
-) -> anyhow::Result<Vec<RunReport>> {
+pub async fn run(options: &Options, mut report: impl FnMut(&RunReport)) -> anyhow::Result<Vec<RunReport>> {
     let (stream, distinct) = stream(options.messages, options.duplicates, 42);
     let stream = Arc::new(stream);
     let max_c = options.concurrency.iter().copied().max().unwrap_or(1);
-    let store_options = StoreOptions {
-        max_connections: (max_c as u32) + 2,
-        ..Default::default()
-    };
+    let store_options = StoreOptions { max_connections: (max_c as u32) + 2, ..Default::default() };
     let mut all = Vec::new();
     for &backend in &options.backends {
         let db = ScratchDb::create(backend, &store_options).await?;
@@ -125,14 +116,8 @@ pub async fn run(
             db.store.clone(),
             Routes::new(&shop::routes(shop::TOPIC))?,
             shop::handlers(),
-            Identity {
-                consumer_group: GROUP.to_owned(),
-                instance_id: "bench".to_owned(),
-            },
-            Policy {
-                duplicate_warnings_per_second: 0,
-                ..Policy::default()
-            },
+            Identity { consumer_group: GROUP.to_owned(), instance_id: "bench".to_owned() },
+            Policy { duplicate_warnings_per_second: 0, ..Policy::default() },
         )?);
         for &concurrency in &options.concurrency {
             for pattern in [Pattern::Naive, Pattern::Gate] {
@@ -196,21 +181,12 @@ async fn run_one(
     concurrency: usize,
 ) -> anyhow::Result<Timing> {
     let next = Arc::new(AtomicUsize::new(0));
-    let totals = Arc::new(Mutex::new((
-        Vec::with_capacity(stream.len()),
-        0usize,
-        Phases::default(),
-    )));
+    let totals = Arc::new(Mutex::new((Vec::with_capacity(stream.len()), 0usize, Phases::default())));
     let started = Instant::now();
     let mut workers = Vec::new();
     for _ in 0..concurrency {
-        let (gate, store, stream, next, totals) = (
-            gate.clone(),
-            store.clone(),
-            stream.clone(),
-            next.clone(),
-            totals.clone(),
-        );
+        let (gate, store, stream, next, totals) =
+            (gate.clone(), store.clone(), stream.clone(), next.clone(), totals.clone());
         workers.push(tokio::spawn(async move {
             let (mut latencies, mut errors, mut phases) = (Vec::new(), 0usize, Phases::default());
             loop {
@@ -252,12 +228,7 @@ async fn run_one(
             transient_retries: p.transient_retries,
         }
     });
-    Ok(Timing {
-        elapsed,
-        latency: Percentiles::of(&mut totals.0),
-        errors: totals.1,
-        phases,
-    })
+    Ok(Timing { elapsed, latency: Percentiles::of(&mut totals.0), errors: totals.1, phases })
 }
 
 static NAIVE_CHECK: Sql = Sql::new(
@@ -276,8 +247,7 @@ static LEDGER: Sql = Sql::new(
 /// The seeds' naive per-message pattern: select, then insert, then business, one transaction.
 async fn naive(store: &Store, d: &Delivery) -> Result<(), sqlx::Error> {
     let biz_id = d.keys.first().map(String::as_str).unwrap_or("");
-    let body: DeductStock =
-        serde_json::from_slice(&d.body).map_err(|e| sqlx::Error::Decode(e.into()))?;
+    let body: DeductStock = serde_json::from_slice(&d.body).map_err(|e| sqlx::Error::Decode(e.into()))?;
     let now = crate::gate::now_ms();
     let mut tx = store.begin().await?;
     let seen = store
@@ -344,16 +314,8 @@ fn sku(i: usize) -> String {
 }
 
 async fn books(store: &Store) -> Result<(i64, i64), sqlx::Error> {
-    let applied = store
-        .query(&APPLIED)
-        .fetch_one(store.pool())
-        .await?
-        .try_get(0)?;
-    let twice = store
-        .query(&TWICE)
-        .fetch_one(store.pool())
-        .await?
-        .try_get(0)?;
+    let applied = store.query(&APPLIED).fetch_one(store.pool()).await?.try_get(0)?;
+    let twice = store.query(&TWICE).fetch_one(store.pool()).await?.try_get(0)?;
     Ok((applied, twice))
 }
 
@@ -417,17 +379,8 @@ mod tests {
         assert!((0.28..0.32).contains(&dup_share), "{dup_share}");
         let own = |d: &Delivery| format!("U-{}", &d.msg_id[2..]);
         let is_copy = |d: &Delivery| d.keys[0] != format!("DEDUCT-{}", &d.msg_id[2..]);
-        let redeliveries = s
-            .iter()
-            .filter(|d| is_copy(d) && d.uniq_key != own(d))
-            .count();
-        let resends = s
-            .iter()
-            .filter(|d| is_copy(d) && d.uniq_key == own(d))
-            .count();
-        assert!(
-            redeliveries > 1000 && resends > 1000,
-            "{redeliveries} {resends}"
-        );
+        let redeliveries = s.iter().filter(|d| is_copy(d) && d.uniq_key != own(d)).count();
+        let resends = s.iter().filter(|d| is_copy(d) && d.uniq_key == own(d)).count();
+        assert!(redeliveries > 1000 && resends > 1000, "{redeliveries} {resends}");
     }
 }

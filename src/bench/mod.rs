@@ -24,11 +24,7 @@ impl Percentiles {
         }
         samples.sort_unstable();
         let at = |q: f64| samples[((samples.len() - 1) as f64 * q).round() as usize];
-        Self {
-            p50_us: at(0.50),
-            p99_us: at(0.99),
-            max_us: samples[samples.len() - 1],
-        }
+        Self { p50_us: at(0.50), p99_us: at(0.99), max_us: samples[samples.len() - 1] }
     }
 }
 

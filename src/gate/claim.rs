@@ -80,22 +80,12 @@ pub(crate) async fn find(
         .bind(key.execute_time)
         .fetch_optional(conn)
         .await?;
-    row.map(|r| {
-        Ok(Claim {
-            msg_id: r.try_get(0)?,
-            uniq_key: r.try_get(1)?,
-            payload_hash: r.try_get(2)?,
-        })
-    })
-    .transpose()
+    row.map(|r| Ok(Claim { msg_id: r.try_get(0)?, uniq_key: r.try_get(1)?, payload_hash: r.try_get(2)? }))
+        .transpose()
 }
 
 /// Names the cause of a duplicate and says whether its body matches the claim's.
-pub fn classify(
-    d: &Delivery,
-    payload_hash: &str,
-    claim: Option<&Claim>,
-) -> (DuplicateCause, Option<bool>) {
+pub fn classify(d: &Delivery, payload_hash: &str, claim: Option<&Claim>) -> (DuplicateCause, Option<bool>) {
     let payload_match = claim.map(|c| c.payload_hash == payload_hash);
     let cause = match claim {
         _ if d.is_replay() => DuplicateCause::Replay,
@@ -113,48 +103,24 @@ mod tests {
     use crate::delivery::REPLAY_PROPERTY;
 
     fn claim(uniq_key: &str, hash: &str) -> Claim {
-        Claim {
-            msg_id: "m0".into(),
-            uniq_key: uniq_key.into(),
-            payload_hash: hash.into(),
-        }
+        Claim { msg_id: "m0".into(), uniq_key: uniq_key.into(), payload_hash: hash.into() }
     }
 
     #[test]
     fn causes_are_told_apart_by_uniq_key() {
-        let d = Delivery {
-            uniq_key: "U1".into(),
-            ..Default::default()
-        };
-        assert_eq!(
-            classify(&d, "h", Some(&claim("U1", "h"))),
-            (DuplicateCause::Redelivery, Some(true))
-        );
-        assert_eq!(
-            classify(&d, "h", Some(&claim("U2", "h"))),
-            (DuplicateCause::ProducerResend, Some(true))
-        );
-        assert_eq!(
-            classify(&d, "h", Some(&claim("", "h"))),
-            (DuplicateCause::Unknown, Some(true))
-        );
+        let d = Delivery { uniq_key: "U1".into(), ..Default::default() };
+        assert_eq!(classify(&d, "h", Some(&claim("U1", "h"))), (DuplicateCause::Redelivery, Some(true)));
+        assert_eq!(classify(&d, "h", Some(&claim("U2", "h"))), (DuplicateCause::ProducerResend, Some(true)));
+        assert_eq!(classify(&d, "h", Some(&claim("", "h"))), (DuplicateCause::Unknown, Some(true)));
         assert_eq!(classify(&d, "h", None), (DuplicateCause::Unknown, None));
         let mut replay = d.clone();
-        replay
-            .properties
-            .insert(REPLAY_PROPERTY.into(), "m0".into());
-        assert_eq!(
-            classify(&replay, "h", Some(&claim("U2", "h"))),
-            (DuplicateCause::Replay, Some(true))
-        );
+        replay.properties.insert(REPLAY_PROPERTY.into(), "m0".into());
+        assert_eq!(classify(&replay, "h", Some(&claim("U2", "h"))), (DuplicateCause::Replay, Some(true)));
     }
 
     #[test]
     fn a_different_body_under_the_same_key_is_a_collision() {
-        let d = Delivery {
-            uniq_key: "U2".into(),
-            ..Default::default()
-        };
+        let d = Delivery { uniq_key: "U2".into(), ..Default::default() };
         assert_eq!(
             classify(&d, "other", Some(&claim("U1", "h"))),
             (DuplicateCause::ProducerResend, Some(false))

@@ -68,11 +68,7 @@ pub struct Policy {
 
 impl Default for Policy {
     fn default() -> Self {
-        Self {
-            max_reconsume_times: 16,
-            transient_retries: 3,
-            duplicate_warnings_per_second: 20,
-        }
+        Self { max_reconsume_times: 16, transient_retries: 3, duplicate_warnings_per_second: 20 }
     }
 }
 
@@ -80,11 +76,7 @@ impl Default for Policy {
 #[derive(Debug, thiserror::Error)]
 pub enum GateError {
     #[error("routes[{route}].handler: no handler named {name:?}; known handlers: {known}")]
-    UnknownHandler {
-        route: usize,
-        name: String,
-        known: String,
-    },
+    UnknownHandler { route: usize, name: String, known: String },
     #[error("consumer.group: {0}")]
     BadGroup(String),
     #[error("consumer.instance: {0}")]
@@ -138,20 +130,10 @@ impl Gate {
         }
         check_key_text(&identity.consumer_group, MAX_ID_CHARS).map_err(GateError::BadGroup)?;
         if identity.instance_id.is_empty() || identity.instance_id.chars().count() > MAX_ID_CHARS {
-            return Err(GateError::BadInstance(format!(
-                "must be 1 to {MAX_ID_CHARS} characters"
-            )));
+            return Err(GateError::BadInstance(format!("must be 1 to {MAX_ID_CHARS} characters")));
         }
-        let duplicate_warnings =
-            Throttle::new(policy.duplicate_warnings_per_second, Duration::from_secs(1));
-        Ok(Self {
-            store,
-            routes,
-            handlers,
-            identity,
-            policy,
-            duplicate_warnings,
-        })
+        let duplicate_warnings = Throttle::new(policy.duplicate_warnings_per_second, Duration::from_secs(1));
+        Ok(Self { store, routes, handlers, identity, policy, duplicate_warnings })
     }
 
     pub fn store(&self) -> &Store {
@@ -181,14 +163,8 @@ impl Gate {
         let payload_hash = d.payload_hash();
         let mut phases = Phases::default();
         let attempt = loop {
-            match self
-                .attempt(d, &key, &payload_hash, started, &mut phases)
-                .await
-            {
-                Err(e)
-                    if is_transient(&e)
-                        && phases.transient_retries < self.policy.transient_retries =>
-                {
+            match self.attempt(d, &key, &payload_hash, started, &mut phases).await {
+                Err(e) if is_transient(&e) && phases.transient_retries < self.policy.transient_retries => {
                     phases.transient_retries += 1;
                     let jitter = rand::random_range(0..=5u64 << phases.transient_retries);
                     tokio::time::sleep(Duration::from_millis(jitter)).await;
@@ -216,14 +192,10 @@ impl Gate {
                 }
             }
             Ok(Attempt::Taken) => self.duplicate(d, key, &payload_hash, started, phases).await,
-            Ok(Attempt::Refused(why)) => {
-                self.refused(d, key, &payload_hash, why, started, phases)
-                    .await
-            }
+            Ok(Attempt::Refused(why)) => self.refused(d, key, &payload_hash, why, started, phases).await,
             Err(e) => {
                 let why = HandlerError::Retryable(format!("database error: {e}"));
-                self.refused(d, key, &payload_hash, why, started, phases)
-                    .await
+                self.refused(d, key, &payload_hash, why, started, phases).await
             }
         }
     }
@@ -259,16 +231,9 @@ impl Gate {
             return Ok(Attempt::Taken);
         }
 
-        let handler = self
-            .handlers
-            .get(&key.handler)
-            .expect("Gate::new checked that every route's handler exists");
-        let work = Work {
-            delivery: d,
-            key,
-            backend,
-            now_ms,
-        };
+        let handler =
+            self.handlers.get(&key.handler).expect("Gate::new checked that every route's handler exists");
+        let work = Work { delivery: d, key, backend, now_ms };
         let result = handler.handle(&work, &mut tx).await;
         lap(&mut phases.handler_us);
         let effect = match result {
@@ -328,9 +293,7 @@ impl Gate {
         let backend = self.store.backend();
         let lookup_started = Instant::now();
         let earlier = match self.store.pool().acquire().await {
-            Ok(mut conn) => {
-                claim::find(&mut conn, backend, &self.identity.consumer_group, &key).await
-            }
+            Ok(mut conn) => claim::find(&mut conn, backend, &self.identity.consumer_group, &key).await,
             Err(e) => Err(e),
         };
         phases.lookup_us += micros(lookup_started.elapsed());
@@ -347,8 +310,8 @@ impl Gate {
                 "key collision: a duplicate carries a different body than the delivery that claimed the key"
             );
         }
-        let error = (payload_match == Some(false))
-            .then_some("key collision: the body differs from the claim's");
+        let error =
+            (payload_match == Some(false)).then_some("key collision: the body differs from the claim's");
         let disposition = Disposition {
             outcome: Outcome::Duplicate,
             verdict: Verdict::Ack,
@@ -361,8 +324,7 @@ impl Gate {
             phases,
             key: None,
         };
-        self.record(d, Some(key), Some(payload_hash), disposition, started)
-            .await
+        self.record(d, Some(key), Some(payload_hash), disposition, started).await
     }
 
     /// The handler or the database said no: retry, dead-letter or invalid.
@@ -409,8 +371,7 @@ impl Gate {
             logged: false,
             phases,
         };
-        self.record(d, Some(key), Some(payload_hash), disposition, started)
-            .await
+        self.record(d, Some(key), Some(payload_hash), disposition, started).await
     }
 
     /// The key could not be read: log `invalid` with the reason and the body.
@@ -471,10 +432,7 @@ impl Gate {
             payload_hash,
             error: disposition.error.as_deref(),
             latency_us: micros(disposition.latency) as i64,
-            keep_payload: matches!(
-                disposition.outcome,
-                Outcome::DeadLettered | Outcome::Invalid
-            ),
+            keep_payload: matches!(disposition.outcome, Outcome::DeadLettered | Outcome::Invalid),
         };
         let log_started = Instant::now();
         let written = match self.store.pool().acquire().await {
@@ -498,13 +456,7 @@ impl Gate {
         disposition
     }
 
-    fn warn_duplicate(
-        &self,
-        d: &Delivery,
-        key: &BizKey,
-        cause: DuplicateCause,
-        layer: Option<Layer>,
-    ) {
+    fn warn_duplicate(&self, d: &Delivery, key: &BizKey, cause: DuplicateCause, layer: Option<Layer>) {
         if let Permit::Emit { held_back } = self.duplicate_warnings.check() {
             tracing::warn!(
                 biz_type = %key.biz_type,

@@ -17,7 +17,7 @@ use serde::de::DeserializeOwned;
 
 pub use order::{CreateOrder, OrderCreate};
 pub use payment::{ConfirmPayment, PaymentConfirm};
-pub use stock::{DeductStock, StockDeduct, seed_stock};
+pub use stock::{DeductStock, StockDeduct, ensure_stock, seed_stock};
 
 use crate::handler::{HandlerError, Handlers};
 use crate::route::RouteConfig;
@@ -57,6 +57,18 @@ pub fn routes(topic: &str) -> Vec<RouteConfig> {
         handler: None,
     })
     .collect()
+}
+
+/// The stock every example SKU starts with when `serve` or the demo first meets it.
+pub const INITIAL_STOCK: i64 = 1_000_000_000_000;
+
+/// Creates the example SKUs' stock rows that are missing, so that `stock.deduct` traffic from
+/// `idemgate produce` finds its SKUs.
+pub async fn ensure_example_stock(store: &crate::store::Store) -> Result<(), sqlx::Error> {
+    for sku in crate::traffic::SKUS {
+        ensure_stock(store, sku, INITIAL_STOCK).await?;
+    }
+    Ok(())
 }
 
 /// Parses a handler's JSON body; a body of the wrong shape makes the delivery invalid.

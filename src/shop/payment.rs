@@ -1,8 +1,10 @@
 //! `payment.confirm`: a state-machine move, UNPAID to PAID, as a conditional update.
 //!
-//! Zero affected rows means one of three things, told apart by reading the order afterwards:
+//! Zero affected rows means one of four things, told apart by reading the order afterwards:
 //! the move was made before (a duplicate at the state-machine layer), the order has not arrived
-//! yet (retry), or the order is in a state that cannot become PAID (an illegal transition).
+//! yet (retry), the order is in a state that cannot become PAID (an illegal transition), or
+//! the order's own transaction committed between the update and the read (the update is run
+//! once more).
 
 use async_trait::async_trait;
 use serde::{Deserialize, Serialize};
@@ -29,24 +31,27 @@ static READ_ORDER: Sql =
 
 pub struct PaymentConfirm;
 
+/// The conditional move; true when it applied.
+async fn mark_paid(work: &Work<'_>, conn: &mut Conn, pay: &ConfirmPayment) -> Result<bool, sqlx::Error> {
+    let moved = query(work.backend, &MARK_PAID)
+        .bind(pay.payment_no.as_str())
+        .bind(work.now_ms)
+        .bind(pay.order_no.as_str())
+        .bind(pay.amount_cents)
+        .execute(&mut *conn)
+        .await?;
+    Ok(moved.rows_affected() == 1)
+}
+
 #[async_trait]
 impl Handler for PaymentConfirm {
     async fn handle(&self, work: &Work<'_>, conn: &mut Conn) -> Result<Effect, HandlerError> {
         let pay: ConfirmPayment = super::parse_body(&work.delivery.body)?;
-        let moved = query(work.backend, &MARK_PAID)
-            .bind(pay.payment_no.as_str())
-            .bind(work.now_ms)
-            .bind(pay.order_no.as_str())
-            .bind(pay.amount_cents)
-            .execute(&mut *conn)
-            .await?;
-        if moved.rows_affected() == 1 {
+        if mark_paid(work, conn, &pay).await? {
             return Ok(Effect::Applied);
         }
-        let row = query(work.backend, &READ_ORDER)
-            .bind(pay.order_no.as_str())
-            .fetch_optional(&mut *conn)
-            .await?;
+        let row =
+            query(work.backend, &READ_ORDER).bind(pay.order_no.as_str()).fetch_optional(&mut *conn).await?;
         let Some(row) = row else {
             return Err(HandlerError::Retryable(format!(
                 "order {} does not exist yet; its order.create may still be on the way",
@@ -65,6 +70,14 @@ impl Handler for PaymentConfirm {
                     paid_by.as_deref().unwrap_or("?")
                 ),
             }),
+            // The order committed between the update and this read: the update applies now.
+            "UNPAID" if amount == pay.amount_cents => {
+                if mark_paid(work, conn, &pay).await? {
+                    Ok(Effect::Applied)
+                } else {
+                    Err(HandlerError::Retryable(format!("order {} is changing; retrying", pay.order_no)))
+                }
+            }
             "UNPAID" => Err(HandlerError::Permanent(format!(
                 "payment {} of {} cents does not match order {} of {amount} cents",
                 pay.payment_no, pay.amount_cents, pay.order_no

@@ -7,7 +7,8 @@ use serde::{Deserialize, Serialize};
 use sqlx::Row;
 
 use crate::handler::{Effect, Handler, HandlerError, Work};
-use crate::store::{Conn, Sql, Store, query};
+use crate::insert_if_absent;
+use crate::store::{Conn, InsertIfAbsent, Sql, Store, query};
 
 /// The body of a `stock.deduct` message.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -22,6 +23,11 @@ static LEDGER: Sql = Sql::new(
     "INSERT INTO shop_stock_ledger (deduction_id, sku, quantity, applied_at_ms) VALUES (?, ?, ?, ?)",
 );
 static LEVEL: Sql = Sql::new("SELECT quantity FROM shop_stock WHERE sku = ?");
+static INSERT_SKU_IF_ABSENT: InsertIfAbsent = insert_if_absent!(
+    "INSERT INTO shop_stock (sku, quantity) VALUES (?, ?)",
+    conflict = "(sku)",
+    index = "PRIMARY"
+);
 static DELETE_SKU: Sql = Sql::new("DELETE FROM shop_stock WHERE sku = ?");
 static INSERT_SKU: Sql = Sql::new("INSERT INTO shop_stock (sku, quantity) VALUES (?, ?)");
 
@@ -32,10 +38,7 @@ impl Handler for StockDeduct {
     async fn handle(&self, work: &Work<'_>, conn: &mut Conn) -> Result<Effect, HandlerError> {
         let deduct: DeductStock = super::parse_body(&work.delivery.body)?;
         if deduct.quantity <= 0 {
-            return Err(HandlerError::Invalid(format!(
-                "quantity {} is not positive",
-                deduct.quantity
-            )));
+            return Err(HandlerError::Invalid(format!("quantity {} is not positive", deduct.quantity)));
         }
         let done = query(work.backend, &DEDUCT)
             .bind(deduct.quantity)
@@ -44,10 +47,8 @@ impl Handler for StockDeduct {
             .execute(&mut *conn)
             .await?;
         if done.rows_affected() == 0 {
-            let level = query(work.backend, &LEVEL)
-                .bind(deduct.sku.as_str())
-                .fetch_optional(&mut *conn)
-                .await?;
+            let level =
+                query(work.backend, &LEVEL).bind(deduct.sku.as_str()).fetch_optional(&mut *conn).await?;
             return Err(HandlerError::Permanent(match level {
                 None => format!("unknown sku {}", deduct.sku),
                 Some(row) => format!(
@@ -73,11 +74,14 @@ impl Handler for StockDeduct {
 pub async fn seed_stock(store: &Store, sku: &str, quantity: i64) -> Result<(), sqlx::Error> {
     let mut tx = store.begin().await?;
     store.query(&DELETE_SKU).bind(sku).execute(&mut *tx).await?;
-    store
-        .query(&INSERT_SKU)
-        .bind(sku)
-        .bind(quantity)
-        .execute(&mut *tx)
-        .await?;
+    store.query(&INSERT_SKU).bind(sku).bind(quantity).execute(&mut *tx).await?;
     tx.commit().await
+}
+
+/// Creates the stock row of `sku` with `quantity` unless it exists (a running shop keeps its
+/// levels across restarts).
+pub async fn ensure_stock(store: &Store, sku: &str, quantity: i64) -> Result<(), sqlx::Error> {
+    let mut conn = store.pool().acquire().await?;
+    INSERT_SKU_IF_ABSENT.execute(&mut conn, store.backend(), |q| q.bind(sku).bind(quantity)).await?;
+    Ok(())
 }

@@ -16,10 +16,8 @@ use sqlx::Row;
 use support::{TestDb, gate, identity, stock_deduct};
 
 static CLAIMS_OF: Sql = Sql::new("SELECT COUNT(*) FROM idempotent_record WHERE biz_id = ?");
-static LOG_ROWS_OF: Sql =
-    Sql::new("SELECT COUNT(*) FROM delivery_log WHERE biz_id = ? AND outcome = ?");
-static LEDGER_ROWS_OF: Sql =
-    Sql::new("SELECT COUNT(*) FROM shop_stock_ledger WHERE deduction_id = ?");
+static LOG_ROWS_OF: Sql = Sql::new("SELECT COUNT(*) FROM delivery_log WHERE biz_id = ? AND outcome = ?");
+static LEDGER_ROWS_OF: Sql = Sql::new("SELECT COUNT(*) FROM shop_stock_ledger WHERE deduction_id = ?");
 static STOCK_OF: Sql = Sql::new("SELECT quantity FROM shop_stock WHERE sku = ?");
 static ORDER_STATUS: Sql = Sql::new("SELECT status FROM shop_order WHERE order_no = ?");
 static LOG_ROW_OF_MSG: Sql = Sql::new(
@@ -44,13 +42,8 @@ struct LogRow {
 }
 
 async fn log_rows(db: &TestDb, msg_id: &str) -> Vec<LogRow> {
-    let rows = db
-        .store
-        .query(&LOG_ROW_OF_MSG)
-        .bind(msg_id)
-        .fetch_all(db.store.pool())
-        .await
-        .expect("log rows");
+    let rows =
+        db.store.query(&LOG_ROW_OF_MSG).bind(msg_id).fetch_all(db.store.pool()).await.expect("log rows");
     rows.iter()
         .map(|r| LogRow {
             outcome: r.get(0),
@@ -86,10 +79,7 @@ static FLAKY_EFFECT: Sql = Sql::new(
 #[async_trait]
 impl Handler for Flaky {
     async fn handle(&self, work: &Work<'_>, conn: &mut Conn) -> Result<Effect, HandlerError> {
-        query(work.backend, &FLAKY_EFFECT)
-            .bind(work.key.biz_id.as_str())
-            .execute(&mut *conn)
-            .await?;
+        query(work.backend, &FLAKY_EFFECT).bind(work.key.biz_id.as_str()).execute(&mut *conn).await?;
         if self.failing.load(Ordering::SeqCst) {
             return Err(HandlerError::Retryable("downstream said no".to_owned()));
         }
@@ -113,21 +103,11 @@ fn test_route(tags: &str, biz_type: &str, biz_id: &str, execute_time: Option<&st
 fn flaky_gate(db: &TestDb, failing: Arc<AtomicBool>) -> Gate {
     let routes = vec![
         test_route("flaky", "test.flaky", "keys", None),
-        test_route(
-            "scheduled",
-            "test.scheduled",
-            "keys",
-            Some("property:EXECUTE_TIME"),
-        ),
+        test_route("scheduled", "test.scheduled", "keys", Some("property:EXECUTE_TIME")),
         test_route("json", "test.json", "json:/id", None),
     ];
     let handlers = Handlers::new().with("test.flaky", Flaky { failing });
-    gate(
-        db.store.clone(),
-        identity("orders-service", "instance-a"),
-        routes,
-        handlers,
-    )
+    gate(db.store.clone(), identity("orders-service", "instance-a"), routes, handlers)
 }
 
 fn test_delivery(tag: &str, key: &str, msg_id: &str) -> Delivery {
@@ -145,37 +125,20 @@ fn test_delivery(tag: &str, key: &str, msg_id: &str) -> Delivery {
 mod cases {
     use super::*;
 
-    pub async fn sixteen_concurrent_deliveries_of_one_key_apply_the_effect_exactly_once(
-        backend: Backend,
-    ) {
+    pub async fn sixteen_concurrent_deliveries_of_one_key_apply_the_effect_exactly_once(backend: Backend) {
         let db = TestDb::new(backend).await;
-        shop::seed_stock(&db.store, "SKU-RACE", 1_000)
-            .await
-            .unwrap();
+        shop::seed_stock(&db.store, "SKU-RACE", 1_000).await.unwrap();
         // Two gates on two pools: two consumer processes of one group, racing.
-        let a = Arc::new(gate(
-            db.store.clone(),
-            identity("stock-service", "a"),
-            vec![],
-            Handlers::new(),
-        ));
-        let b = Arc::new(gate(
-            db.second_store().await,
-            identity("stock-service", "b"),
-            vec![],
-            Handlers::new(),
-        ));
+        let a = Arc::new(gate(db.store.clone(), identity("stock-service", "a"), vec![], Handlers::new()));
+        let b =
+            Arc::new(gate(db.second_store().await, identity("stock-service", "b"), vec![], Handlers::new()));
         let barrier = Arc::new(tokio::sync::Barrier::new(16));
         let tasks: Vec<_> = (0..16)
             .map(|i| {
                 let g = if i % 2 == 0 { a.clone() } else { b.clone() };
                 let barrier = barrier.clone();
                 // Even tasks: broker redeliveries (one UNIQ_KEY); odd: producer resends.
-                let uniq = if i % 2 == 0 {
-                    "U-1".to_owned()
-                } else {
-                    format!("U-resend-{i}")
-                };
+                let uniq = if i % 2 == 0 { "U-1".to_owned() } else { format!("U-resend-{i}") };
                 let d = stock_deduct("DEDUCT-RACE-1", &format!("M-{i}"), &uniq, "SKU-RACE", 7);
                 tokio::spawn(async move {
                     barrier.wait().await;
@@ -190,43 +153,13 @@ mod cases {
             assert!(disposition.logged);
             outcomes.push(disposition.outcome);
         }
-        assert_eq!(
-            outcomes
-                .iter()
-                .filter(|o| **o == Outcome::Processed)
-                .count(),
-            1,
-            "{outcomes:?}"
-        );
-        assert_eq!(
-            outcomes
-                .iter()
-                .filter(|o| **o == Outcome::Duplicate)
-                .count(),
-            15,
-            "{outcomes:?}"
-        );
-        assert_eq!(
-            db.scalar(&STOCK_OF, &["SKU-RACE"]).await,
-            993,
-            "stock decremented once"
-        );
-        assert_eq!(
-            db.scalar(&LEDGER_ROWS_OF, &["DEDUCT-RACE-1"]).await,
-            1,
-            "one ledger row"
-        );
+        assert_eq!(outcomes.iter().filter(|o| **o == Outcome::Processed).count(), 1, "{outcomes:?}");
+        assert_eq!(outcomes.iter().filter(|o| **o == Outcome::Duplicate).count(), 15, "{outcomes:?}");
+        assert_eq!(db.scalar(&STOCK_OF, &["SKU-RACE"]).await, 993, "stock decremented once");
+        assert_eq!(db.scalar(&LEDGER_ROWS_OF, &["DEDUCT-RACE-1"]).await, 1, "one ledger row");
         assert_eq!(db.scalar(&CLAIMS_OF, &["DEDUCT-RACE-1"]).await, 1);
-        assert_eq!(
-            db.scalar(&LOG_ROWS_OF, &["DEDUCT-RACE-1", "processed"])
-                .await,
-            1
-        );
-        assert_eq!(
-            db.scalar(&LOG_ROWS_OF, &["DEDUCT-RACE-1", "duplicate"])
-                .await,
-            15
-        );
+        assert_eq!(db.scalar(&LOG_ROWS_OF, &["DEDUCT-RACE-1", "processed"]).await, 1);
+        assert_eq!(db.scalar(&LOG_ROWS_OF, &["DEDUCT-RACE-1", "duplicate"]).await, 15);
     }
 
     pub async fn a_failed_handler_leaves_the_key_unclaimed_and_a_retry_succeeds(backend: Backend) {
@@ -234,23 +167,10 @@ mod cases {
         let failing = Arc::new(AtomicBool::new(true));
         let g = flaky_gate(&db, failing.clone());
 
-        let first = g
-            .process(&test_delivery("flaky", "K-ROLLBACK", "M-1"))
-            .await;
-        assert_eq!(
-            (first.outcome, first.verdict),
-            (Outcome::Failed, Verdict::Retry)
-        );
-        assert_eq!(
-            db.scalar(&CLAIMS_OF, &["K-ROLLBACK"]).await,
-            0,
-            "no dedup row remains"
-        );
-        assert_eq!(
-            db.scalar(&LEDGER_ROWS_OF, &["K-ROLLBACK"]).await,
-            0,
-            "the effect rolled back too"
-        );
+        let first = g.process(&test_delivery("flaky", "K-ROLLBACK", "M-1")).await;
+        assert_eq!((first.outcome, first.verdict), (Outcome::Failed, Verdict::Retry));
+        assert_eq!(db.scalar(&CLAIMS_OF, &["K-ROLLBACK"]).await, 0, "no dedup row remains");
+        assert_eq!(db.scalar(&LEDGER_ROWS_OF, &["K-ROLLBACK"]).await, 0, "the effect rolled back too");
         let row = only_log_row(&db, "M-1").await;
         assert_eq!(row.outcome, "failed");
         assert_eq!(row.error.as_deref(), Some("downstream said no"));
@@ -260,10 +180,7 @@ mod cases {
         retry.uniq_key = "U-M-1".into();
         retry.reconsume_times = 1;
         let second = g.process(&retry).await;
-        assert_eq!(
-            (second.outcome, second.verdict),
-            (Outcome::Processed, Verdict::Ack)
-        );
+        assert_eq!((second.outcome, second.verdict), (Outcome::Processed, Verdict::Ack));
         assert_eq!(db.scalar(&CLAIMS_OF, &["K-ROLLBACK"]).await, 1);
         assert_eq!(db.scalar(&LEDGER_ROWS_OF, &["K-ROLLBACK"]).await, 1);
     }
@@ -276,10 +193,7 @@ mod cases {
         d.body = b"{\"poison\":true}".to_vec();
         let last = g.process(&d).await;
         // Still ReconsumeLater: at the maximum, that is what makes the broker move it to the DLQ.
-        assert_eq!(
-            (last.outcome, last.verdict),
-            (Outcome::DeadLettered, Verdict::Retry)
-        );
+        assert_eq!((last.outcome, last.verdict), (Outcome::DeadLettered, Verdict::Retry));
         let row = only_log_row(&db, "M-POISON").await;
         assert_eq!(row.outcome, "dead_lettered");
         assert_eq!(row.payload.as_deref(), Some(&b"{\"poison\":true}"[..]));
@@ -289,29 +203,16 @@ mod cases {
     pub async fn a_permanent_refusal_is_dead_lettered_at_once(backend: Backend) {
         let db = TestDb::new(backend).await;
         shop::seed_stock(&db.store, "SKU-LOW", 2).await.unwrap();
-        let g = gate(
-            db.store.clone(),
-            identity("stock-service", "a"),
-            vec![],
-            Handlers::new(),
-        );
+        let g = gate(db.store.clone(), identity("stock-service", "a"), vec![], Handlers::new());
         let d = stock_deduct("DEDUCT-TOO-MUCH", "M-1", "U-1", "SKU-LOW", 5);
         let r = g.process(&d).await;
-        assert_eq!(
-            (r.outcome, r.verdict),
-            (Outcome::DeadLettered, Verdict::DeadLetter)
-        );
-        assert_eq!(
-            r.error.as_deref(),
-            Some("insufficient stock of SKU-LOW: 2 left, 5 asked")
-        );
+        assert_eq!((r.outcome, r.verdict), (Outcome::DeadLettered, Verdict::DeadLetter));
+        assert_eq!(r.error.as_deref(), Some("insufficient stock of SKU-LOW: 2 left, 5 asked"));
         assert_eq!(db.scalar(&STOCK_OF, &["SKU-LOW"]).await, 2);
         assert_eq!(db.scalar(&CLAIMS_OF, &["DEDUCT-TOO-MUCH"]).await, 0);
     }
 
-    pub async fn different_execute_times_under_one_biz_id_are_processed_independently(
-        backend: Backend,
-    ) {
+    pub async fn different_execute_times_under_one_biz_id_are_processed_independently(backend: Backend) {
         let db = TestDb::new(backend).await;
         let g = flaky_gate(&db, Arc::new(AtomicBool::new(false)));
         let scheduled = |msg: &str, at: &str| {
@@ -319,23 +220,12 @@ mod cases {
             d.properties.insert("EXECUTE_TIME".into(), at.into());
             d
         };
-        assert_eq!(
-            g.process(&scheduled("M-1", "1767225600000")).await.outcome,
-            Outcome::Processed
-        );
-        assert_eq!(
-            g.process(&scheduled("M-2", "2026-01-02T00:00:00Z"))
-                .await
-                .outcome,
-            Outcome::Processed
-        );
+        assert_eq!(g.process(&scheduled("M-1", "1767225600000")).await.outcome, Outcome::Processed);
+        assert_eq!(g.process(&scheduled("M-2", "2026-01-02T00:00:00Z")).await.outcome, Outcome::Processed);
         // The same schedule again is a duplicate: 2026-01-01T00:00:00Z is 1767225600000.
         let again = g.process(&scheduled("M-3", "2026-01-01T00:00:00Z")).await;
         assert_eq!(again.outcome, Outcome::Duplicate);
-        assert_eq!(
-            again.key.as_ref().map(|k| k.execute_time),
-            Some(1_767_225_600_000)
-        );
+        assert_eq!(again.key.as_ref().map(|k| k.execute_time), Some(1_767_225_600_000));
         assert_eq!(db.scalar(&CLAIMS_OF, &["REMIND-1"]).await, 2);
         assert_eq!(db.scalar(&LEDGER_ROWS_OF, &["REMIND-1"]).await, 2);
     }
@@ -343,22 +233,12 @@ mod cases {
     pub async fn duplicate_causes_are_classified_from_uniq_key_and_replay_marks(backend: Backend) {
         let db = TestDb::new(backend).await;
         shop::seed_stock(&db.store, "SKU-C", 100).await.unwrap();
-        let g = gate(
-            db.store.clone(),
-            identity("stock-service", "a"),
-            vec![],
-            Handlers::new(),
-        );
+        let g = gate(db.store.clone(), identity("stock-service", "a"), vec![], Handlers::new());
         let d = |msg: &str, uniq: &str| stock_deduct("DEDUCT-C", msg, uniq, "SKU-C", 1);
-        assert_eq!(
-            g.process(&d("M-1", "U-1")).await.outcome,
-            Outcome::Processed
-        );
+        assert_eq!(g.process(&d("M-1", "U-1")).await.outcome, Outcome::Processed);
 
         let mut replay = d("M-5", "U-5");
-        replay
-            .properties
-            .insert(REPLAY_PROPERTY.into(), "M-1".into());
+        replay.properties.insert(REPLAY_PROPERTY.into(), "M-1".into());
         for (delivery, cause) in [
             (d("M-2", "U-1"), DuplicateCause::Redelivery),
             (d("M-3", "U-3"), DuplicateCause::ProducerResend),
@@ -375,12 +255,7 @@ mod cases {
             assert_eq!(r.payload_match, Some(true));
             let row = only_log_row(&db, &msg_id).await;
             assert_eq!(
-                (
-                    row.outcome.as_str(),
-                    row.cause.as_deref(),
-                    row.layer.as_deref(),
-                    row.payload_match
-                ),
+                (row.outcome.as_str(), row.cause.as_deref(), row.layer.as_deref(), row.payload_match),
                 ("duplicate", Some(cause.as_str()), Some("db"), Some(1))
             );
         }
@@ -390,59 +265,31 @@ mod cases {
     pub async fn a_duplicate_with_a_different_body_is_flagged_as_a_key_collision(backend: Backend) {
         let db = TestDb::new(backend).await;
         shop::seed_stock(&db.store, "SKU-K", 100).await.unwrap();
-        let g = gate(
-            db.store.clone(),
-            identity("stock-service", "a"),
-            vec![],
-            Handlers::new(),
-        );
+        let g = gate(db.store.clone(), identity("stock-service", "a"), vec![], Handlers::new());
         assert_eq!(
-            g.process(&stock_deduct("DEDUCT-K", "M-1", "U-1", "SKU-K", 1))
-                .await
-                .outcome,
+            g.process(&stock_deduct("DEDUCT-K", "M-1", "U-1", "SKU-K", 1)).await.outcome,
             Outcome::Processed
         );
-        let r = g
-            .process(&stock_deduct("DEDUCT-K", "M-2", "U-2", "SKU-K", 40))
-            .await;
-        assert_eq!(
-            (r.outcome, r.payload_match),
-            (Outcome::Duplicate, Some(false))
-        );
+        let r = g.process(&stock_deduct("DEDUCT-K", "M-2", "U-2", "SKU-K", 40)).await;
+        assert_eq!((r.outcome, r.payload_match), (Outcome::Duplicate, Some(false)));
         let row = only_log_row(&db, "M-2").await;
         assert_eq!(row.payload_match, Some(0));
         assert!(row.error.unwrap_or_default().contains("key collision"));
-        assert_eq!(
-            db.scalar(&STOCK_OF, &["SKU-K"]).await,
-            99,
-            "the colliding deduction was not applied"
-        );
+        assert_eq!(db.scalar(&STOCK_OF, &["SKU-K"]).await, 99, "the colliding deduction was not applied");
     }
 
-    pub async fn every_invalid_input_is_logged_with_its_reason_and_nothing_panics(
-        backend: Backend,
-    ) {
+    pub async fn every_invalid_input_is_logged_with_its_reason_and_nothing_panics(backend: Backend) {
         let db = TestDb::new(backend).await;
         let g = flaky_gate(&db, Arc::new(AtomicBool::new(false)));
-        let with_keys = |msg: &str, keys: Vec<String>| Delivery {
-            keys,
-            ..test_delivery("flaky", "unused", msg)
-        };
-        let with_body = |msg: &str, body: &[u8]| Delivery {
-            body: body.to_vec(),
-            ..test_delivery("json", "unused", msg)
-        };
+        let with_keys =
+            |msg: &str, keys: Vec<String>| Delivery { keys, ..test_delivery("flaky", "unused", msg) };
+        let with_body =
+            |msg: &str, body: &[u8]| Delivery { body: body.to_vec(), ..test_delivery("json", "unused", msg) };
         let huge = "9".repeat(10_000);
         let cases: Vec<(Delivery, &str)> = vec![
             (with_keys("I-1", vec![]), "biz_id: the message has no KEYS"),
-            (
-                with_keys("I-2", vec![String::new()]),
-                "biz_id: the message KEYS are empty",
-            ),
-            (
-                with_keys("I-3", vec![huge.clone()]),
-                "is 10000 characters long; the limit is 128",
-            ),
+            (with_keys("I-2", vec![String::new()]), "biz_id: the message KEYS are empty"),
+            (with_keys("I-3", vec![huge.clone()]), "is 10000 characters long; the limit is 128"),
             (
                 with_body("I-4", b"\xc3\x28 not utf-8"),
                 "biz_id: the body is not UTF-8 (invalid byte at offset 0)",
@@ -460,10 +307,7 @@ mod cases {
                 with_body("I-8", b"{\"id\":\"A\\u0007B\\r\\n\"}"),
                 "forbidden character \\u{7} (U+0007) at position 2",
             ),
-            (
-                with_body("I-9", br#"{"id":"\"quoted\""}"#),
-                "forbidden character \\\" (U+0022) at position 1",
-            ),
+            (with_body("I-9", br#"{"id":"\"quoted\""}"#), "forbidden character \\\" (U+0022) at position 1"),
             (
                 with_body("I-10", br#"{"id":"x"}"#).with_topic("unknown_topic"),
                 "no route for topic unknown_topic with tag json",
@@ -472,24 +316,13 @@ mod cases {
         for (d, reason) in cases {
             let msg_id = d.msg_id.clone();
             let r = g.process(&d).await;
-            assert_eq!(
-                (r.outcome, r.verdict),
-                (Outcome::Invalid, Verdict::Ack),
-                "{msg_id}: {r:?}"
-            );
+            assert_eq!((r.outcome, r.verdict), (Outcome::Invalid, Verdict::Ack), "{msg_id}: {r:?}");
             assert!(r.logged, "{msg_id}");
             let row = only_log_row(&db, &msg_id).await;
             assert_eq!(row.outcome, "invalid");
             let error = row.error.unwrap_or_default();
-            assert!(
-                error.contains(reason),
-                "{msg_id}: expected {reason:?} in {error:?}"
-            );
-            assert_eq!(
-                row.payload.as_deref(),
-                Some(&d.body[..]),
-                "{msg_id}: the body is kept"
-            );
+            assert!(error.contains(reason), "{msg_id}: expected {reason:?} in {error:?}");
+            assert_eq!(row.payload.as_deref(), Some(&d.body[..]), "{msg_id}: the body is kept");
             assert!(row.biz_id.chars().count() <= 128);
         }
         // The hostile bizIds were stored as data, escaped and bounded, and findable.
@@ -497,103 +330,41 @@ mod cases {
         assert_eq!(row.biz_id, "x\\'); DROP TABLE idempotent_record; --");
         assert_eq!(row.biz_type, "test.json");
         let row = only_log_row(&db, "I-3").await;
-        assert!(
-            row.biz_id.starts_with("9999") && row.biz_id.ends_with("…(10000 chars)"),
-            "{}",
-            row.biz_id
-        );
-        assert_eq!(
-            db.scalar(&CLAIMS_OF, &["x"]).await,
-            0,
-            "idempotent_record is still there"
-        );
+        assert!(row.biz_id.starts_with("9999") && row.biz_id.ends_with("…(10000 chars)"), "{}", row.biz_id);
+        assert_eq!(db.scalar(&CLAIMS_OF, &["x"]).await, 0, "idempotent_record is still there");
         assert_eq!(db.scalar(&ALL_LOG_ROWS, &[]).await, 10);
     }
 
-    pub async fn a_handler_that_finds_the_body_malformed_makes_the_delivery_invalid(
-        backend: Backend,
-    ) {
+    pub async fn a_handler_that_finds_the_body_malformed_makes_the_delivery_invalid(backend: Backend) {
         let db = TestDb::new(backend).await;
-        let g = gate(
-            db.store.clone(),
-            identity("stock-service", "a"),
-            vec![],
-            Handlers::new(),
-        );
+        let g = gate(db.store.clone(), identity("stock-service", "a"), vec![], Handlers::new());
         let mut d = stock_deduct("DEDUCT-BAD", "M-1", "U-1", "SKU", 1);
         d.body = br#"{"sku":"SKU"}"#.to_vec();
         let r = g.process(&d).await;
         assert_eq!((r.outcome, r.verdict), (Outcome::Invalid, Verdict::Ack));
-        assert!(
-            r.error
-                .as_deref()
-                .unwrap_or_default()
-                .contains("missing field `quantity`"),
-            "{r:?}"
-        );
-        assert_eq!(
-            db.scalar(&CLAIMS_OF, &["DEDUCT-BAD"]).await,
-            0,
-            "a corrected resend can still claim it"
-        );
+        assert!(r.error.as_deref().unwrap_or_default().contains("missing field `quantity`"), "{r:?}");
+        assert_eq!(db.scalar(&CLAIMS_OF, &["DEDUCT-BAD"]).await, 0, "a corrected resend can still claim it");
     }
 
-    pub async fn two_consumer_groups_apply_their_own_effects_and_one_group_blocks_itself(
-        backend: Backend,
-    ) {
+    pub async fn two_consumer_groups_apply_their_own_effects_and_one_group_blocks_itself(backend: Backend) {
         let db = TestDb::new(backend).await;
         let failing = Arc::new(AtomicBool::new(false));
         let routes = || vec![test_route("flaky", "test.flaky", "keys", None)];
-        let handlers = || {
-            Handlers::new().with(
-                "test.flaky",
-                Flaky {
-                    failing: failing.clone(),
-                },
-            )
-        };
-        let stock_a = gate(
-            db.store.clone(),
-            identity("stock-service", "a"),
-            routes(),
-            handlers(),
-        );
-        let stock_b = gate(
-            db.second_store().await,
-            identity("stock-service", "b"),
-            routes(),
-            handlers(),
-        );
-        let points = gate(
-            db.store.clone(),
-            identity("points-service", "a"),
-            routes(),
-            handlers(),
-        );
+        let handlers = || Handlers::new().with("test.flaky", Flaky { failing: failing.clone() });
+        let stock_a = gate(db.store.clone(), identity("stock-service", "a"), routes(), handlers());
+        let stock_b = gate(db.second_store().await, identity("stock-service", "b"), routes(), handlers());
+        let points = gate(db.store.clone(), identity("points-service", "a"), routes(), handlers());
 
         let d = test_delivery("flaky", "ORDER-9", "M-1");
         assert_eq!(stock_a.process(&d).await.outcome, Outcome::Processed);
-        assert_eq!(
-            points.process(&d).await.outcome,
-            Outcome::Processed,
-            "another group is not blocked"
-        );
+        assert_eq!(points.process(&d).await.outcome, Outcome::Processed, "another group is not blocked");
         let again = stock_b.process(&d).await;
-        assert_eq!(
-            (again.outcome, again.cause),
-            (Outcome::Duplicate, Some(DuplicateCause::Redelivery))
-        );
+        assert_eq!((again.outcome, again.cause), (Outcome::Duplicate, Some(DuplicateCause::Redelivery)));
         assert_eq!(db.scalar(&CLAIMS_OF, &["ORDER-9"]).await, 2);
         let rows = log_rows(&db, "M-1").await;
         let who: Vec<_> = rows
             .iter()
-            .map(|r| {
-                (
-                    r.consumer_group.as_str(),
-                    r.instance_id.as_str(),
-                    r.outcome.as_str(),
-                )
-            })
+            .map(|r| (r.consumer_group.as_str(), r.instance_id.as_str(), r.outcome.as_str()))
             .collect();
         assert_eq!(
             who,
@@ -609,12 +380,7 @@ mod cases {
         backend: Backend,
     ) {
         let db = TestDb::new(backend).await;
-        let g = gate(
-            db.store.clone(),
-            identity("shop", "a"),
-            vec![],
-            Handlers::new(),
-        );
+        let g = gate(db.store.clone(), identity("shop", "a"), vec![], Handlers::new());
         let msg = |tag: &str, key: &str, msg_id: &str, body: Vec<u8>| Delivery {
             msg_id: msg_id.into(),
             uniq_key: format!("U-{msg_id}"),
@@ -643,105 +409,37 @@ mod cases {
             .unwrap()
         };
         // The payment arrives before its order: retry later.
-        let early = g
-            .process(&msg(
-                shop::TAG_PAYMENT_CONFIRM,
-                "PAY-1",
-                "M-1",
-                pay("O-1", "P-1", 500),
-            ))
-            .await;
-        assert_eq!(
-            (early.outcome, early.verdict),
-            (Outcome::Failed, Verdict::Retry)
-        );
-        assert!(
-            early
-                .error
-                .unwrap_or_default()
-                .contains("does not exist yet")
-        );
+        let early = g.process(&msg(shop::TAG_PAYMENT_CONFIRM, "PAY-1", "M-1", pay("O-1", "P-1", 500))).await;
+        assert_eq!((early.outcome, early.verdict), (Outcome::Failed, Verdict::Retry));
+        assert!(early.error.unwrap_or_default().contains("does not exist yet"));
 
         assert_eq!(
-            g.process(&msg(
-                shop::TAG_ORDER_CREATE,
-                "O-1",
-                "M-2",
-                order("O-1", 500)
-            ))
-            .await
-            .outcome,
+            g.process(&msg(shop::TAG_ORDER_CREATE, "O-1", "M-2", order("O-1", 500))).await.outcome,
             Outcome::Processed
         );
         // The same order under another message key: stopped by the order's own unique key.
-        let again = g
-            .process(&msg(
-                shop::TAG_ORDER_CREATE,
-                "O-1-resent",
-                "M-3",
-                order("O-1", 500),
-            ))
-            .await;
-        assert_eq!(
-            (again.outcome, again.layer),
-            (Outcome::Duplicate, Some(Layer::BusinessUnique))
-        );
+        let again = g.process(&msg(shop::TAG_ORDER_CREATE, "O-1-resent", "M-3", order("O-1", 500))).await;
+        assert_eq!((again.outcome, again.layer), (Outcome::Duplicate, Some(Layer::BusinessUnique)));
 
-        let paid = g
-            .process(&msg(
-                shop::TAG_PAYMENT_CONFIRM,
-                "PAY-1",
-                "M-4",
-                pay("O-1", "P-1", 500),
-            ))
-            .await;
+        let paid = g.process(&msg(shop::TAG_PAYMENT_CONFIRM, "PAY-1", "M-4", pay("O-1", "P-1", 500))).await;
         assert_eq!(paid.outcome, Outcome::Processed);
         // A second payment notification under a new key: the state machine has moved on.
-        let twice = g
-            .process(&msg(
-                shop::TAG_PAYMENT_CONFIRM,
-                "PAY-1-b",
-                "M-5",
-                pay("O-1", "P-1", 500),
-            ))
-            .await;
+        let twice =
+            g.process(&msg(shop::TAG_PAYMENT_CONFIRM, "PAY-1-b", "M-5", pay("O-1", "P-1", 500))).await;
         assert_eq!(
             (twice.outcome, twice.layer, twice.verdict),
             (Outcome::Duplicate, Some(Layer::StateMachine), Verdict::Ack)
         );
         let row = only_log_row(&db, "M-5").await;
-        assert_eq!(
-            (row.outcome.as_str(), row.layer.as_deref()),
-            ("duplicate", Some("state_machine"))
-        );
-        assert_eq!(
-            row.error.as_deref(),
-            Some("order O-1 is already PAID by payment P-1")
-        );
+        assert_eq!((row.outcome.as_str(), row.layer.as_deref()), ("duplicate", Some("state_machine")));
+        assert_eq!(row.error.as_deref(), Some("order O-1 is already PAID by payment P-1"));
 
         assert_eq!(
-            g.process(&msg(
-                shop::TAG_ORDER_CREATE,
-                "O-2",
-                "M-6",
-                order("O-2", 900)
-            ))
-            .await
-            .outcome,
+            g.process(&msg(shop::TAG_ORDER_CREATE, "O-2", "M-6", order("O-2", 900))).await.outcome,
             Outcome::Processed
         );
-        let wrong = g
-            .process(&msg(
-                shop::TAG_PAYMENT_CONFIRM,
-                "PAY-2",
-                "M-7",
-                pay("O-2", "P-2", 1),
-            ))
-            .await;
-        assert_eq!(
-            (wrong.outcome, wrong.verdict),
-            (Outcome::DeadLettered, Verdict::DeadLetter)
-        );
+        let wrong = g.process(&msg(shop::TAG_PAYMENT_CONFIRM, "PAY-2", "M-7", pay("O-2", "P-2", 1))).await;
+        assert_eq!((wrong.outcome, wrong.verdict), (Outcome::DeadLettered, Verdict::DeadLetter));
         assert_eq!(db.scalar_text(&ORDER_STATUS, "O-2").await, "UNPAID");
         assert_eq!(db.scalar_text(&ORDER_STATUS, "O-1").await, "PAID");
     }
@@ -749,30 +447,15 @@ mod cases {
     pub async fn a_delivery_whose_log_row_cannot_be_written_is_not_acknowledged(backend: Backend) {
         let db = TestDb::new(backend).await;
         let g = flaky_gate(&db, Arc::new(AtomicBool::new(false)));
-        sqlx::query("DROP TABLE delivery_log")
-            .execute(db.store.pool())
-            .await
-            .unwrap();
-        let invalid = g
-            .process(&Delivery {
-                keys: vec![],
-                ..test_delivery("flaky", "x", "M-1")
-            })
-            .await;
+        sqlx::query("DROP TABLE delivery_log").execute(db.store.pool()).await.unwrap();
+        let invalid = g.process(&Delivery { keys: vec![], ..test_delivery("flaky", "x", "M-1") }).await;
         assert_eq!(
             (invalid.outcome, invalid.verdict, invalid.logged),
             (Outcome::Invalid, Verdict::Retry, false)
         );
         let valid = g.process(&test_delivery("flaky", "K-1", "M-2")).await;
-        assert_eq!(
-            (valid.outcome, valid.verdict, valid.logged),
-            (Outcome::Failed, Verdict::Retry, false)
-        );
-        assert_eq!(
-            db.scalar(&CLAIMS_OF, &["K-1"]).await,
-            0,
-            "without its log row the effect did not commit"
-        );
+        assert_eq!((valid.outcome, valid.verdict, valid.logged), (Outcome::Failed, Verdict::Retry, false));
+        assert_eq!(db.scalar(&CLAIMS_OF, &["K-1"]).await, 0, "without its log row the effect did not commit");
     }
 }
 

@@ -11,10 +11,7 @@ use idemgate::store::{Backend, Sql, Store, StoreOptions};
 use sqlx::Row;
 
 fn options() -> StoreOptions {
-    StoreOptions {
-        max_connections: 24,
-        ..Default::default()
-    }
+    StoreOptions { max_connections: 24, ..Default::default() }
 }
 
 /// A fresh database that is dropped when the test ends.
@@ -25,23 +22,16 @@ pub struct TestDb {
 
 impl TestDb {
     pub async fn new(backend: Backend) -> Self {
-        let scratch = ScratchDb::create(backend, &options())
-            .await
-            .unwrap_or_else(|e| {
-                panic!("{e}. Start the service (scripts/services.sh) or set IDEMGATE_TEST_*_URL.")
-            });
-        Self {
-            store: scratch.store.clone(),
-            scratch,
-        }
+        let scratch = ScratchDb::create(backend, &options()).await.unwrap_or_else(|e| {
+            panic!("{e}. Start the service (scripts/services.sh) or set IDEMGATE_TEST_*_URL.")
+        });
+        Self { store: scratch.store.clone(), scratch }
     }
 
     /// A second, independent pool on the same database: another process, as far as the
     /// database can tell.
     pub async fn second_store(&self) -> Store {
-        Store::connect(&self.scratch.url, &options())
-            .await
-            .expect("second pool")
+        Store::connect(&self.scratch.url, &options()).await.expect("second pool")
     }
 
     /// One integer from a query (a count, a sum cast to BIGINT).
@@ -56,22 +46,13 @@ impl TestDb {
 
     /// One text value from a query with one argument.
     pub async fn scalar_text(&self, sql: &'static Sql, bind: &str) -> String {
-        let row = self
-            .store
-            .query(sql)
-            .bind(bind)
-            .fetch_one(self.store.pool())
-            .await
-            .expect("text query");
+        let row = self.store.query(sql).bind(bind).fetch_one(self.store.pool()).await.expect("text query");
         row.try_get::<String, _>(0).expect("a text")
     }
 }
 
 pub fn identity(group: &str, instance: &str) -> Identity {
-    Identity {
-        consumer_group: group.to_owned(),
-        instance_id: instance.to_owned(),
-    }
+    Identity { consumer_group: group.to_owned(), instance_id: instance.to_owned() }
 }
 
 /// A gate on the shop routes and handlers, plus `extra` routes and handlers.
@@ -80,34 +61,17 @@ pub fn gate(store: Store, id: Identity, extra_routes: Vec<RouteConfig>, extra: H
     routes.extend(extra_routes);
     let mut handlers = shop::handlers();
     handlers.extend(extra);
-    Gate::new(
-        store,
-        Routes::new(&routes).expect("routes"),
-        handlers,
-        id,
-        Policy::default(),
-    )
-    .expect("gate")
+    Gate::new(store, Routes::new(&routes).expect("routes"), handlers, id, Policy::default()).expect("gate")
 }
 
-pub fn stock_deduct(
-    biz_id: &str,
-    msg_id: &str,
-    uniq_key: &str,
-    sku: &str,
-    quantity: i64,
-) -> Delivery {
+pub fn stock_deduct(biz_id: &str, msg_id: &str, uniq_key: &str, sku: &str, quantity: i64) -> Delivery {
     Delivery {
         msg_id: msg_id.to_owned(),
         uniq_key: uniq_key.to_owned(),
         topic: shop::TOPIC.to_owned(),
         tags: shop::TAG_STOCK_DEDUCT.to_owned(),
         keys: vec![biz_id.to_owned()],
-        body: serde_json::to_vec(&shop::DeductStock {
-            sku: sku.to_owned(),
-            quantity,
-        })
-        .expect("json"),
+        body: serde_json::to_vec(&shop::DeductStock { sku: sku.to_owned(), quantity }).expect("json"),
         ..Default::default()
     }
 }

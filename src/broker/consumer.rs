@@ -1,0 +1,165 @@
+//! The clustering push consumer: every delivery goes through the gate, and the gate's verdict
+//! becomes the broker's consume status.
+//!
+//! The client calls the listener synchronously on one of its blocking threads. The listener
+//! bridges into idemgate's own Tokio runtime with `Handle::block_on`, which is allowed on a
+//! thread that is not a runtime worker, so the database work runs on idemgate's runtime and no
+//! worker thread of either runtime is ever blocked.
+//!
+//! Verdicts: `Ack` (processed, duplicate, invalid) and `DeadLetter` (a permanent refusal, kept
+//! in the delivery log for replay) consume the message; `Retry` answers `ReconsumeLater`, and
+//! at the last allowed attempt that makes the broker move the message to `%DLQ%<group>`.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use anyhow::Context;
+use rocketmq_client_rust::{
+    ClientResult, ConsumeConcurrentlyContext, ConsumeConcurrentlyStatus, DefaultMQPushConsumer,
+    MQPushConsumer, MessageListenerConcurrently,
+};
+use rocketmq_model::common::consumer::consume_from_where::ConsumeFromWhere;
+use rocketmq_model::common::message::message_ext::MessageExt;
+
+use super::{ClientHost, StartFrom};
+use crate::delivery::{Delivery, UNIQ_KEY_PROPERTY};
+use crate::gate::{Gate, Verdict};
+
+/// How the consumer connects and how much it takes on at once.
+#[derive(Debug, Clone)]
+pub struct ConsumerOptions {
+    pub name_server: String,
+    /// Listener calls in flight at once (the client's consume threads).
+    pub consume_threads: u32,
+    /// Messages per listener call. With more than one, a retry of one message redelivers the
+    /// whole batch (harmless through the gate, but wasted work).
+    pub batch_size: u32,
+    /// Messages fetched from a queue per pull.
+    pub pull_batch_size: u32,
+    pub start_from: StartFrom,
+}
+
+/// What the consumer has seen, for status lines and tests.
+#[derive(Debug, Default)]
+pub struct ConsumerCounters {
+    pub listener_calls: AtomicU64,
+    pub deliveries: AtomicU64,
+    pub retries_asked: AtomicU64,
+}
+
+/// A started consumer. Call [`Consumer::shutdown`] before the process exits.
+pub struct Consumer {
+    consumer: DefaultMQPushConsumer,
+    host: ClientHost,
+    counters: Arc<ConsumerCounters>,
+}
+
+impl Consumer {
+    /// Subscribes to every topic the gate's routes cover and starts pulling.
+    pub async fn start(gate: Arc<Gate>, options: &ConsumerOptions) -> anyhow::Result<Self> {
+        let host = ClientHost::new("consumer", options.consume_threads as usize)?;
+        let counters = Arc::new(ConsumerCounters::default());
+        let listener = GateListener {
+            gate: gate.clone(),
+            runtime: tokio::runtime::Handle::current(),
+            counters: counters.clone(),
+        };
+        let mut consumer = DefaultMQPushConsumer::builder(host.client_runtime())
+            .consumer_group(gate.identity().consumer_group.clone())
+            .name_server_addr(options.name_server.clone())
+            .consume_from_where(match options.start_from {
+                StartFrom::First => ConsumeFromWhere::ConsumeFromFirstOffset,
+                StartFrom::Last => ConsumeFromWhere::ConsumeFromLastOffset,
+            })
+            .consume_thread_min(options.consume_threads)
+            .consume_thread_max(options.consume_threads)
+            .consume_message_batch_max_size(options.batch_size)
+            .pull_batch_size(options.pull_batch_size)
+            .max_reconsume_times(gate.policy().max_reconsume_times)
+            .build();
+        for (topic, tags) in gate.routes().topics() {
+            consumer
+                .subscribe(topic.as_str(), tags.as_str())
+                .await
+                .with_context(|| format!("subscribing to {topic} ({tags})"))?;
+        }
+        consumer.register_message_listener_concurrently(listener);
+        consumer
+            .start()
+            .await
+            .with_context(|| format!("starting the consumer against name server {}", options.name_server))?;
+        tracing::info!(
+            group = %gate.identity().consumer_group,
+            instance = %gate.identity().instance_id,
+            name_server = %options.name_server,
+            "consumer started"
+        );
+        Ok(Self { consumer, host, counters })
+    }
+
+    pub fn counters(&self) -> &Arc<ConsumerCounters> {
+        &self.counters
+    }
+
+    /// Stops pulling, waits for the listener calls in flight (each finishes or rolls back its
+    /// transaction), and stops the client.
+    pub async fn shutdown(mut self) {
+        self.consumer.shutdown().await;
+        self.host.shutdown().await;
+    }
+}
+
+struct GateListener {
+    gate: Arc<Gate>,
+    runtime: tokio::runtime::Handle,
+    counters: Arc<ConsumerCounters>,
+}
+
+impl MessageListenerConcurrently for GateListener {
+    fn consume_message(
+        &self,
+        msgs: &[&MessageExt],
+        _context: &ConsumeConcurrentlyContext,
+    ) -> ClientResult<ConsumeConcurrentlyStatus> {
+        self.counters.listener_calls.fetch_add(1, Ordering::Relaxed);
+        let deliveries: Vec<Delivery> = msgs.iter().map(|m| to_delivery(m)).collect();
+        let gate = &self.gate;
+        let retry = self.runtime.block_on(async {
+            let mut retry = false;
+            for d in &deliveries {
+                let r = gate.process(d).await;
+                retry |= r.verdict == Verdict::Retry;
+            }
+            retry
+        });
+        self.counters.deliveries.fetch_add(deliveries.len() as u64, Ordering::Relaxed);
+        if retry {
+            self.counters.retries_asked.fetch_add(1, Ordering::Relaxed);
+            Ok(ConsumeConcurrentlyStatus::ReconsumeLater)
+        } else {
+            Ok(ConsumeConcurrentlyStatus::ConsumeSuccess)
+        }
+    }
+}
+
+/// The broker's message as the gate sees it. The topic of a redelivered message is already
+/// the original one (the client restores it from the retry topic).
+pub fn to_delivery(m: &MessageExt) -> Delivery {
+    let properties: BTreeMap<String, String> =
+        m.properties().iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
+    let uniq_key = properties.get(UNIQ_KEY_PROPERTY).cloned().unwrap_or_default();
+    Delivery {
+        msg_id: m.msg_id().to_string(),
+        uniq_key,
+        topic: m.topic().to_string(),
+        tags: m.get_tags().map(|t| t.to_string()).unwrap_or_default(),
+        keys: m.message_inner().keys().unwrap_or_default(),
+        properties,
+        body: m.body().map(|b| b.to_vec()).unwrap_or_default(),
+        queue_id: m.queue_id(),
+        queue_offset: m.queue_offset(),
+        reconsume_times: m.reconsume_times(),
+        born_at_ms: m.born_timestamp(),
+    }
+}

@@ -1,0 +1,79 @@
+//! A RocketMQ producer for `idemgate produce` and for re-publishing dead letters.
+//!
+//! A message's UNIQ_KEY is set here when the caller chose one, so that "the same message sent
+//! twice" really carries one UNIQ_KEY (the client only assigns one when none is set).
+
+use anyhow::Context;
+use cheetah_string::CheetahString;
+use rocketmq_client_rust::DefaultMQProducer;
+use rocketmq_model::common::message::MessageTrait;
+use rocketmq_model::common::message::message_single::Message;
+
+use super::ClientHost;
+use crate::delivery::{Delivery, UNIQ_KEY_PROPERTY};
+
+/// A started producer. Call [`Producer::shutdown`] when done.
+pub struct Producer {
+    producer: DefaultMQProducer,
+    host: ClientHost,
+}
+
+/// What the broker said about one send.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Sent {
+    /// The UNIQ_KEY the message carries.
+    pub uniq_key: String,
+    pub queue_offset: u64,
+}
+
+impl Producer {
+    pub async fn start(name_server: &str, group: &str) -> anyhow::Result<Self> {
+        let host = ClientHost::new("producer", 4)?;
+        let mut producer = DefaultMQProducer::builder(host.client_runtime())
+            .producer_group(group.to_owned())
+            .name_server_addr(name_server.to_owned())
+            .build();
+        producer
+            .start()
+            .await
+            .with_context(|| format!("starting the producer against name server {name_server}"))?;
+        Ok(Self { producer, host })
+    }
+
+    /// Sends `d`'s topic, tags, KEYS, properties, body and (when set) UNIQ_KEY.
+    pub async fn send(&self, d: &Delivery) -> anyhow::Result<Sent> {
+        let mut builder = Message::builder().topic(d.topic.as_str()).body_slice(&d.body);
+        if !d.tags.is_empty() {
+            builder = builder.tags(d.tags.as_str());
+        }
+        if !d.keys.is_empty() {
+            builder = builder.keys(d.keys.clone());
+        }
+        let mut message = builder.build_unchecked();
+        for (k, v) in &d.properties {
+            message
+                .put_property(CheetahString::from_string(k.clone()), CheetahString::from_string(v.clone()));
+        }
+        if !d.uniq_key.is_empty() {
+            message.put_property(
+                CheetahString::from_static_str(UNIQ_KEY_PROPERTY),
+                CheetahString::from_string(d.uniq_key.clone()),
+            );
+        }
+        let result = self
+            .producer
+            .send(message)
+            .await
+            .with_context(|| format!("sending to topic {}", d.topic))?
+            .context("the broker returned no send result")?;
+        Ok(Sent {
+            uniq_key: result.msg_id.map(|m| m.to_string()).unwrap_or_else(|| d.uniq_key.clone()),
+            queue_offset: result.queue_offset,
+        })
+    }
+
+    pub async fn shutdown(mut self) {
+        self.producer.shutdown().await;
+        self.host.shutdown().await;
+    }
+}

@@ -1,0 +1,160 @@
+//! `idemgate serve` and `idemgate produce` against a real RocketMQ broker and real databases.
+
+mod support;
+
+use std::time::Duration;
+
+use idemgate::store::Backend;
+use sqlx::Row;
+use support::*;
+
+const CONVERGE: Duration = Duration::from_secs(180);
+
+async fn exactly_once_through_a_real_broker(backend: Backend) {
+    let db = database(backend).await;
+    let (topic, group, run) = (unique("shop"), unique("group"), unique("R").replace('_', ""));
+    let service = Service::start(&settings(&db.url, &topic, &group, "solo", 2));
+    let (report, sends) = produce(&topic, &run, 2000, 0, &["--duplicates", "0.3"]);
+    let t = &report.tally;
+    for kind in ["redelivery", "producer_resend", "late_duplicate", "poison", "malformed"] {
+        assert!(t.sends.get(kind).copied().unwrap_or(0) > 0, "the traffic has {kind} sends: {:?}", t.sends);
+    }
+    let expected = expected_books(&report);
+    let books = wait_for_books(&db.store, &run, &group, &expected, CONVERGE).await;
+    assert_eq!(books, expected, "troubled deliveries:\n{}", trouble(&db.store, &group).await);
+    assert_every_send_is_logged(&db.store, &group, &sends).await;
+    assert_eq!(service.terminate().code(), Some(0));
+    db.drop_now().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_thousand_messages_with_thirty_percent_duplicates_are_applied_exactly_once_on_postgres() {
+    exactly_once_through_a_real_broker(Backend::Postgres).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_thousand_messages_with_thirty_percent_duplicates_are_applied_exactly_once_on_mariadb() {
+    exactly_once_through_a_real_broker(Backend::MySql).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_poison_message_is_retried_with_growing_reconsume_counts_and_ends_dead_lettered() {
+    let db = database(Backend::Postgres).await;
+    let (topic, group, run) = (unique("poison"), unique("group"), unique("P").replace('_', ""));
+    let service = Service::start(&settings(&db.url, &topic, &group, "solo", 2));
+    // Twenty ordinary sends and one poison payment for an order that never exists.
+    let (report, _) =
+        produce(&topic, &run, 20, 0, &["--duplicates", "0", "--poison", "0", "--malformed", "0"]);
+    let (poison, _) = produce(&topic, &run, 1, 0, &["--poison", "1", "--malformed", "0"]);
+    assert_eq!(poison.tally.poison, 1);
+    let key = format!("{run}-POISON-1");
+
+    static ATTEMPTS: idemgate::store::Sql = idemgate::store::Sql::new(
+        "SELECT reconsume_times, outcome FROM delivery_log WHERE biz_id = ? ORDER BY id",
+    );
+    let started = std::time::Instant::now();
+    let attempts = loop {
+        let rows = db.store.query(&ATTEMPTS).bind(key.as_str()).fetch_all(db.store.pool()).await.unwrap();
+        let attempts: Vec<(i32, String)> = rows.iter().map(|r| (r.get(0), r.get(1))).collect();
+        if attempts.iter().any(|(_, o)| o == "dead_lettered") || started.elapsed() > CONVERGE {
+            break attempts;
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    };
+    assert_eq!(
+        attempts,
+        vec![(0, "failed".to_owned()), (1, "failed".to_owned()), (2, "dead_lettered".to_owned())],
+        "serve log:\n{}",
+        tail(&service.log_text())
+    );
+    // After the last attempt the broker keeps it in its DLQ: no further delivery arrives.
+    tokio::time::sleep(Duration::from_secs(12)).await;
+    let rows = db.store.query(&ATTEMPTS).bind(key.as_str()).fetch_all(db.store.pool()).await.unwrap();
+    assert_eq!(rows.len(), 3, "no delivery after the dead letter");
+    // Nothing else was affected.
+    let expected = expected_books(&report);
+    assert_eq!(books(&db.store, &run, &group).await.orders, expected.orders);
+    assert_eq!(service.terminate().code(), Some(0));
+    db.drop_now().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_consumer_killed_mid_stream_converges_to_the_same_books_after_restart() {
+    let db = database(Backend::Postgres).await;
+    let (topic, group, run) = (unique("crash"), unique("group"), unique("C").replace('_', ""));
+    let first = Service::start(&settings(&db.url, &topic, &group, "before-crash", 2));
+    let producer = {
+        let (topic, run) = (topic.clone(), run.clone());
+        std::thread::spawn(move || produce(&topic, &run, 2000, 500, &["--duplicates", "0.3"]))
+    };
+    // Kill it while the stream is flowing (about 2 of its 4 seconds in).
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    first.kill_hard();
+    let second = Service::start(&settings(&db.url, &topic, &group, "after-crash", 2));
+    let (report, sends) = producer.join().expect("producer thread");
+    let expected = expected_books(&report);
+    let books = wait_for_books(&db.store, &run, &group, &expected, CONVERGE).await;
+    assert_eq!(books, expected, "troubled deliveries:\n{}", trouble(&db.store, &group).await);
+    assert_every_send_is_logged(&db.store, &group, &sends).await;
+    let by_instance = processed_by_instance(&db.store, &group).await;
+    assert!(by_instance.contains_key("after-crash"), "{by_instance:?}");
+    assert_eq!(second.terminate().code(), Some(0));
+    db.drop_now().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigterm_mid_stream_exits_zero_after_the_deliveries_in_flight_and_loses_nothing() {
+    let db = database(Backend::Postgres).await;
+    let (topic, group, run) = (unique("term"), unique("group"), unique("T").replace('_', ""));
+    let first = Service::start(&settings(&db.url, &topic, &group, "terminated", 2));
+    let producer = {
+        let (topic, run) = (topic.clone(), run.clone());
+        std::thread::spawn(move || produce(&topic, &run, 2000, 500, &["--duplicates", "0.3"]))
+    };
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let log = first.log.clone();
+    let status = first.terminate();
+    let text = std::fs::read_to_string(&log).unwrap_or_default();
+    assert_eq!(status.code(), Some(0), "{}", tail(&text));
+    assert!(text.contains("SIGTERM") && text.contains("idemgate stopped"), "{}", tail(&text));
+    let second = Service::start(&settings(&db.url, &topic, &group, "restarted", 2));
+    let (report, sends) = producer.join().expect("producer thread");
+    let expected = expected_books(&report);
+    let books = wait_for_books(&db.store, &run, &group, &expected, CONVERGE).await;
+    assert_eq!(books, expected, "troubled deliveries:\n{}", trouble(&db.store, &group).await);
+    assert_every_send_is_logged(&db.store, &group, &sends).await;
+    let by_instance = processed_by_instance(&db.store, &group).await;
+    assert!(by_instance.contains_key("terminated") && by_instance.contains_key("restarted"), "{by_instance:?}");
+    assert_eq!(second.terminate().code(), Some(0));
+    db.drop_now().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_consumers_in_one_group_share_the_stream_without_double_effects() {
+    let db = database(Backend::MySql).await;
+    let (topic, group, run) = (unique("scale"), unique("group"), unique("S").replace('_', ""));
+    let a = Service::start(&settings(&db.url, &topic, &group, "instance-a", 2));
+    let b = Service::start(&settings(&db.url, &topic, &group, "instance-b", 2));
+    // Let both join the group before the stream starts, so that the queues are shared.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let (report, sends) = produce(&topic, &run, 2000, 400, &["--duplicates", "0.3"]);
+    let expected = expected_books(&report);
+    let books = wait_for_books(&db.store, &run, &group, &expected, CONVERGE).await;
+    assert_eq!(books, expected, "troubled deliveries:\n{}", trouble(&db.store, &group).await);
+    assert_every_send_is_logged(&db.store, &group, &sends).await;
+    let by_instance = processed_by_instance(&db.store, &group).await;
+    assert!(
+        by_instance.get("instance-a").copied().unwrap_or(0) > 0
+            && by_instance.get("instance-b").copied().unwrap_or(0) > 0,
+        "both instances processed part of the stream: {by_instance:?}"
+    );
+    assert_eq!(a.terminate().code(), Some(0));
+    assert_eq!(b.terminate().code(), Some(0));
+    db.drop_now().await;
+}
+
+/// The last lines of a log, for failure messages.
+fn tail(log: &str) -> String {
+    let lines: Vec<&str> = log.lines().filter(|l| !l.contains("PopBuffer")).collect();
+    lines[lines.len().saturating_sub(40)..].join("\n")
+}

@@ -1,0 +1,328 @@
+//! The broker tests' harness: one private RocketMQ name server and broker for the whole test
+//! binary, `idemgate serve` and `idemgate produce` run as the real binary, and the books read
+//! back from the database. A missing broker install or database fails the test.
+
+use std::collections::BTreeMap;
+use std::io::BufRead;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::OnceLock;
+use std::time::{Duration, Instant};
+
+use idemgate::broker::local::LocalBroker;
+use idemgate::config::Settings;
+use idemgate::produce::ProduceReport;
+use idemgate::scratch::ScratchDb;
+use idemgate::shop;
+use idemgate::store::{Backend, Sql, Store, StoreOptions};
+use sqlx::Row;
+
+pub const BIN: &str = env!("CARGO_BIN_EXE_idemgate");
+
+/// The broker every test of this binary shares; each test uses its own topic and group.
+pub fn broker() -> &'static LocalBroker {
+    static BROKER: OnceLock<LocalBroker> = OnceLock::new();
+    BROKER.get_or_init(|| {
+        LocalBroker::start().unwrap_or_else(|e| panic!("a RocketMQ broker is required: {e:#}"))
+    })
+}
+
+/// A unique name for this test's topic, group and keys.
+pub fn unique(prefix: &str) -> String {
+    format!("{prefix}_{}_{}", std::process::id(), rand::random::<u32>())
+}
+
+pub async fn database(backend: Backend) -> ScratchDb {
+    ScratchDb::create(backend, &StoreOptions { max_connections: 4, ..Default::default() })
+        .await
+        .unwrap_or_else(|e| panic!("{e}"))
+}
+
+/// The settings of one `serve` process.
+pub fn settings(
+    db_url: &str,
+    topic: &str,
+    group: &str,
+    instance: &str,
+    max_reconsume_times: i32,
+) -> Settings {
+    let mut s = Settings::default();
+    s.database.url = db_url.to_owned();
+    s.database.max_connections = 16;
+    s.consumer.group = group.to_owned();
+    s.consumer.instance = instance.to_owned();
+    s.consumer.max_reconsume_times = max_reconsume_times;
+    s.broker.name_server = broker().name_server().to_owned();
+    s.broker.consume_threads = 8;
+    s.http.bind = "127.0.0.1:0".to_owned();
+    s.routes = shop::routes(topic);
+    s
+}
+
+/// A running `idemgate serve`.
+pub struct Service {
+    child: Child,
+    pub log: PathBuf,
+    _dir: tempfile::TempDir,
+}
+
+impl Service {
+    /// Starts `serve` with `settings` and waits until it reports that it is serving.
+    pub fn start(settings: &Settings) -> Self {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let config = dir.path().join("idemgate.toml");
+        std::fs::write(&config, toml::to_string(settings).expect("settings to TOML")).expect("write config");
+        let log = dir.path().join("serve.log");
+        let out = std::fs::File::create(&log).expect("log file");
+        let child = Command::new(BIN)
+            .args(["--config", &config.to_string_lossy(), "serve"])
+            .env_remove("RUST_LOG")
+            .stdin(Stdio::null())
+            .stdout(out.try_clone().expect("log file"))
+            .stderr(out)
+            .spawn()
+            .expect("spawn idemgate serve");
+        let service = Self { child, log, _dir: dir };
+        service.wait_for_line("idemgate serving", Duration::from_secs(30));
+        service
+    }
+
+    pub fn wait_for_line(&self, needle: &str, limit: Duration) {
+        let started = Instant::now();
+        while started.elapsed() < limit {
+            if self.log_text().contains(needle) {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        panic!("serve did not log {needle:?} within {limit:?}:\n{}", self.log_text());
+    }
+
+    pub fn log_text(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    /// SIGKILL: no chance to finish anything.
+    pub fn kill_hard(mut self) {
+        self.child.kill().expect("SIGKILL");
+        self.child.wait().expect("reap");
+    }
+
+    /// SIGTERM, then the exit status.
+    pub fn terminate(mut self) -> std::process::ExitStatus {
+        let ok =
+            Command::new("kill").args(["-TERM", &self.child.id().to_string()]).status().expect("kill -TERM");
+        assert!(ok.success());
+        let started = Instant::now();
+        loop {
+            if let Some(status) = self.child.try_wait().expect("wait") {
+                return status;
+            }
+            assert!(started.elapsed() < Duration::from_secs(60), "serve did not exit within 60 s of SIGTERM");
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+}
+
+impl Drop for Service {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// One accepted send, as `produce --sends` wrote it.
+#[derive(Debug, serde::Deserialize)]
+pub struct SendLine {
+    pub uniq_key: String,
+}
+
+/// Runs `idemgate produce` to `topic` and returns its report and its sends.
+pub fn produce(
+    topic: &str,
+    run: &str,
+    count: u64,
+    rate: u32,
+    extra: &[&str],
+) -> (ProduceReport, Vec<SendLine>) {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let sends = dir.path().join("sends.jsonl");
+    let output = Command::new(BIN)
+        .args([
+            "produce",
+            "--topic",
+            topic,
+            "--run",
+            run,
+            "--count",
+            &count.to_string(),
+            "--rate",
+            &rate.to_string(),
+        ])
+        .args(["--sends", &sends.to_string_lossy()])
+        .args(extra)
+        .env("IDEMGATE_BROKER__NAME_SERVER", broker().name_server())
+        .env_remove("RUST_LOG")
+        .stdin(Stdio::null())
+        .output()
+        .expect("run idemgate produce");
+    assert!(output.status.success(), "produce failed: {}", String::from_utf8_lossy(&output.stderr));
+    let report = parse_report(&output.stdout);
+    let lines = read_sends(&sends);
+    assert_eq!(lines.len() as u64, report.sent);
+    (report, lines)
+}
+
+fn parse_report(stdout: &[u8]) -> ProduceReport {
+    let v: serde_json::Value = serde_json::from_slice(stdout).expect("produce prints JSON");
+    ProduceReport {
+        run: v["run"].as_str().expect("run").to_owned(),
+        topic: v["topic"].as_str().expect("topic").to_owned(),
+        sent: v["sent"].as_u64().expect("sent"),
+        elapsed_seconds: v["elapsed_seconds"].as_f64().expect("elapsed"),
+        sends_per_second: v["sends_per_second"].as_f64().expect("rate"),
+        tally: serde_json::from_value(v["tally"].clone()).expect("tally"),
+    }
+}
+
+fn read_sends(path: &Path) -> Vec<SendLine> {
+    let file = std::fs::File::open(path).expect("sends file");
+    std::io::BufReader::new(file)
+        .lines()
+        .map(|l| serde_json::from_str(&l.expect("line")).expect("a send line"))
+        .collect()
+}
+
+static ORDERS: Sql = Sql::new("SELECT status FROM shop_order WHERE order_no LIKE ?");
+static LEDGER: Sql =
+    Sql::new("SELECT deduction_id, sku, quantity FROM shop_stock_ledger WHERE deduction_id LIKE ?");
+static STOCK: Sql = Sql::new("SELECT sku, quantity FROM shop_stock");
+static DEAD_POISON: Sql = Sql::new(
+    "SELECT COUNT(DISTINCT biz_id) FROM delivery_log WHERE outcome = 'dead_lettered' AND biz_id LIKE ? AND consumer_group = ?",
+);
+static FIRST_ATTEMPTS: Sql = Sql::new(
+    "SELECT uniq_key, COUNT(*) FROM delivery_log WHERE reconsume_times = 0 AND consumer_group = ? GROUP BY uniq_key",
+);
+static PROCESSED_BY: Sql = Sql::new(
+    "SELECT instance_id, COUNT(*) FROM delivery_log WHERE outcome = 'processed' AND consumer_group = ? GROUP BY instance_id",
+);
+
+/// What the database says happened to one run.
+#[derive(Debug, Default, PartialEq, Eq)]
+pub struct Books {
+    pub orders: u64,
+    pub paid: u64,
+    pub ledger_rows: u64,
+    pub distinct_deductions: u64,
+    pub deducted: BTreeMap<String, i64>,
+    pub stock: BTreeMap<String, i64>,
+    pub dead_lettered_poison: u64,
+}
+
+pub async fn books(store: &Store, run: &str, group: &str) -> Books {
+    let pool = store.pool();
+    let mut b = Books::default();
+    for row in store.query(&ORDERS).bind(format!("{run}-O-%")).fetch_all(pool).await.expect("orders") {
+        b.orders += 1;
+        b.paid += u64::from(row.get::<String, _>(0) == "PAID");
+    }
+    let mut ids = std::collections::BTreeSet::new();
+    for row in store.query(&LEDGER).bind(format!("{run}-D-%")).fetch_all(pool).await.expect("ledger") {
+        b.ledger_rows += 1;
+        ids.insert(row.get::<String, _>(0));
+        *b.deducted.entry(row.get(1)).or_default() += row.get::<i64, _>(2);
+    }
+    b.distinct_deductions = ids.len() as u64;
+    for row in store.query(&STOCK).fetch_all(pool).await.expect("stock") {
+        b.stock.insert(row.get(0), row.get(1));
+    }
+    let dead = store.query(&DEAD_POISON).bind(format!("{run}-POISON-%")).bind(group).fetch_one(pool).await;
+    b.dead_lettered_poison = dead.expect("dead letters").get::<i64, _>(0) as u64;
+    b
+}
+
+/// The books a run must end with, from what `produce` says it sent.
+pub fn expected_books(report: &ProduceReport) -> Books {
+    let t = &report.tally;
+    Books {
+        orders: t.orders,
+        paid: t.payments,
+        ledger_rows: t.deductions,
+        distinct_deductions: t.deductions,
+        deducted: t.deducted.clone(),
+        stock: t.deducted.iter().map(|(sku, q)| (sku.clone(), shop::INITIAL_STOCK - q)).collect(),
+        dead_lettered_poison: t.poison,
+    }
+}
+
+/// Polls until the books equal `expected` or `limit` passes, and returns the last books read.
+pub async fn wait_for_books(
+    store: &Store,
+    run: &str,
+    group: &str,
+    expected: &Books,
+    limit: Duration,
+) -> Books {
+    let started = Instant::now();
+    loop {
+        let b = books(store, run, group).await;
+        if &b == expected || started.elapsed() > limit {
+            return b;
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+}
+
+static TROUBLE: Sql = Sql::new(
+    "SELECT biz_type, biz_id, reconsume_times, outcome, error, instance_id FROM delivery_log \
+     WHERE consumer_group = ? AND outcome IN ('failed', 'dead_lettered', 'invalid') AND biz_id NOT LIKE '%POISON%' \
+     ORDER BY id",
+);
+
+/// The failed, dead-lettered and invalid deliveries of a group (poison aside), for failure messages.
+pub async fn trouble(store: &Store, group: &str) -> String {
+    let rows = store.query(&TROUBLE).bind(group).fetch_all(store.pool()).await.expect("trouble");
+    rows.iter()
+        .map(|r| {
+            format!(
+                "{} {} r{} {} {:?} {}",
+                r.get::<String, _>(0),
+                r.get::<String, _>(1),
+                r.get::<i32, _>(2),
+                r.get::<String, _>(3),
+                r.get::<Option<String>, _>(4),
+                r.get::<String, _>(5)
+            )
+        })
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+/// Every send has at least one first-attempt row in the delivery log.
+pub async fn assert_every_send_is_logged(store: &Store, group: &str, sends: &[SendLine]) {
+    let mut logged: BTreeMap<String, i64> = BTreeMap::new();
+    for row in store.query(&FIRST_ATTEMPTS).bind(group).fetch_all(store.pool()).await.expect("log") {
+        logged.insert(row.get(0), row.get(1));
+    }
+    let mut sent: BTreeMap<&str, i64> = BTreeMap::new();
+    for s in sends {
+        *sent.entry(s.uniq_key.as_str()).or_default() += 1;
+    }
+    let missing: Vec<_> = sent
+        .iter()
+        .filter(|(k, n)| logged.get(**k).copied().unwrap_or(0) < **n)
+        .map(|(k, n)| (*k, *n))
+        .collect();
+    assert!(
+        missing.is_empty(),
+        "{} sends have no delivery-log row, e.g. {:?}",
+        missing.len(),
+        &missing[..missing.len().min(5)]
+    );
+}
+
+/// Processed deliveries per instance.
+pub async fn processed_by_instance(store: &Store, group: &str) -> BTreeMap<String, i64> {
+    let rows = store.query(&PROCESSED_BY).bind(group).fetch_all(store.pool()).await.expect("by instance");
+    rows.iter().map(|r| (r.get(0), r.get(1))).collect()
+}

@@ -1,0 +1,454 @@
+//! The Grafana dashboard, the Grafana provisioning examples and the Prometheus rules in
+//! `dashboards/`: the dashboard's structure (it must provision from the file with no edits),
+//! its queries (valid PromQL, checked by promtool), and the rules' own checks and unit tests
+//! (`scripts/check-rules.sh`). promtool is required: a machine without it fails these tests
+//! (`scripts/install-prometheus.sh` installs it).
+
+use std::collections::HashSet;
+use std::path::PathBuf;
+use std::process::Command;
+
+use serde_json::Value;
+
+fn root() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+}
+
+fn read(relative: &str) -> String {
+    let path = root().join(relative);
+    std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
+}
+
+fn dashboard_text() -> String {
+    read("dashboards/idemgate.json")
+}
+
+fn dashboard() -> Value {
+    serde_json::from_str(&dashboard_text()).expect("dashboards/idemgate.json is not valid JSON")
+}
+
+/// Every panel, including those nested in rows.
+fn panels(dashboard: &Value) -> Vec<&Value> {
+    fn walk<'a>(list: &'a Value, out: &mut Vec<&'a Value>) {
+        for panel in list.as_array().into_iter().flatten() {
+            out.push(panel);
+            if let Some(nested) = panel.get("panels") {
+                walk(nested, out);
+            }
+        }
+    }
+    let mut out = Vec::new();
+    walk(&dashboard["panels"], &mut out);
+    assert!(!out.is_empty(), "the dashboard has no panels");
+    out
+}
+
+/// Panels that show data (rows only group them).
+fn data_panels(dashboard: &Value) -> Vec<&Value> {
+    panels(dashboard).into_iter().filter(|p| p["type"] != "row").collect()
+}
+
+fn title(panel: &Value) -> String {
+    format!("panel {} {:?}", panel["id"], panel["title"].as_str().unwrap_or(""))
+}
+
+fn targets(panel: &Value) -> &[Value] {
+    panel["targets"].as_array().map(Vec::as_slice).unwrap_or(&[])
+}
+
+fn variables(dashboard: &Value) -> &[Value] {
+    dashboard["templating"]["list"]
+        .as_array()
+        .map(Vec::as_slice)
+        .expect("the dashboard has no templating.list")
+}
+
+fn variable<'a>(dashboard: &'a Value, name: &str) -> &'a Value {
+    variables(dashboard)
+        .iter()
+        .find(|v| v["name"] == name)
+        .unwrap_or_else(|| panic!("the dashboard has no template variable {name:?}"))
+}
+
+/// Every PromQL expression of the panels, with where it comes from.
+fn expressions(dashboard: &Value) -> Vec<(String, String)> {
+    let mut out = Vec::new();
+    for panel in data_panels(dashboard) {
+        for target in targets(panel) {
+            let expr = target["expr"].as_str().unwrap_or("").to_owned();
+            out.push((format!("{} target {}", title(panel), target["refId"]), expr));
+        }
+    }
+    out
+}
+
+fn uses_the_datasource_variable(datasource: &Value) -> bool {
+    datasource["uid"] == "${datasource}" && datasource.get("type").is_none_or(|t| t == "prometheus")
+}
+
+/// Replaces Grafana's variables by what Prometheus would receive: durations for the interval
+/// variables and a match-all regex for the template variables (always used in `=~"…"`).
+fn substitute_grafana_variables(expr: &str) -> String {
+    let mut out = String::with_capacity(expr.len());
+    let mut rest = expr;
+    while let Some(at) = rest.find('$') {
+        out.push_str(&rest[..at]);
+        let after = &rest[at + 1..];
+        let (name, consumed) = if let Some(braced) = after.strip_prefix('{') {
+            let end = braced.find('}').unwrap_or_else(|| panic!("unclosed ${{ in {expr}"));
+            let name = braced[..end].split(':').next().unwrap_or("");
+            (name, end + 2)
+        } else {
+            let end = after.find(|c: char| !(c.is_ascii_alphanumeric() || c == '_')).unwrap_or(after.len());
+            (&after[..end], end)
+        };
+        out.push_str(match name {
+            "__rate_interval" | "__range" => "5m",
+            "__interval" => "1m",
+            "" => panic!("a bare $ in {expr}"),
+            _ => ".*",
+        });
+        rest = &after[consumed..];
+    }
+    out.push_str(rest);
+    out
+}
+
+/// The position just after the parenthesis that closes the one opened at `open`.
+fn closing_parenthesis(text: &str, open: usize) -> usize {
+    let mut depth = 0usize;
+    for (i, c) in text[open..].char_indices() {
+        match c {
+            '(' => depth += 1,
+            ')' => {
+                depth -= 1;
+                if depth == 0 {
+                    return open + i + 1;
+                }
+            }
+            _ => {}
+        }
+    }
+    panic!("unbalanced parentheses in {text}");
+}
+
+fn promtool() -> PathBuf {
+    let path = std::env::var_os("PATH").unwrap_or_default();
+    std::env::split_paths(&path)
+        .map(|dir| dir.join("promtool"))
+        .find(|candidate| candidate.is_file())
+        .unwrap_or_else(|| {
+            panic!(
+                "promtool is required for these tests and is not on PATH: run scripts/install-prometheus.sh"
+            )
+        })
+}
+
+fn output_of(command: &mut Command) -> (bool, String) {
+    let output = command.output().unwrap_or_else(|e| panic!("could not run {command:?}: {e}"));
+    let text =
+        format!("{}{}", String::from_utf8_lossy(&output.stdout), String::from_utf8_lossy(&output.stderr));
+    (output.status.success(), text)
+}
+
+#[test]
+fn the_dashboard_provisions_without_import_placeholders() {
+    let text = dashboard_text();
+    assert!(!text.contains("${DS_"), "the dashboard refers to a ${{DS_…}} import input");
+    assert!(!text.contains("__inputs"), "the dashboard declares __inputs");
+    assert!(!text.contains("__requires"), "the dashboard declares __requires");
+    let dashboard = dashboard();
+    assert_eq!(dashboard["uid"], "idemgate", "a fixed uid keeps links to the dashboard stable");
+    assert!(dashboard["title"].as_str().is_some_and(|t| !t.is_empty()));
+    assert!(dashboard["id"].is_null(), "a provisioned dashboard must not carry a database id");
+}
+
+#[test]
+fn panel_ids_are_unique() {
+    let dashboard = dashboard();
+    let mut seen = HashSet::new();
+    for panel in panels(&dashboard) {
+        let id = panel["id"].as_u64().unwrap_or_else(|| panic!("{} has no numeric id", title(panel)));
+        assert!(seen.insert(id), "panel id {id} is used twice");
+    }
+}
+
+#[test]
+fn every_panel_fits_in_the_24_column_grid() {
+    let dashboard = dashboard();
+    for panel in panels(&dashboard) {
+        let grid = &panel["gridPos"];
+        let [x, y, w, h] = ["x", "y", "w", "h"]
+            .map(|k| grid[k].as_u64().unwrap_or_else(|| panic!("{} has no gridPos.{k}", title(panel))));
+        assert!(w > 0 && h > 0, "{} has an empty gridPos", title(panel));
+        assert!(x + w <= 24, "{} ends at column {} (x {x} + w {w}) of 24", title(panel), x + w);
+        assert!(y < 1000, "{} is placed at row {y}", title(panel));
+    }
+}
+
+#[test]
+fn panels_do_not_overlap() {
+    let dashboard = dashboard();
+    let mut cells = HashSet::new();
+    for panel in panels(&dashboard) {
+        let grid = &panel["gridPos"];
+        let at = |k: &str| grid[k].as_u64().unwrap_or(0);
+        for row in at("y")..at("y") + at("h") {
+            for column in at("x")..at("x") + at("w") {
+                assert!(
+                    cells.insert((row, column)),
+                    "{} overlaps another panel at row {row}, column {column}",
+                    title(panel)
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn every_panel_and_target_uses_the_datasource_variable() {
+    let dashboard = dashboard();
+    for panel in data_panels(&dashboard) {
+        assert!(
+            uses_the_datasource_variable(&panel["datasource"]),
+            "{} has datasource {} instead of uid ${{datasource}}",
+            title(panel),
+            panel["datasource"]
+        );
+        for target in targets(panel) {
+            assert!(
+                uses_the_datasource_variable(&target["datasource"]),
+                "{} target {} has datasource {} instead of uid ${{datasource}}",
+                title(panel),
+                target["refId"],
+                target["datasource"]
+            );
+        }
+    }
+    for var in variables(&dashboard).iter().filter(|v| v["type"] == "query") {
+        assert!(
+            uses_the_datasource_variable(&var["datasource"]),
+            "template variable {} has datasource {} instead of uid ${{datasource}}",
+            var["name"],
+            var["datasource"]
+        );
+    }
+}
+
+#[test]
+fn every_panel_has_a_unit() {
+    let dashboard = dashboard();
+    for panel in data_panels(&dashboard) {
+        let unit = panel["fieldConfig"]["defaults"]["unit"].as_str().unwrap_or("");
+        assert!(!unit.is_empty(), "{} has no fieldConfig.defaults.unit", title(panel));
+    }
+}
+
+#[test]
+fn every_panel_has_a_target_and_every_target_an_expression() {
+    let dashboard = dashboard();
+    for panel in data_panels(&dashboard) {
+        assert!(!targets(panel).is_empty(), "{} has no target", title(panel));
+        let mut ref_ids = HashSet::new();
+        for target in targets(panel) {
+            let expr = target["expr"].as_str().unwrap_or("");
+            assert!(!expr.trim().is_empty(), "{} target {} has no expr", title(panel), target["refId"]);
+            assert!(
+                ref_ids.insert(target["refId"].to_string()),
+                "{} repeats refId {}",
+                title(panel),
+                target["refId"]
+            );
+        }
+    }
+}
+
+#[test]
+fn every_rate_and_increase_uses_the_rate_interval() {
+    let dashboard = dashboard();
+    let mut checked = 0;
+    for (origin, expr) in expressions(&dashboard) {
+        for function in ["rate(", "increase("] {
+            let mut from = 0;
+            while let Some(found) = expr[from..].find(function) {
+                let start = from + found;
+                let open = start + function.len() - 1;
+                let close = closing_parenthesis(&expr, open);
+                let call = &expr[start..close];
+                assert!(
+                    call.ends_with("[$__rate_interval])"),
+                    "{origin}: {call} does not use [$__rate_interval]"
+                );
+                checked += 1;
+                from = close;
+            }
+        }
+    }
+    assert!(checked > 0, "no rate() or increase() found at all");
+}
+
+#[test]
+fn the_template_variables_filter_by_biz_type_topic_and_instance() {
+    let dashboard = dashboard();
+    let datasource = variable(&dashboard, "datasource");
+    assert_eq!(datasource["type"], "datasource");
+    assert_eq!(datasource["query"], "prometheus");
+    for name in ["biz_type", "topic", "instance", "consumer_group"] {
+        let var = variable(&dashboard, name);
+        assert_eq!(var["type"], "query", "{name} is not a query variable");
+        let query = var["query"]["query"].as_str().or(var["query"].as_str()).unwrap_or("");
+        assert!(
+            query.starts_with("label_values(") && query.ends_with(&format!(", {name})")),
+            "{name} is not filled from label_values(…, {name}): {query}"
+        );
+        assert_eq!(var["allValue"], ".*", "{name}'s All must match every value, the empty one included");
+    }
+    // Every panel query is filtered by the variables its metric has labels for.
+    for (origin, expr) in expressions(&dashboard) {
+        for metric in ["idemgate_deliveries_total", "idemgate_redeliveries_total"] {
+            if expr.contains(metric) {
+                for name in ["biz_type", "topic", "instance", "consumer_group"] {
+                    assert!(
+                        expr.contains(&format!("{name}=~\"${name}\"")),
+                        "{origin} reads {metric} without the {name} filter"
+                    );
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn links_go_to_the_idemgate_ui_through_the_url_variable() {
+    let dashboard = dashboard();
+    let url = variable(&dashboard, "idemgate_url");
+    assert!(
+        url["type"] == "textbox" || url["type"] == "constant",
+        "idemgate_url is a {} variable",
+        url["type"]
+    );
+    assert_eq!(url["query"], "http://127.0.0.1:8080");
+
+    let mut all_links: Vec<(String, String)> = Vec::new();
+    for link in dashboard["links"].as_array().into_iter().flatten() {
+        all_links.push(("dashboard".into(), link["url"].as_str().unwrap_or("").to_owned()));
+    }
+    for panel in data_panels(&dashboard) {
+        let panel_links = panel["links"].as_array().into_iter().flatten();
+        let data_links = panel["fieldConfig"]["defaults"]["links"].as_array().into_iter().flatten();
+        for link in panel_links.chain(data_links) {
+            all_links.push((title(panel), link["url"].as_str().unwrap_or("").to_owned()));
+        }
+    }
+    for (origin, link) in &all_links {
+        assert!(
+            link.starts_with("${idemgate_url}/"),
+            "{origin} links to {link:?}, not to a page of the idemgate UI"
+        );
+    }
+    let has = |target: &str| all_links.iter().any(|(_, link)| link.starts_with(target));
+    for page in [
+        "${idemgate_url}/trace",
+        "${idemgate_url}/dead-letters?biz_type=${biz_type",
+        "${idemgate_url}/collisions?biz_type=",
+        "${idemgate_url}/invalid",
+        "${idemgate_url}/archive",
+        "${idemgate_url}/anomalies?kind=",
+    ] {
+        assert!(has(page), "no link to {page}");
+    }
+    let dead_letters = data_panels(&dashboard)
+        .into_iter()
+        .find(|p| p["title"] == "Dead letters")
+        .expect("no Dead letters panel");
+    assert!(
+        dead_letters["links"].as_array().into_iter().flatten().any(|l| l["url"]
+            .as_str()
+            .is_some_and(|u| u.starts_with("${idemgate_url}/dead-letters?biz_type=${biz_type"))),
+        "the Dead letters panel does not link to the dead letters of the selected biz_type"
+    );
+}
+
+#[test]
+fn the_panels_cover_every_metric_of_the_service() {
+    let dashboard = dashboard();
+    let all: String = expressions(&dashboard).into_iter().map(|(_, e)| e + "\n").collect();
+    for metric in [
+        "idemgate_deliveries_total",
+        "idemgate_conflicts_total",
+        "idemgate_redeliveries_total",
+        "idemgate_key_collisions_total",
+        "idemgate_handler_duration_seconds_bucket",
+        "idemgate_delivery_duration_seconds_bucket",
+        "idemgate_end_to_end_seconds_bucket",
+        "idemgate_dedup_rows",
+        "idemgate_archive_runs_total",
+        "idemgate_archive_rows_moved_total",
+        "idemgate_archive_last_success_timestamp_seconds",
+        "idemgate_archive_last_run_duration_seconds",
+        "idemgate_reconcile_anomalies",
+        "idemgate_reconcile_last_run_timestamp_seconds",
+        "idemgate_duplicate_ratio",
+        "idemgate_conflicts_per_second",
+    ] {
+        assert!(all.contains(metric), "no panel shows {metric}");
+    }
+    for quantile in ["0.5", "0.95", "0.99"] {
+        assert!(all.contains(&format!("histogram_quantile({quantile},")), "no p{quantile} latency panel");
+    }
+}
+
+#[test]
+fn every_dashboard_query_is_valid_promql() {
+    let dashboard = dashboard();
+    let mut queries = expressions(&dashboard);
+    // The selectors inside the variables' label_values(…) queries too.
+    for var in variables(&dashboard).iter().filter(|v| v["type"] == "query") {
+        let query = var["query"]["query"].as_str().or(var["query"].as_str()).unwrap_or("");
+        let inner = query.strip_prefix("label_values(").and_then(|q| q.rsplit_once(','));
+        if let Some((selector, _label)) = inner {
+            queries.push((format!("variable {}", var["name"]), selector.to_owned()));
+        }
+    }
+    let mut rules = String::from("groups:\n  - name: dashboard\n    rules:\n");
+    for (i, (origin, expr)) in queries.iter().enumerate() {
+        let promql = substitute_grafana_variables(expr);
+        rules.push_str(&format!("      # {origin}\n"));
+        rules.push_str(&format!("      - record: dashboard:query_{i}\n"));
+        rules.push_str(&format!("        expr: {}\n", serde_json::Value::String(promql)));
+    }
+    let file = std::env::temp_dir().join(format!("idemgate-dashboard-queries-{}.yml", std::process::id()));
+    std::fs::write(&file, &rules).expect("write the query check file");
+    let (ok, output) = output_of(Command::new(promtool()).args(["check", "rules", "--lint=none"]).arg(&file));
+    let _ = std::fs::remove_file(&file);
+    assert!(ok, "promtool rejects a dashboard query:\n{output}\n{rules}");
+}
+
+#[test]
+fn the_provisioning_examples_load_the_dashboard_from_a_file() {
+    let datasources = read("dashboards/provisioning/datasources/idemgate.yml");
+    assert!(datasources.contains("apiVersion: 1"));
+    assert!(datasources.contains("type: prometheus"));
+    let providers = read("dashboards/provisioning/dashboards/idemgate.yml");
+    assert!(providers.contains("apiVersion: 1"));
+    assert!(providers.contains("type: file"));
+    let path = providers
+        .lines()
+        .find_map(|line| line.trim().strip_prefix("path:"))
+        .map(|p| p.trim().trim_matches('"').to_owned())
+        .expect("the dashboard provider has no path");
+    let readme = read("dashboards/README.md");
+    assert!(readme.contains(&path), "dashboards/README.md does not say where {path} is");
+}
+
+#[test]
+fn the_prometheus_rules_pass_promtool_checks_and_unit_tests() {
+    let promtool = promtool();
+    let script = root().join("scripts/check-rules.sh");
+    let (ok, output) = output_of(Command::new("bash").arg(&script).current_dir(root()));
+    assert!(ok, "scripts/check-rules.sh failed (promtool: {}):\n{output}", promtool.display());
+    assert!(
+        output.contains("check-rules: ") && output.contains(" passed"),
+        "scripts/check-rules.sh did not report its tests:\n{output}"
+    );
+}
