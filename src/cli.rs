@@ -106,6 +106,23 @@ pub enum BenchCommand {
     /// The gate against the naive select-then-insert pattern, stock.deduct at a share of
     /// duplicates, per backend.
     Gate(BenchGateArgs),
+    /// End to end from a real RocketMQ broker into PostgreSQL: ack-only ceiling, the naive
+    /// pattern and idemgate (with its sized client runtime and with the client's defaults).
+    Broker(BenchBrokerArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct BenchBrokerArgs {
+    /// A running name server; without it a private broker is started (scripts/install-rocketmq.sh
+    /// installs the binaries).
+    #[arg(long)]
+    pub name_server: Option<String>,
+    #[arg(long, default_value_t = 10000)]
+    pub messages: usize,
+    #[arg(long, default_value_t = 0.3)]
+    pub duplicates: f64,
+    #[arg(long, default_value_t = 8)]
+    pub consume_threads: u32,
 }
 
 #[derive(Debug, Args)]
@@ -149,6 +166,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             Ok(ExitCode::SUCCESS)
         }
         Command::Bench(BenchCommand::Gate(args)) => bench_gate(args).await,
+        Command::Bench(BenchCommand::Broker(args)) => bench_broker(args).await,
     }
 }
 
@@ -247,6 +265,24 @@ async fn produce_command(settings: &Settings, args: ProduceArgs) -> anyhow::Resu
         out.flush().context("writing --sends")?;
     }
     println!("{}", serde_json::to_string_pretty(&report)?);
+    Ok(ExitCode::SUCCESS)
+}
+
+async fn bench_broker(args: BenchBrokerArgs) -> anyhow::Result<ExitCode> {
+    let options = bench::broker::Options {
+        name_server: args.name_server,
+        messages: args.messages,
+        duplicates: share("duplicates", args.duplicates, 0.9)?,
+        consume_threads: args.consume_threads,
+    };
+    println!(
+        "bench broker: {} stock.deduct messages, {:.0}% duplicates, RocketMQ -> PostgreSQL, {} cores",
+        options.messages,
+        options.duplicates * 100.0,
+        std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1)
+    );
+    let runs = bench::broker::run(&options, |r| eprintln!("  {}: {:.0} msg/s", r.mode, r.rate())).await?;
+    println!("\n{}", bench::broker::table(&runs));
     Ok(ExitCode::SUCCESS)
 }
 

@@ -62,7 +62,7 @@ impl RunReport {
     }
 }
 
-const GROUP: &str = "bench_group";
+pub(crate) const GROUP: &str = "bench_group";
 /// Deductions spread over this many SKUs, so that the runs measure the pattern rather than
 /// the row lock of one hot SKU.
 const SKUS: usize = 16;
@@ -81,14 +81,14 @@ pub fn stream(messages: usize, duplicates: f64, seed: u64) -> (Vec<Delivery>, us
             let mut copy = out[pick].clone();
             copy.msg_id = format!("M-{i}");
             if rng.random_bool(0.5) {
-                copy.uniq_key = format!("U-{i}");
+                copy.uniq_key = uniq_key(i);
             }
             copy
         } else {
             originals.push(i);
             Delivery {
                 msg_id: format!("M-{i}"),
-                uniq_key: format!("U-{i}"),
+                uniq_key: uniq_key(i),
                 topic: shop::TOPIC.to_owned(),
                 tags: shop::TAG_STOCK_DEDUCT.to_owned(),
                 keys: vec![format!("DEDUCT-{i}")],
@@ -101,6 +101,11 @@ pub fn stream(messages: usize, duplicates: f64, seed: u64) -> (Vec<Delivery>, us
     }
     let distinct = originals.len();
     (out, distinct)
+}
+
+/// The i-th message's UNIQ_KEY, in RocketMQ's 32-hex-digit form.
+fn uniq_key(i: usize) -> String {
+    format!("{i:032X}")
 }
 
 /// Runs every backend, pattern and concurrency; calls `report` after each run.
@@ -245,7 +250,7 @@ static LEDGER: Sql = Sql::new(
 );
 
 /// The seeds' naive per-message pattern: select, then insert, then business, one transaction.
-async fn naive(store: &Store, d: &Delivery) -> Result<(), sqlx::Error> {
+pub(crate) async fn naive(store: &Store, d: &Delivery) -> Result<(), sqlx::Error> {
     let biz_id = d.keys.first().map(String::as_str).unwrap_or("");
     let body: DeductStock = serde_json::from_slice(&d.body).map_err(|e| sqlx::Error::Decode(e.into()))?;
     let now = crate::gate::now_ms();
@@ -299,7 +304,7 @@ static TWICE: Sql = Sql::new(
     "SELECT COUNT(*) FROM (SELECT deduction_id FROM shop_stock_ledger GROUP BY deduction_id HAVING COUNT(*) > 1) t",
 );
 
-async fn reset(store: &Store) -> Result<(), sqlx::Error> {
+pub(crate) async fn reset(store: &Store) -> Result<(), sqlx::Error> {
     for sql in &CLEAR {
         store.query(sql).execute(store.pool()).await?;
     }
@@ -313,7 +318,7 @@ fn sku(i: usize) -> String {
     format!("SKU-BENCH-{i:02}")
 }
 
-async fn books(store: &Store) -> Result<(i64, i64), sqlx::Error> {
+pub(crate) async fn books(store: &Store) -> Result<(i64, i64), sqlx::Error> {
     let applied = store.query(&APPLIED).fetch_one(store.pool()).await?.try_get(0)?;
     let twice = store.query(&TWICE).fetch_one(store.pool()).await?.try_get(0)?;
     Ok((applied, twice))
@@ -377,7 +382,7 @@ mod tests {
         let (s, distinct) = stream(10_000, 0.3, 1);
         let dup_share = 1.0 - distinct as f64 / s.len() as f64;
         assert!((0.28..0.32).contains(&dup_share), "{dup_share}");
-        let own = |d: &Delivery| format!("U-{}", &d.msg_id[2..]);
+        let own = |d: &Delivery| uniq_key(d.msg_id[2..].parse().unwrap());
         let is_copy = |d: &Delivery| d.keys[0] != format!("DEDUCT-{}", &d.msg_id[2..]);
         let redeliveries = s.iter().filter(|d| is_copy(d) && d.uniq_key != own(d)).count();
         let resends = s.iter().filter(|d| is_copy(d) && d.uniq_key == own(d)).count();

@@ -15,6 +15,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use anyhow::Context;
+use async_trait::async_trait;
 use rocketmq_client_rust::{
     ClientResult, ConsumeConcurrentlyContext, ConsumeConcurrentlyStatus, DefaultMQPushConsumer,
     MQPushConsumer, MessageListenerConcurrently,
@@ -40,12 +41,57 @@ pub struct ConsumerOptions {
     pub start_from: StartFrom,
 }
 
-/// What the consumer has seen, for status lines and tests.
+/// What the consumer has seen, for status lines, benchmarks and tests.
 #[derive(Debug, Default)]
 pub struct ConsumerCounters {
     pub listener_calls: AtomicU64,
     pub deliveries: AtomicU64,
+    /// Deliveries whose reconsume count was above 0.
+    pub redelivered: AtomicU64,
+    /// Deliveries this consumer answered with `ReconsumeLater`. Redeliveries beyond these were
+    /// caused by the client itself (a listener call refused for capacity, or timed out).
     pub retries_asked: AtomicU64,
+}
+
+/// What the consumer hands each delivery to: the gate in the service, simpler sinks in the
+/// benchmark.
+#[async_trait]
+pub trait Sink: Send + Sync + 'static {
+    async fn consume(&self, d: &Delivery) -> Verdict;
+}
+
+#[async_trait]
+impl<S: Sink + ?Sized> Sink for Arc<S> {
+    async fn consume(&self, d: &Delivery) -> Verdict {
+        (**self).consume(d).await
+    }
+}
+
+#[async_trait]
+impl Sink for Gate {
+    async fn consume(&self, d: &Delivery) -> Verdict {
+        self.process(d).await.verdict
+    }
+}
+
+/// Who consumes what.
+#[derive(Debug, Clone)]
+pub struct Subscription {
+    pub group: String,
+    /// (topic, tag expression) pairs.
+    pub topics: Vec<(String, String)>,
+    pub max_reconsume_times: i32,
+}
+
+impl Subscription {
+    /// The gate's group, the topics its routes cover and its retry budget.
+    pub fn of(gate: &Gate) -> Self {
+        Self {
+            group: gate.identity().consumer_group.clone(),
+            topics: gate.routes().topics(),
+            max_reconsume_times: gate.policy().max_reconsume_times,
+        }
+    }
 }
 
 /// A started consumer. Call [`Consumer::shutdown`] before the process exits.
@@ -58,15 +104,23 @@ pub struct Consumer {
 impl Consumer {
     /// Subscribes to every topic the gate's routes cover and starts pulling.
     pub async fn start(gate: Arc<Gate>, options: &ConsumerOptions) -> anyhow::Result<Self> {
+        let subscription = Subscription::of(&gate);
         let host = ClientHost::new("consumer", options.consume_threads as usize)?;
+        Self::start_with(gate, &subscription, options, host).await
+    }
+
+    /// Starts a consumer that hands deliveries to `sink`, on the client runtime `host`.
+    pub async fn start_with(
+        sink: Arc<dyn Sink>,
+        subscription: &Subscription,
+        options: &ConsumerOptions,
+        host: ClientHost,
+    ) -> anyhow::Result<Self> {
         let counters = Arc::new(ConsumerCounters::default());
-        let listener = GateListener {
-            gate: gate.clone(),
-            runtime: tokio::runtime::Handle::current(),
-            counters: counters.clone(),
-        };
+        let listener =
+            SinkListener { sink, runtime: tokio::runtime::Handle::current(), counters: counters.clone() };
         let mut consumer = DefaultMQPushConsumer::builder(host.client_runtime())
-            .consumer_group(gate.identity().consumer_group.clone())
+            .consumer_group(subscription.group.clone())
             .name_server_addr(options.name_server.clone())
             .consume_from_where(match options.start_from {
                 StartFrom::First => ConsumeFromWhere::ConsumeFromFirstOffset,
@@ -76,9 +130,9 @@ impl Consumer {
             .consume_thread_max(options.consume_threads)
             .consume_message_batch_max_size(options.batch_size)
             .pull_batch_size(options.pull_batch_size)
-            .max_reconsume_times(gate.policy().max_reconsume_times)
+            .max_reconsume_times(subscription.max_reconsume_times)
             .build();
-        for (topic, tags) in gate.routes().topics() {
+        for (topic, tags) in &subscription.topics {
             consumer
                 .subscribe(topic.as_str(), tags.as_str())
                 .await
@@ -89,12 +143,7 @@ impl Consumer {
             .start()
             .await
             .with_context(|| format!("starting the consumer against name server {}", options.name_server))?;
-        tracing::info!(
-            group = %gate.identity().consumer_group,
-            instance = %gate.identity().instance_id,
-            name_server = %options.name_server,
-            "consumer started"
-        );
+        tracing::info!(group = %subscription.group, name_server = %options.name_server, "consumer started");
         Ok(Self { consumer, host, counters })
     }
 
@@ -110,13 +159,13 @@ impl Consumer {
     }
 }
 
-struct GateListener {
-    gate: Arc<Gate>,
+struct SinkListener {
+    sink: Arc<dyn Sink>,
     runtime: tokio::runtime::Handle,
     counters: Arc<ConsumerCounters>,
 }
 
-impl MessageListenerConcurrently for GateListener {
+impl MessageListenerConcurrently for SinkListener {
     fn consume_message(
         &self,
         msgs: &[&MessageExt],
@@ -124,18 +173,19 @@ impl MessageListenerConcurrently for GateListener {
     ) -> ClientResult<ConsumeConcurrentlyStatus> {
         self.counters.listener_calls.fetch_add(1, Ordering::Relaxed);
         let deliveries: Vec<Delivery> = msgs.iter().map(|m| to_delivery(m)).collect();
-        let gate = &self.gate;
+        let sink = &self.sink;
         let retry = self.runtime.block_on(async {
             let mut retry = false;
             for d in &deliveries {
-                let r = gate.process(d).await;
-                retry |= r.verdict == Verdict::Retry;
+                retry |= sink.consume(d).await == Verdict::Retry;
             }
             retry
         });
+        let redelivered = deliveries.iter().filter(|d| d.reconsume_times > 0).count() as u64;
+        self.counters.redelivered.fetch_add(redelivered, Ordering::Relaxed);
         self.counters.deliveries.fetch_add(deliveries.len() as u64, Ordering::Relaxed);
         if retry {
-            self.counters.retries_asked.fetch_add(1, Ordering::Relaxed);
+            self.counters.retries_asked.fetch_add(deliveries.len() as u64, Ordering::Relaxed);
             Ok(ConsumeConcurrentlyStatus::ReconsumeLater)
         } else {
             Ok(ConsumeConcurrentlyStatus::ConsumeSuccess)

@@ -36,6 +36,17 @@ impl ClientHost {
         let lane = &mut config.blocking_lane_policies.metadata_io;
         lane.max_concurrency = lane_concurrency;
         lane.max_queue_depth = lane_concurrency * 4;
+        Self::from_config(config)
+    }
+
+    /// The client's own default sizing, for comparison in the benchmark: on 2 cores its
+    /// listener lane admits 4 calls with 16 queued.
+    pub fn with_client_defaults(name: &str) -> anyhow::Result<Self> {
+        let parallelism = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(2);
+        Self::from_config(RuntimeConfig::for_parallelism(format!("idemgate-{name}"), parallelism))
+    }
+
+    fn from_config(config: RuntimeConfig) -> anyhow::Result<Self> {
         let owner = RuntimeOwner::plan(config)
             .context("planning the RocketMQ client runtime")?
             .build()

@@ -1,0 +1,265 @@
+//! `idemgate bench broker`: end-to-end messages per second from a real RocketMQ broker into
+//! PostgreSQL, for a stream of `stock.deduct` messages with a share of duplicates.
+//!
+//! The topic is loaded once; then each mode consumes all of it under a consumer group of its
+//! own: the client acking with no database work (the ceiling), the naive per-message pattern,
+//! idemgate with its sized client runtime, and idemgate on the client's default runtime. The
+//! rate is taken from the first delivery to the last first-attempt delivery. Redeliveries that
+//! the consumer never asked for are the client's own (listener calls refused with
+//! `runtime.capacity.exhausted`, or timed out), and are reported.
+
+use std::collections::HashSet;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use anyhow::Context;
+use async_trait::async_trait;
+
+use super::{peak_rss_mib, rate};
+use crate::broker::consumer::{ConsumerOptions, Sink, Subscription};
+use crate::broker::local::LocalBroker;
+use crate::broker::{ClientHost, Consumer, Producer, StartFrom};
+use crate::delivery::Delivery;
+use crate::gate::{Gate, Identity, Policy, Verdict};
+use crate::route::Routes;
+use crate::scratch::ScratchDb;
+use crate::shop;
+use crate::store::{Backend, Store, StoreOptions};
+
+#[derive(Debug, Clone)]
+pub struct Options {
+    /// A running name server; `None` starts a private broker.
+    pub name_server: Option<String>,
+    pub messages: usize,
+    pub duplicates: f64,
+    pub consume_threads: u32,
+}
+
+#[derive(Debug, Clone)]
+pub struct Run {
+    pub mode: &'static str,
+    pub consume_threads: u32,
+    pub messages: usize,
+    pub elapsed: Duration,
+    pub deliveries: u64,
+    /// Deliveries answered with a retry (naive errors).
+    pub retries_asked: u64,
+    /// Redeliveries seen before the run ended that the consumer asked for, and the ones it
+    /// did not ask for (the client's own).
+    pub asked_redeliveries: u64,
+    pub unasked_redeliveries: u64,
+    pub effects: i64,
+    pub double_applied: i64,
+    pub peak_rss_mib: f64,
+}
+
+impl Run {
+    pub fn rate(&self) -> f64 {
+        rate(self.messages, self.elapsed)
+    }
+}
+
+/// Counts first attempts, remembers when the first delivery came, and tells the redeliveries
+/// this consumer asked for from the ones the client made on its own.
+struct Timed<S> {
+    inner: S,
+    first: Mutex<Option<Instant>>,
+    last_first_attempt: Mutex<Option<Instant>>,
+    first_attempts: AtomicUsize,
+    /// UNIQ_KEYs answered with a retry.
+    asked: Mutex<HashSet<String>>,
+    asked_redeliveries: AtomicU64,
+    unasked_redeliveries: AtomicU64,
+}
+
+impl<S> Timed<S> {
+    fn new(inner: S) -> Self {
+        Self {
+            inner,
+            first: Mutex::new(None),
+            last_first_attempt: Mutex::new(None),
+            first_attempts: AtomicUsize::new(0),
+            asked: Mutex::new(HashSet::new()),
+            asked_redeliveries: AtomicU64::new(0),
+            unasked_redeliveries: AtomicU64::new(0),
+        }
+    }
+}
+
+#[async_trait]
+impl<S: Sink> Sink for Timed<S> {
+    async fn consume(&self, d: &Delivery) -> Verdict {
+        self.first.lock().unwrap_or_else(|p| p.into_inner()).get_or_insert_with(Instant::now);
+        if d.reconsume_times > 0 {
+            let asked = self.asked.lock().unwrap_or_else(|p| p.into_inner()).contains(&d.uniq_key);
+            let counter = if asked { &self.asked_redeliveries } else { &self.unasked_redeliveries };
+            counter.fetch_add(1, Ordering::Relaxed);
+        }
+        let verdict = self.inner.consume(d).await;
+        if verdict == Verdict::Retry {
+            self.asked.lock().unwrap_or_else(|p| p.into_inner()).insert(d.uniq_key.clone());
+        }
+        if d.reconsume_times == 0 {
+            self.first_attempts.fetch_add(1, Ordering::Relaxed);
+            *self.last_first_attempt.lock().unwrap_or_else(|p| p.into_inner()) = Some(Instant::now());
+        }
+        verdict
+    }
+}
+
+struct AckOnly;
+
+#[async_trait]
+impl Sink for AckOnly {
+    async fn consume(&self, _: &Delivery) -> Verdict {
+        Verdict::Ack
+    }
+}
+
+struct Naive(Store);
+
+#[async_trait]
+impl Sink for Naive {
+    async fn consume(&self, d: &Delivery) -> Verdict {
+        match super::gate::naive(&self.0, d).await {
+            Ok(()) => Verdict::Ack,
+            Err(_) => Verdict::Retry,
+        }
+    }
+}
+
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Mode {
+    AckOnly,
+    Naive,
+    Gate,
+    GateClientDefaults,
+}
+
+impl Mode {
+    fn name(self) -> &'static str {
+        match self {
+            Self::AckOnly => "ack only, no database",
+            Self::Naive => "naive select-then-insert",
+            Self::Gate => "idemgate",
+            Self::GateClientDefaults => "idemgate, client's default runtime",
+        }
+    }
+}
+
+pub async fn run(options: &Options, mut report: impl FnMut(&Run)) -> anyhow::Result<Vec<Run>> {
+    let local = match &options.name_server {
+        Some(_) => None,
+        None => Some(tokio::task::spawn_blocking(LocalBroker::start).await??),
+    };
+    let name_server = options
+        .name_server
+        .clone()
+        .or_else(|| local.as_ref().map(|l| l.name_server().to_owned()))
+        .context("a name server")?;
+    let threads = options.consume_threads.max(20);
+    let db = ScratchDb::create(
+        Backend::Postgres,
+        &StoreOptions { max_connections: threads + 4, ..Default::default() },
+    )
+    .await?;
+    let topic = format!("bench_{}", crate::traffic::run_id());
+    let (mut stream, _) = super::gate::stream(options.messages, options.duplicates, 7);
+    for d in &mut stream {
+        d.topic = topic.clone();
+    }
+    let producer = Producer::start(&name_server, "idemgate_bench_producer").await?;
+    let started = Instant::now();
+    for d in &stream {
+        producer.send(d).await?;
+    }
+    let load = started.elapsed();
+    producer.shutdown().await;
+    eprintln!("  loaded {} messages in {:.1} s ({:.0}/s)", stream.len(), load.as_secs_f64(), rate(stream.len(), load));
+
+    let mut runs = Vec::new();
+    for mode in [Mode::AckOnly, Mode::Naive, Mode::Gate, Mode::GateClientDefaults] {
+        super::gate::reset(&db.store).await?;
+        let group = format!("bench_{}_{}", mode as u8, crate::traffic::run_id());
+        let consume_threads = if mode == Mode::GateClientDefaults { 20 } else { options.consume_threads };
+        let gate = Arc::new(Gate::new(
+            db.store.clone(),
+            Routes::new(&shop::routes(&topic))?,
+            shop::handlers(),
+            Identity { consumer_group: group.clone(), instance_id: "bench".to_owned() },
+            Policy { duplicate_warnings_per_second: 0, ..Policy::default() },
+        )?);
+        let timed: Arc<Timed<Arc<dyn Sink>>> = Arc::new(Timed::new(match mode {
+            Mode::AckOnly => Arc::new(AckOnly) as Arc<dyn Sink>,
+            Mode::Naive => Arc::new(Naive(db.store.clone())),
+            Mode::Gate | Mode::GateClientDefaults => gate.clone(),
+        }));
+        let host = match mode {
+            Mode::GateClientDefaults => ClientHost::with_client_defaults("bench")?,
+            _ => ClientHost::new("bench", consume_threads as usize)?,
+        };
+        let subscription =
+            Subscription { group, topics: vec![(topic.clone(), "*".to_owned())], max_reconsume_times: 16 };
+        let consumer_options = ConsumerOptions {
+            name_server: name_server.clone(),
+            consume_threads,
+            batch_size: 1,
+            pull_batch_size: 32,
+            start_from: StartFrom::First,
+        };
+        let consumer = Consumer::start_with(timed.clone(), &subscription, &consumer_options, host).await?;
+        let deadline = Instant::now() + Duration::from_secs(600);
+        while timed.first_attempts.load(Ordering::Relaxed) < stream.len() {
+            anyhow::ensure!(Instant::now() < deadline, "{} did not consume the topic within 10 minutes", mode.name());
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        let counters = consumer.counters().clone();
+        consumer.shutdown().await;
+        let first = timed.first.lock().unwrap_or_else(|p| p.into_inner()).context("a first delivery")?;
+        let last = timed.last_first_attempt.lock().unwrap_or_else(|p| p.into_inner()).context("a last delivery")?;
+        let (effects, double_applied) =
+            if mode == Mode::AckOnly { (0, 0) } else { super::gate::books(&db.store).await? };
+        let r = Run {
+            mode: mode.name(),
+            consume_threads,
+            messages: stream.len(),
+            elapsed: last - first,
+            deliveries: counters.deliveries.load(Ordering::Relaxed),
+            retries_asked: counters.retries_asked.load(Ordering::Relaxed),
+            asked_redeliveries: timed.asked_redeliveries.load(Ordering::Relaxed),
+            unasked_redeliveries: timed.unasked_redeliveries.load(Ordering::Relaxed),
+            effects,
+            double_applied,
+            peak_rss_mib: peak_rss_mib(),
+        };
+        report(&r);
+        runs.push(r);
+    }
+    db.drop_now().await;
+    drop(local);
+    Ok(runs)
+}
+
+pub fn table(runs: &[Run]) -> String {
+    let mut out = String::from(
+        "| mode | consume threads | msg/s | deliveries | retries asked | redeliveries asked | redeliveries not asked | effects | applied twice | peak RSS MiB |\n\
+         |---|---|---|---|---|---|---|---|---|---|\n",
+    );
+    for r in runs {
+        out.push_str(&format!(
+            "| {} | {} | {:.0} | {} | {} | {} | {} | {} | {} | {:.0} |\n",
+            r.mode,
+            r.consume_threads,
+            r.rate(),
+            r.deliveries,
+            r.retries_asked,
+            r.asked_redeliveries,
+            r.unasked_redeliveries,
+            r.effects,
+            r.double_applied,
+            r.peak_rss_mib
+        ));
+    }
+    out
+}
