@@ -4,7 +4,8 @@
 //! The topic is loaded once; then each mode consumes all of it under a consumer group of its
 //! own: the client acking with no database work (the ceiling), the naive per-message pattern,
 //! idemgate with its sized client runtime, and idemgate on the client's default runtime. The
-//! rate is taken from the first delivery to the last first-attempt delivery. Redeliveries that
+//! rate is taken from the first delivery to the moment every message has been seen once.
+//! Redeliveries that
 //! the consumer never asked for are the client's own (listener calls refused with
 //! `runtime.capacity.exhausted`, or timed out), and are reported.
 
@@ -26,6 +27,9 @@ use crate::route::Routes;
 use crate::scratch::ScratchDb;
 use crate::shop;
 use crate::store::{Backend, Store, StoreOptions};
+
+/// The property that numbers the benchmark's messages.
+const SEQ: &str = "BENCH_SEQ";
 
 #[derive(Debug, Clone)]
 pub struct Options {
@@ -65,8 +69,12 @@ impl Run {
 struct Timed<S> {
     inner: S,
     first: Mutex<Option<Instant>>,
-    last_first_attempt: Mutex<Option<Instant>>,
-    first_attempts: AtomicUsize,
+    /// When the last message of the topic was seen for the first time.
+    last_new: Mutex<Option<Instant>>,
+    /// The `BENCH_SEQ` of every message seen, on any attempt: a listener call the client
+    /// refused never reaches the sink, so a message may first arrive as a redelivery.
+    seen: Mutex<HashSet<String>>,
+    seen_count: AtomicUsize,
     /// UNIQ_KEYs answered with a retry.
     asked: Mutex<HashSet<String>>,
     asked_redeliveries: AtomicU64,
@@ -78,8 +86,9 @@ impl<S> Timed<S> {
         Self {
             inner,
             first: Mutex::new(None),
-            last_first_attempt: Mutex::new(None),
-            first_attempts: AtomicUsize::new(0),
+            last_new: Mutex::new(None),
+            seen: Mutex::new(HashSet::new()),
+            seen_count: AtomicUsize::new(0),
             asked: Mutex::new(HashSet::new()),
             asked_redeliveries: AtomicU64::new(0),
             unasked_redeliveries: AtomicU64::new(0),
@@ -100,9 +109,10 @@ impl<S: Sink> Sink for Timed<S> {
         if verdict == Verdict::Retry {
             self.asked.lock().unwrap_or_else(|p| p.into_inner()).insert(d.uniq_key.clone());
         }
-        if d.reconsume_times == 0 {
-            self.first_attempts.fetch_add(1, Ordering::Relaxed);
-            *self.last_first_attempt.lock().unwrap_or_else(|p| p.into_inner()) = Some(Instant::now());
+        let seq = d.property(SEQ).unwrap_or_default().to_owned();
+        if self.seen.lock().unwrap_or_else(|p| p.into_inner()).insert(seq) {
+            self.seen_count.fetch_add(1, Ordering::Relaxed);
+            *self.last_new.lock().unwrap_or_else(|p| p.into_inner()) = Some(Instant::now());
         }
         verdict
     }
@@ -166,8 +176,9 @@ pub async fn run(options: &Options, mut report: impl FnMut(&Run)) -> anyhow::Res
     .await?;
     let topic = format!("bench_{}", crate::traffic::run_id());
     let (mut stream, _) = super::gate::stream(options.messages, options.duplicates, 7);
-    for d in &mut stream {
+    for (i, d) in stream.iter_mut().enumerate() {
         d.topic = topic.clone();
+        d.properties.insert(SEQ.to_owned(), i.to_string());
     }
     let producer = Producer::start(&name_server, "idemgate_bench_producer").await?;
     let started = Instant::now();
@@ -210,14 +221,14 @@ pub async fn run(options: &Options, mut report: impl FnMut(&Run)) -> anyhow::Res
         };
         let consumer = Consumer::start_with(timed.clone(), &subscription, &consumer_options, host).await?;
         let deadline = Instant::now() + Duration::from_secs(600);
-        while timed.first_attempts.load(Ordering::Relaxed) < stream.len() {
+        while timed.seen_count.load(Ordering::Relaxed) < stream.len() {
             anyhow::ensure!(Instant::now() < deadline, "{} did not consume the topic within 10 minutes", mode.name());
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
         let counters = consumer.counters().clone();
         consumer.shutdown().await;
         let first = timed.first.lock().unwrap_or_else(|p| p.into_inner()).context("a first delivery")?;
-        let last = timed.last_first_attempt.lock().unwrap_or_else(|p| p.into_inner()).context("a last delivery")?;
+        let last = timed.last_new.lock().unwrap_or_else(|p| p.into_inner()).context("a last delivery")?;
         let (effects, double_applied) =
             if mode == Mode::AckOnly { (0, 0) } else { super::gate::books(&db.store).await? };
         let r = Run {
