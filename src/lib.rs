@@ -19,6 +19,7 @@
 //! - [`serve`]: `idemgate serve`, the service: store, gate, HTTP server and consumer.
 //! - [`produce`]: `idemgate produce`, the example traffic sent to a real topic.
 //! - [`http`]: the HTTP server and its routes.
+//! - [`metrics`]: every Prometheus metric, declared once; `/metrics`.
 //! - [`traffic`]: the example traffic, and the books of what was sent.
 //! - [`demo`]: the one-command demo on embedded defaults.
 //! - [`bench`]: the measurements behind the README's figures.
@@ -35,6 +36,7 @@ pub mod demo;
 pub mod gate;
 pub mod handler;
 pub mod http;
+pub mod metrics;
 pub mod produce;
 pub mod route;
 pub mod scratch;

@@ -224,6 +224,11 @@ impl Routes {
         self.routes.iter().enumerate().map(|(i, r)| (i, r.handler.as_str()))
     }
 
+    /// Every biz_type the routes carry, for metrics that start at 0.
+    pub fn biz_types(&self) -> std::collections::BTreeSet<String> {
+        self.routes.iter().map(|r| r.biz_type.clone()).collect()
+    }
+
     /// Every (topic, tag expression) pair the routes cover, for building subscriptions.
     pub fn topics(&self) -> Vec<(String, String)> {
         let mut out: Vec<(String, Vec<String>)> = Vec::new();

@@ -1,70 +1,111 @@
-//! `idemgate serve`: the service. It wires the store, the gate, the HTTP server and the
-//! RocketMQ consumer, runs until SIGTERM or SIGINT, and shuts down in order: stop pulling,
-//! let the deliveries in flight finish (or roll back), stop the HTTP server, close the pool.
+//! `idemgate serve`: the service. It wires the store, the gate, the metrics, the HTTP server
+//! and the RocketMQ consumer, runs until SIGTERM or SIGINT, and shuts down in order: stop
+//! pulling, let the deliveries in flight finish (or roll back), stop the HTTP server, close the
+//! pool.
 //!
 //! A crash at any point loses nothing: an uncommitted transaction rolls back and its message
 //! is redelivered; a committed one whose ack was lost comes back as a `redelivery` duplicate.
+//! [`Running`] is the part `serve` and the demo share: the gate with its metrics and the HTTP
+//! server.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use anyhow::Context;
 use tokio::sync::oneshot;
+use tokio::task::JoinHandle;
 
 use crate::broker::Consumer;
 use crate::config::Settings;
-use crate::gate::Gate;
+use crate::gate::{Gate, Policy};
 use crate::handler::Handlers;
 use crate::http::{self, AppState};
+use crate::metrics::{BuildInfo, Metrics};
 use crate::store::{Store, redact_url};
+
+/// The gate, its metrics and the HTTP server, running.
+pub struct Running {
+    pub gate: Arc<Gate>,
+    /// The web UI's base URL, such as `http://127.0.0.1:8080`.
+    pub url: String,
+    store: Store,
+    ready: Arc<AtomicBool>,
+    stop_http: oneshot::Sender<()>,
+    http_task: JoinHandle<anyhow::Result<()>>,
+}
+
+impl Running {
+    /// Binds the HTTP server, builds the gate with metrics on `store`, and starts serving.
+    /// `/readyz` answers 503 until [`Running::set_ready`].
+    pub async fn start(
+        settings: &Settings,
+        store: Store,
+        handlers: Handlers,
+        policy: Policy,
+    ) -> anyhow::Result<Self> {
+        let server = http::Server::bind(&settings.http.bind).await?;
+        let url = format!("http://{}", server.local_addr()?);
+        let routes = settings.routes();
+        let identity = settings.identity();
+        let topics = routes.topics().into_iter().map(|(topic, _)| topic).collect();
+        let info = BuildInfo {
+            backend: store.backend(),
+            consumer_group: identity.consumer_group.clone(),
+            ui_url: url.clone(),
+        };
+        let metrics = Arc::new(Metrics::new(&info, &routes.biz_types(), &topics));
+        let gate = Arc::new(
+            Gate::new(store.clone(), routes, handlers, identity, policy)?.with_metrics(metrics.clone()),
+        );
+        let ready = Arc::new(AtomicBool::new(false));
+        let state = AppState { store: store.clone(), consumer_ready: ready.clone(), metrics };
+        let (stop_http, http_stopped) = oneshot::channel::<()>();
+        let http_task = tokio::spawn(server.run(state, async {
+            let _ = http_stopped.await;
+        }));
+        Ok(Self { gate, url, store, ready, stop_http, http_task })
+    }
+
+    pub fn set_ready(&self, ready: bool) {
+        self.ready.store(ready, Ordering::Release);
+    }
+
+    /// Stops the HTTP server after its requests in flight, then closes the pool.
+    pub async fn stop(self) -> anyhow::Result<()> {
+        let _ = self.stop_http.send(());
+        let served = self.http_task.await.context("the HTTP server task failed");
+        self.store.close().await;
+        served?
+    }
+}
 
 /// Runs the service on `store` (opened and migrated) with `handlers` until a shutdown signal.
 pub async fn run(settings: &Settings, store: Store, handlers: Handlers) -> anyhow::Result<()> {
-    let gate = Arc::new(Gate::new(
-        store.clone(),
-        settings.routes(),
-        handlers,
-        settings.identity(),
-        settings.policy(),
-    )?);
-    let ready = Arc::new(AtomicBool::new(false));
-    let server = http::Server::bind(
-        &settings.http.bind,
-        AppState { store: store.clone(), consumer_ready: ready.clone() },
-    )
-    .await?;
-    let addr = server.local_addr()?;
-    let (stop_http, http_stopped) = oneshot::channel::<()>();
-    let mut http_task = tokio::spawn(server.run(async {
-        let _ = http_stopped.await;
-    }));
-
-    let consumer = Consumer::start(gate.clone(), &settings.consumer_options()).await?;
-    ready.store(true, Ordering::Release);
+    let mut running = Running::start(settings, store, handlers, settings.policy()).await?;
+    let consumer = Consumer::start(running.gate.clone(), &settings.consumer_options()).await?;
+    running.set_ready(true);
     tracing::info!(
-        http = %format!("http://{addr}/"),
-        group = %gate.identity().consumer_group,
-        instance = %gate.identity().instance_id,
+        http = %running.url,
+        group = %running.gate.identity().consumer_group,
+        instance = %running.gate.identity().instance_id,
         database = %redact_url(&settings.database.url),
         "idemgate serving"
     );
-
-    let http_result = tokio::select! {
+    let http_failed = tokio::select! {
         signal = shutdown_signal() => {
             tracing::info!(signal, "shutting down: no new pulls; finishing the deliveries in flight");
             None
         }
-        result = &mut http_task => Some(result),
+        result = &mut running.http_task => Some(result),
     };
-    ready.store(false, Ordering::Release);
+    running.set_ready(false);
     consumer.shutdown().await;
-    let _ = stop_http.send(());
-    let http_result = match http_result {
-        Some(r) => r,
-        None => http_task.await,
-    };
-    store.close().await;
-    http_result.context("the HTTP server task failed")??;
+    if let Some(result) = http_failed {
+        running.store.close().await;
+        result.context("the HTTP server task failed")??;
+        anyhow::bail!("the HTTP server stopped on its own");
+    }
+    running.stop().await?;
     tracing::info!("idemgate stopped");
     Ok(())
 }

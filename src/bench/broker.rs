@@ -187,7 +187,12 @@ pub async fn run(options: &Options, mut report: impl FnMut(&Run)) -> anyhow::Res
     }
     let load = started.elapsed();
     producer.shutdown().await;
-    eprintln!("  loaded {} messages in {:.1} s ({:.0}/s)", stream.len(), load.as_secs_f64(), rate(stream.len(), load));
+    eprintln!(
+        "  loaded {} messages in {:.1} s ({:.0}/s)",
+        stream.len(),
+        load.as_secs_f64(),
+        rate(stream.len(), load)
+    );
 
     let mut runs = Vec::new();
     for mode in [Mode::AckOnly, Mode::Naive, Mode::Gate, Mode::GateClientDefaults] {
@@ -222,7 +227,11 @@ pub async fn run(options: &Options, mut report: impl FnMut(&Run)) -> anyhow::Res
         let consumer = Consumer::start_with(timed.clone(), &subscription, &consumer_options, host).await?;
         let deadline = Instant::now() + Duration::from_secs(600);
         while timed.seen_count.load(Ordering::Relaxed) < stream.len() {
-            anyhow::ensure!(Instant::now() < deadline, "{} did not consume the topic within 10 minutes", mode.name());
+            anyhow::ensure!(
+                Instant::now() < deadline,
+                "{} did not consume the topic within 10 minutes",
+                mode.name()
+            );
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
         let counters = consumer.counters().clone();

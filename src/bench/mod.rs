@@ -7,6 +7,7 @@
 
 pub mod broker;
 pub mod gate;
+pub mod metrics;
 
 use std::time::Duration;
 

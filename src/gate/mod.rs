@@ -20,6 +20,7 @@
 mod claim;
 mod outcome;
 
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 pub use claim::{Claim, classify};
@@ -28,6 +29,7 @@ pub use outcome::{Disposition, DuplicateCause, Layer, Outcome, Phases, Verdict};
 use crate::delivery::Delivery;
 use crate::delivery_log::{self, Entry};
 use crate::handler::{Effect, HandlerError, Handlers, Work};
+use crate::metrics::Metrics;
 use crate::route::{BizKey, MAX_ID_CHARS, Rejection, Routes, check_key_text, excerpt};
 use crate::store::{Store, is_transient};
 use crate::throttle::{Permit, Throttle};
@@ -91,6 +93,7 @@ pub struct Gate {
     identity: Identity,
     policy: Policy,
     duplicate_warnings: Throttle,
+    metrics: Option<Arc<Metrics>>,
 }
 
 impl std::fmt::Debug for Gate {
@@ -133,7 +136,13 @@ impl Gate {
             return Err(GateError::BadInstance(format!("must be 1 to {MAX_ID_CHARS} characters")));
         }
         let duplicate_warnings = Throttle::new(policy.duplicate_warnings_per_second, Duration::from_secs(1));
-        Ok(Self { store, routes, handlers, identity, policy, duplicate_warnings })
+        Ok(Self { store, routes, handlers, identity, policy, duplicate_warnings, metrics: None })
+    }
+
+    /// Reports every disposition to `metrics`.
+    pub fn with_metrics(mut self, metrics: Arc<Metrics>) -> Self {
+        self.metrics = Some(metrics);
+        self
     }
 
     pub fn store(&self) -> &Store {
@@ -155,6 +164,14 @@ impl Gate {
     /// Processes one delivery. Never panics on input and never fails: every problem becomes a
     /// disposition, and a delivery whose log row could not be written is never acknowledged.
     pub async fn process(&self, d: &Delivery) -> Disposition {
+        let r = self.decide(d).await;
+        if let Some(metrics) = &self.metrics {
+            metrics.observe(d, &r);
+        }
+        r
+    }
+
+    async fn decide(&self, d: &Delivery) -> Disposition {
         let started = Instant::now();
         let key = match self.routes.resolve(d) {
             Ok(key) => key,

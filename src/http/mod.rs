@@ -1,10 +1,11 @@
-//! The HTTP server: health endpoints, and the router the web UI, the JSON API and `/metrics`
+//! The HTTP server: health endpoints, `/metrics`, and the router the web UI and the JSON API
 //! hang off. It binds to loopback unless configured otherwise.
 //!
 //! This module owns routing and the server's lifecycle; each resource's handlers live in a
 //! module of their own. It must not change state on a GET.
 
 mod health;
+mod metrics;
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -14,6 +15,7 @@ use anyhow::Context;
 use axum::Router;
 use tokio::net::TcpListener;
 
+use crate::metrics::Metrics;
 use crate::store::Store;
 
 /// What the handlers share.
@@ -22,36 +24,40 @@ pub struct AppState {
     pub store: Store,
     /// Set once the consumer has started (or, in the demo, the traffic source).
     pub consumer_ready: Arc<AtomicBool>,
+    pub metrics: Arc<Metrics>,
 }
 
 /// The whole application's routes.
 pub fn router(state: AppState) -> Router {
-    Router::new().merge(health::router()).with_state(state)
+    Router::new().merge(health::router()).merge(metrics::router()).with_state(state)
 }
 
-/// A bound server, not yet serving.
+/// A bound listener, not yet serving: bind first so that the address (port 0 picks a free
+/// one) is known to what is built before serving.
 pub struct Server {
     listener: TcpListener,
-    router: Router,
 }
 
 impl Server {
-    /// Binds `addr` (port 0 picks a free port).
-    pub async fn bind(addr: &str, state: AppState) -> anyhow::Result<Self> {
+    pub async fn bind(addr: &str) -> anyhow::Result<Self> {
         let listener =
             TcpListener::bind(addr).await.with_context(|| format!("binding the HTTP server to {addr}"))?;
-        Ok(Self { listener, router: router(state) })
+        Ok(Self { listener })
     }
 
     pub fn local_addr(&self) -> std::io::Result<SocketAddr> {
         self.listener.local_addr()
     }
 
-    /// Serves until `shutdown` resolves, then finishes the requests in flight.
+    /// Serves `state`'s routes until `shutdown` resolves, then finishes the requests in flight.
     pub async fn run(
         self,
+        state: AppState,
         shutdown: impl std::future::Future<Output = ()> + Send + 'static,
     ) -> anyhow::Result<()> {
-        axum::serve(self.listener, self.router).with_graceful_shutdown(shutdown).await.context("serving HTTP")
+        axum::serve(self.listener, router(state))
+            .with_graceful_shutdown(shutdown)
+            .await
+            .context("serving HTTP")
     }
 }

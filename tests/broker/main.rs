@@ -1,5 +1,6 @@
 //! `idemgate serve` and `idemgate produce` against a real RocketMQ broker and real databases.
 
+mod prometheus;
 mod support;
 
 use std::time::Duration;
@@ -124,7 +125,10 @@ async fn sigterm_mid_stream_exits_zero_after_the_deliveries_in_flight_and_loses_
     assert_eq!(books, expected, "troubled deliveries:\n{}", trouble(&db.store, &group).await);
     assert_every_send_is_logged(&db.store, &group, &sends).await;
     let by_instance = processed_by_instance(&db.store, &group).await;
-    assert!(by_instance.contains_key("terminated") && by_instance.contains_key("restarted"), "{by_instance:?}");
+    assert!(
+        by_instance.contains_key("terminated") && by_instance.contains_key("restarted"),
+        "{by_instance:?}"
+    );
     assert_eq!(second.terminate().code(), Some(0));
     db.drop_now().await;
 }

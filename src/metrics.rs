@@ -1,0 +1,360 @@
+//! Every Prometheus metric idemgate exports, declared once with its help text.
+//!
+//! The gate reports each [`Disposition`] here; the 1m/5m sliding windows of the duplicate ratio
+//! and the conflict rate are kept in process for users without recording rules; table sizes are
+//! read from the database at scrape time, cheaply (catalogue estimates on the servers) and at
+//! most every few seconds. Labels stay bounded: biz_type, topic, consumer group, outcome,
+//! cause, layer, window; never a bizId, a msgId or an error text.
+//!
+//! This module owns names, labels and buckets. It must not decide anything about deliveries.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use prometheus::{
+    Encoder, GaugeVec, HistogramOpts, HistogramVec, IntCounterVec, IntGaugeVec, Opts, Registry, TextEncoder,
+};
+use sqlx::Row;
+
+use crate::delivery::Delivery;
+use crate::gate::{Disposition, DuplicateCause, Layer, Outcome, now_ms};
+use crate::store::{Backend, Sql, Store};
+
+/// Latency buckets in seconds: half a millisecond to thirty seconds.
+const BUCKETS: &[f64] =
+    &[0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0];
+
+/// How long table sizes read at scrape time are reused.
+const TABLE_SIZE_TTL: Duration = Duration::from_secs(15);
+
+/// The registry and every metric in it.
+pub struct Metrics {
+    registry: Registry,
+    group: String,
+    deliveries: IntCounterVec,
+    conflicts: IntCounterVec,
+    redeliveries: IntCounterVec,
+    key_collisions: IntCounterVec,
+    unlogged: IntCounterVec,
+    handler_seconds: HistogramVec,
+    delivery_seconds: HistogramVec,
+    end_to_end_seconds: HistogramVec,
+    duplicate_ratio: GaugeVec,
+    conflicts_per_second: GaugeVec,
+    dedup_rows: IntGaugeVec,
+    windows: Mutex<BTreeMap<String, Window>>,
+    table_sizes: tokio::sync::Mutex<Option<(Instant, [i64; 2])>>,
+}
+
+/// What a scrape needs to know about the process.
+#[derive(Debug, Clone)]
+pub struct BuildInfo {
+    pub backend: Backend,
+    pub consumer_group: String,
+    /// The web UI's base URL, for links from alerts.
+    pub ui_url: String,
+}
+
+impl Metrics {
+    /// Declares every metric and starts the known label values at 0: the `biz_types` and
+    /// `topics` come from the routes.
+    pub fn new(info: &BuildInfo, biz_types: &BTreeSet<String>, topics: &BTreeSet<String>) -> Self {
+        let registry = Registry::new();
+        let counter = |name: &str, help: &str, labels: &[&str]| {
+            let c = IntCounterVec::new(Opts::new(name, help), labels).expect("a valid metric definition");
+            registry.register(Box::new(c.clone())).expect("each metric registered once");
+            c
+        };
+        let histogram = |name: &str, help: &str, labels: &[&str]| {
+            let h = HistogramVec::new(HistogramOpts::new(name, help).buckets(BUCKETS.to_vec()), labels)
+                .expect("a valid metric definition");
+            registry.register(Box::new(h.clone())).expect("each metric registered once");
+            h
+        };
+        let gauge = |name: &str, help: &str, labels: &[&str]| {
+            let g = GaugeVec::new(Opts::new(name, help), labels).expect("a valid metric definition");
+            registry.register(Box::new(g.clone())).expect("each metric registered once");
+            g
+        };
+        let int_gauge = |name: &str, help: &str, labels: &[&str]| {
+            let g = IntGaugeVec::new(Opts::new(name, help), labels).expect("a valid metric definition");
+            registry.register(Box::new(g.clone())).expect("each metric registered once");
+            g
+        };
+        let m = Self {
+            deliveries: counter(
+                "idemgate_deliveries_total",
+                "Deliveries by outcome (processed, duplicate, failed, dead_lettered, invalid).",
+                &["biz_type", "topic", "consumer_group", "outcome"],
+            ),
+            conflicts: counter(
+                "idemgate_conflicts_total",
+                "Duplicates stopped, by the defence layer that stopped them and their cause.",
+                &["biz_type", "consumer_group", "layer", "cause"],
+            ),
+            redeliveries: counter(
+                "idemgate_redeliveries_total",
+                "Deliveries with a broker reconsume count above 0 (retries).",
+                &["biz_type", "topic", "consumer_group"],
+            ),
+            key_collisions: counter(
+                "idemgate_key_collisions_total",
+                "Duplicates whose body differs from the claim's: one business key, two payloads.",
+                &["biz_type", "consumer_group"],
+            ),
+            unlogged: counter(
+                "idemgate_unlogged_deliveries_total",
+                "Deliveries whose delivery-log row could not be written (each was not acknowledged).",
+                &["consumer_group"],
+            ),
+            handler_seconds: histogram(
+                "idemgate_handler_duration_seconds",
+                "Time in the business handler.",
+                &["biz_type", "consumer_group"],
+            ),
+            delivery_seconds: histogram(
+                "idemgate_delivery_duration_seconds",
+                "Time in the gate per delivery: claim, handler, log and commit.",
+                &["biz_type", "outcome", "consumer_group"],
+            ),
+            end_to_end_seconds: histogram(
+                "idemgate_end_to_end_seconds",
+                "From the message's birth at the producer to its outcome.",
+                &["biz_type", "consumer_group"],
+            ),
+            duplicate_ratio: gauge(
+                "idemgate_duplicate_ratio",
+                "Duplicates / deliveries over a sliding window (1m, 5m), in this process.",
+                &["biz_type", "consumer_group", "window"],
+            ),
+            conflicts_per_second: gauge(
+                "idemgate_conflicts_per_second",
+                "Duplicates stopped per second over a sliding window (1m, 5m), in this process.",
+                &["biz_type", "consumer_group", "window"],
+            ),
+            dedup_rows: int_gauge(
+                "idemgate_dedup_rows",
+                "Rows in the dedup table (live) and its archive; estimates on PostgreSQL and MariaDB.",
+                &["table"],
+            ),
+            windows: Mutex::new(BTreeMap::new()),
+            table_sizes: tokio::sync::Mutex::new(None),
+            group: info.consumer_group.clone(),
+            registry: registry.clone(),
+        };
+        int_gauge(
+            "idemgate_build_info",
+            "Always 1; labels name the version, the database backend and the web UI's base URL.",
+            &["version", "backend", "ui_url", "consumer_group"],
+        )
+        .with_label_values(&[
+            env!("CARGO_PKG_VERSION"),
+            info.backend.name(),
+            &info.ui_url,
+            &info.consumer_group,
+        ])
+        .set(1);
+        m.start_at_zero(biz_types, topics);
+        m
+    }
+
+    fn start_at_zero(&self, biz_types: &BTreeSet<String>, topics: &BTreeSet<String>) {
+        let g = self.group.as_str();
+        for biz_type in biz_types {
+            for topic in topics {
+                for outcome in Outcome::ALL {
+                    self.deliveries.with_label_values(&[biz_type, topic, g, outcome.as_str()]);
+                }
+                self.redeliveries.with_label_values(&[biz_type, topic, g]);
+            }
+            for layer in Layer::ALL {
+                for cause in DuplicateCause::ALL {
+                    self.conflicts.with_label_values(&[biz_type, g, layer.as_str(), cause.as_str()]);
+                }
+            }
+            self.key_collisions.with_label_values(&[biz_type, g]);
+            for window in ["1m", "5m"] {
+                self.duplicate_ratio.with_label_values(&[biz_type, g, window]);
+                self.conflicts_per_second.with_label_values(&[biz_type, g, window]);
+            }
+        }
+        for topic in topics {
+            // Deliveries that matched no route have no biz_type.
+            self.deliveries.with_label_values(&["", topic, g, Outcome::Invalid.as_str()]);
+        }
+        self.unlogged.with_label_values(&[g]);
+        for table in ["live", "archive"] {
+            self.dedup_rows.with_label_values(&[table]);
+        }
+    }
+
+    /// Records one delivery's fate.
+    pub fn observe(&self, d: &Delivery, r: &Disposition) {
+        let g = self.group.as_str();
+        let biz_type = r.key.as_ref().map(|k| k.biz_type.as_str()).unwrap_or("");
+        self.deliveries.with_label_values(&[biz_type, &d.topic, g, r.outcome.as_str()]).inc();
+        if d.reconsume_times > 0 {
+            self.redeliveries.with_label_values(&[biz_type, &d.topic, g]).inc();
+        }
+        let conflict = r.outcome == Outcome::Duplicate;
+        if conflict {
+            let layer = r.layer.unwrap_or(Layer::Db);
+            let cause = r.cause.unwrap_or(DuplicateCause::Unknown);
+            self.conflicts.with_label_values(&[biz_type, g, layer.as_str(), cause.as_str()]).inc();
+        }
+        if r.payload_match == Some(false) {
+            self.key_collisions.with_label_values(&[biz_type, g]).inc();
+        }
+        if !r.logged {
+            self.unlogged.with_label_values(&[g]).inc();
+        }
+        if r.phases.handler_us > 0 {
+            self.handler_seconds.with_label_values(&[biz_type, g]).observe(r.phases.handler_us as f64 / 1e6);
+        }
+        self.delivery_seconds
+            .with_label_values(&[biz_type, r.outcome.as_str(), g])
+            .observe(r.latency.as_secs_f64());
+        if d.born_at_ms > 0 {
+            let age_ms = (now_ms() - d.born_at_ms).max(0);
+            self.end_to_end_seconds.with_label_values(&[biz_type, g]).observe(age_ms as f64 / 1e3);
+        }
+        let second = now_ms() / 1000;
+        let mut windows = self.windows.lock().unwrap_or_else(|p| p.into_inner());
+        windows.entry(biz_type.to_owned()).or_default().add(second, conflict);
+    }
+
+    /// The text exposition, with the scrape-time values filled in first.
+    pub async fn render(&self, store: Option<&Store>) -> String {
+        self.fill_windows(now_ms() / 1000);
+        if let Some(store) = store {
+            self.fill_table_sizes(store).await;
+        }
+        let mut out = Vec::new();
+        if let Err(e) = TextEncoder::new().encode(&self.registry.gather(), &mut out) {
+            tracing::error!(error = %e, "could not encode the metrics");
+        }
+        String::from_utf8(out).unwrap_or_default()
+    }
+
+    fn fill_windows(&self, second: i64) {
+        let windows = self.windows.lock().unwrap_or_else(|p| p.into_inner());
+        for (biz_type, w) in windows.iter() {
+            for (label, span) in [("1m", 60), ("5m", 300)] {
+                let (deliveries, conflicts) = w.sum(second, span);
+                let ratio = if deliveries == 0 { 0.0 } else { conflicts as f64 / deliveries as f64 };
+                self.duplicate_ratio.with_label_values(&[biz_type, &self.group, label]).set(ratio);
+                self.conflicts_per_second
+                    .with_label_values(&[biz_type, &self.group, label])
+                    .set(conflicts as f64 / span as f64);
+            }
+        }
+    }
+
+    async fn fill_table_sizes(&self, store: &Store) {
+        let mut cached = self.table_sizes.lock().await;
+        let sizes = match *cached {
+            Some((at, sizes)) if at.elapsed() < TABLE_SIZE_TTL => sizes,
+            _ => match table_sizes(store).await {
+                Ok(sizes) => {
+                    *cached = Some((Instant::now(), sizes));
+                    sizes
+                }
+                Err(e) => {
+                    tracing::warn!(error = %e, "could not read the dedup table sizes for /metrics");
+                    return;
+                }
+            },
+        };
+        self.dedup_rows.with_label_values(&["live"]).set(sizes[0]);
+        self.dedup_rows.with_label_values(&["archive"]).set(sizes[1]);
+    }
+}
+
+/// Per-second counts of the last five minutes, in a ring.
+#[derive(Debug, Clone)]
+struct Window {
+    seconds: [i64; 300],
+    deliveries: [u32; 300],
+    conflicts: [u32; 300],
+}
+
+impl Default for Window {
+    fn default() -> Self {
+        Self { seconds: [-1; 300], deliveries: [0; 300], conflicts: [0; 300] }
+    }
+}
+
+impl Window {
+    fn add(&mut self, second: i64, conflict: bool) {
+        let i = second.rem_euclid(300) as usize;
+        if self.seconds[i] != second {
+            self.seconds[i] = second;
+            self.deliveries[i] = 0;
+            self.conflicts[i] = 0;
+        }
+        self.deliveries[i] += 1;
+        self.conflicts[i] += u32::from(conflict);
+    }
+
+    /// Deliveries and conflicts in the last `span` seconds up to `now`.
+    fn sum(&self, now: i64, span: i64) -> (u64, u64) {
+        let mut totals = (0u64, 0u64);
+        for i in 0..300 {
+            let s = self.seconds[i];
+            if s > now - span && s <= now {
+                totals.0 += u64::from(self.deliveries[i]);
+                totals.1 += u64::from(self.conflicts[i]);
+            }
+        }
+        totals
+    }
+}
+
+// Row counts without a full scan: PostgreSQL's and InnoDB's own statistics (refreshed by
+// autovacuum / ANALYZE, good to a few percent); SQLite has none, but its tables are small.
+static PG_ROWS: Sql = Sql::new(
+    "SELECT CAST(GREATEST(reltuples, 0) AS BIGINT) FROM pg_class WHERE relname = ? AND relkind = 'r'",
+);
+static MYSQL_ROWS: Sql = Sql::new(
+    "SELECT CAST(TABLE_ROWS AS SIGNED) FROM information_schema.TABLES WHERE TABLE_SCHEMA = DATABASE() AND TABLE_NAME = ?",
+);
+static SQLITE_LIVE_ROWS: Sql = Sql::new("SELECT COUNT(*) FROM idempotent_record");
+static SQLITE_ARCHIVE_ROWS: Sql = Sql::new("SELECT COUNT(*) FROM idempotent_record_archive");
+
+async fn table_sizes(store: &Store) -> Result<[i64; 2], sqlx::Error> {
+    let mut sizes = [0; 2];
+    for (i, table) in ["idempotent_record", "idempotent_record_archive"].into_iter().enumerate() {
+        let q = match store.backend() {
+            Backend::Postgres => store.query(&PG_ROWS).bind(table),
+            Backend::MySql => store.query(&MYSQL_ROWS).bind(table),
+            Backend::Sqlite if i == 0 => store.query(&SQLITE_LIVE_ROWS),
+            Backend::Sqlite => store.query(&SQLITE_ARCHIVE_ROWS),
+        };
+        let row = q.fetch_optional(store.pool()).await?;
+        sizes[i] = match row {
+            Some(r) => r.try_get::<Option<i64>, _>(0)?.unwrap_or(0),
+            None => 0,
+        };
+    }
+    Ok(sizes)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_window_sums_only_its_own_span() {
+        let mut w = Window::default();
+        for s in 1000..1300 {
+            w.add(s, s % 3 == 0);
+        }
+        assert_eq!(w.sum(1299, 60), (60, 20));
+        assert_eq!(w.sum(1299, 300), (300, 100));
+        // Seconds that fall out of the ring are forgotten.
+        w.add(1700, true);
+        assert_eq!(w.sum(1700, 60), (1, 1));
+        assert_eq!(w.sum(1700, 300), (1, 1));
+    }
+}
