@@ -74,6 +74,11 @@ brokerRole = "ASYNC_MASTER"
 flushDiskType = "ASYNC_FLUSH"
 haListenPort = {ha_port}
 storePathRootDir = "{store}"
+# The defaults refuse writes once the disk is 75% full, which a build machine reaches easily;
+# this broker only ever holds a test's or a benchmark's messages.
+diskMaxUsedSpaceRatio = 95
+diskSpaceWarningLevelRatio = 98
+diskSpaceCleanForciblyRatio = 97
 "#,
                 store = store.display()
             ),

@@ -3,6 +3,8 @@
 //! A message's UNIQ_KEY is set here when the caller chose one, so that "the same message sent
 //! twice" really carries one UNIQ_KEY (the client only assigns one when none is set).
 
+use std::time::Duration;
+
 use anyhow::Context;
 use cheetah_string::CheetahString;
 use rocketmq_client_rust::DefaultMQProducer;
@@ -11,6 +13,10 @@ use rocketmq_model::common::message::message_single::Message;
 
 use super::ClientHost;
 use crate::delivery::{Delivery, UNIQ_KEY_PROPERTY};
+
+/// RocketMQ's response code for a topic the broker does not (yet) have.
+const TOPIC_NOT_EXIST: i32 = 17;
+const TOPIC_WAIT: Duration = Duration::from_secs(10);
 
 /// A started producer. Call [`Producer::shutdown`] when done.
 pub struct Producer {
@@ -60,12 +66,19 @@ impl Producer {
                 CheetahString::from_string(d.uniq_key.clone()),
             );
         }
-        let result = self
-            .producer
-            .send(message)
-            .await
-            .with_context(|| format!("sending to topic {}", d.topic))?
-            .context("the broker returned no send result")?;
+        // A topic the broker creates on first use can answer "topic not exist" (code 17) for a
+        // moment: nothing was stored, so the send is retried for up to ten seconds.
+        let mut waited = Duration::ZERO;
+        let result = loop {
+            match self.producer.send(message.clone()).await {
+                Err(e) if e.broker_response_code() == Some(TOPIC_NOT_EXIST) && waited < TOPIC_WAIT => {
+                    tokio::time::sleep(Duration::from_millis(250)).await;
+                    waited += Duration::from_millis(250);
+                }
+                other => break other.with_context(|| format!("sending to topic {}", d.topic))?,
+            }
+        }
+        .context("the broker returned no send result")?;
         Ok(Sent {
             uniq_key: result.msg_id.map(|m| m.to_string()).unwrap_or_else(|| d.uniq_key.clone()),
             queue_offset: result.queue_offset,

@@ -9,8 +9,6 @@ use idemgate::store::Backend;
 use sqlx::Row;
 use support::*;
 
-const CONVERGE: Duration = Duration::from_secs(180);
-
 async fn exactly_once_through_a_real_broker(backend: Backend) {
     let db = database(backend).await;
     let (topic, group, run) = (unique("shop"), unique("group"), unique("R").replace('_', ""));
@@ -20,10 +18,7 @@ async fn exactly_once_through_a_real_broker(backend: Backend) {
     for kind in ["redelivery", "producer_resend", "late_duplicate", "poison", "malformed"] {
         assert!(t.sends.get(kind).copied().unwrap_or(0) > 0, "the traffic has {kind} sends: {:?}", t.sends);
     }
-    let expected = expected_books(&report);
-    let books = wait_for_books(&db.store, &run, &group, &expected, CONVERGE).await;
-    assert_eq!(books, expected, "troubled deliveries:\n{}", trouble(&db.store, &group).await);
-    assert_every_send_is_logged(&db.store, &group, &sends).await;
+    assert_converges(&db.store, &run, &group, &report, &sends).await;
     assert_eq!(service.terminate().code(), Some(0));
     db.drop_now().await;
 }
@@ -57,7 +52,8 @@ async fn a_poison_message_is_retried_with_growing_reconsume_counts_and_ends_dead
     let attempts = loop {
         let rows = db.store.query(&ATTEMPTS).bind(key.as_str()).fetch_all(db.store.pool()).await.unwrap();
         let attempts: Vec<(i32, String)> = rows.iter().map(|r| (r.get(0), r.get(1))).collect();
-        if attempts.iter().any(|(_, o)| o == "dead_lettered") || started.elapsed() > CONVERGE {
+        if attempts.iter().any(|(_, o)| o == "dead_lettered") || started.elapsed() > Duration::from_secs(180)
+        {
             break attempts;
         }
         tokio::time::sleep(Duration::from_millis(500)).await;
@@ -71,7 +67,8 @@ async fn a_poison_message_is_retried_with_growing_reconsume_counts_and_ends_dead
     // After the last attempt the broker keeps it in its DLQ: no further delivery arrives.
     tokio::time::sleep(Duration::from_secs(12)).await;
     let rows = db.store.query(&ATTEMPTS).bind(key.as_str()).fetch_all(db.store.pool()).await.unwrap();
-    assert_eq!(rows.len(), 3, "no delivery after the dead letter");
+    let after: Vec<(i32, String)> = rows.iter().map(|r| (r.get(0), r.get(1))).collect();
+    assert_eq!(after, attempts, "no delivery after the dead letter");
     // Nothing else was affected.
     let expected = expected_books(&report);
     assert_eq!(books(&db.store, &run, &group).await.orders, expected.orders);
@@ -79,58 +76,41 @@ async fn a_poison_message_is_retried_with_growing_reconsume_counts_and_ends_dead
     db.drop_now().await;
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_consumer_killed_mid_stream_converges_to_the_same_books_after_restart() {
+/// Starts a consumer, stops it with `stop` two seconds into a 2,000-message stream, starts a
+/// second one in the same group, and checks that the books converge.
+async fn interrupted_mid_stream(prefix: &str, names: [&str; 2], stop: impl FnOnce(Service)) {
     let db = database(Backend::Postgres).await;
-    let (topic, group, run) = (unique("crash"), unique("group"), unique("C").replace('_', ""));
-    let first = Service::start(&settings(&db.url, &topic, &group, "before-crash", 2));
+    let (topic, group, run) = (unique(prefix), unique("group"), unique(prefix).replace('_', ""));
+    let first = Service::start(&settings(&db.url, &topic, &group, names[0], 2));
     let producer = {
         let (topic, run) = (topic.clone(), run.clone());
         std::thread::spawn(move || produce(&topic, &run, 2000, 500, &["--duplicates", "0.3"]))
     };
-    // Kill it while the stream is flowing (about 2 of its 4 seconds in).
+    // About 2 of the stream's 4 seconds in.
     tokio::time::sleep(Duration::from_secs(2)).await;
-    first.kill_hard();
-    let second = Service::start(&settings(&db.url, &topic, &group, "after-crash", 2));
+    stop(first);
+    let second = Service::start(&settings(&db.url, &topic, &group, names[1], 2));
     let (report, sends) = producer.join().expect("producer thread");
-    let expected = expected_books(&report);
-    let books = wait_for_books(&db.store, &run, &group, &expected, CONVERGE).await;
-    assert_eq!(books, expected, "troubled deliveries:\n{}", trouble(&db.store, &group).await);
-    assert_every_send_is_logged(&db.store, &group, &sends).await;
+    assert_converges(&db.store, &run, &group, &report, &sends).await;
     let by_instance = processed_by_instance(&db.store, &group).await;
-    assert!(by_instance.contains_key("after-crash"), "{by_instance:?}");
+    assert!(by_instance.contains_key(names[1]), "{by_instance:?}");
     assert_eq!(second.terminate().code(), Some(0));
     db.drop_now().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_consumer_killed_mid_stream_converges_to_the_same_books_after_restart() {
+    interrupted_mid_stream("crash", ["before-crash", "after-crash"], Service::kill_hard).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sigterm_mid_stream_exits_zero_after_the_deliveries_in_flight_and_loses_nothing() {
-    let db = database(Backend::Postgres).await;
-    let (topic, group, run) = (unique("term"), unique("group"), unique("T").replace('_', ""));
-    let first = Service::start(&settings(&db.url, &topic, &group, "terminated", 2));
-    let producer = {
-        let (topic, run) = (topic.clone(), run.clone());
-        std::thread::spawn(move || produce(&topic, &run, 2000, 500, &["--duplicates", "0.3"]))
-    };
-    tokio::time::sleep(Duration::from_secs(2)).await;
-    let log = first.log.clone();
-    let status = first.terminate();
-    let text = std::fs::read_to_string(&log).unwrap_or_default();
-    assert_eq!(status.code(), Some(0), "{}", tail(&text));
-    assert!(text.contains("SIGTERM") && text.contains("idemgate stopped"), "{}", tail(&text));
-    let second = Service::start(&settings(&db.url, &topic, &group, "restarted", 2));
-    let (report, sends) = producer.join().expect("producer thread");
-    let expected = expected_books(&report);
-    let books = wait_for_books(&db.store, &run, &group, &expected, CONVERGE).await;
-    assert_eq!(books, expected, "troubled deliveries:\n{}", trouble(&db.store, &group).await);
-    assert_every_send_is_logged(&db.store, &group, &sends).await;
-    let by_instance = processed_by_instance(&db.store, &group).await;
-    assert!(
-        by_instance.contains_key("terminated") && by_instance.contains_key("restarted"),
-        "{by_instance:?}"
-    );
-    assert_eq!(second.terminate().code(), Some(0));
-    db.drop_now().await;
+    interrupted_mid_stream("term", ["terminated", "restarted"], |first| {
+        let exit = first.terminate();
+        assert_eq!(exit.code(), Some(0), "{}", tail(&exit.log));
+        assert!(exit.log.contains("SIGTERM") && exit.log.contains("idemgate stopped"), "{}", tail(&exit.log));
+    })
+    .await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -142,10 +122,7 @@ async fn two_consumers_in_one_group_share_the_stream_without_double_effects() {
     // Let both join the group before the stream starts, so that the queues are shared.
     tokio::time::sleep(Duration::from_secs(3)).await;
     let (report, sends) = produce(&topic, &run, 2000, 400, &["--duplicates", "0.3"]);
-    let expected = expected_books(&report);
-    let books = wait_for_books(&db.store, &run, &group, &expected, CONVERGE).await;
-    assert_eq!(books, expected, "troubled deliveries:\n{}", trouble(&db.store, &group).await);
-    assert_every_send_is_logged(&db.store, &group, &sends).await;
+    assert_converges(&db.store, &run, &group, &report, &sends).await;
     let by_instance = processed_by_instance(&db.store, &group).await;
     assert!(
         by_instance.get("instance-a").copied().unwrap_or(0) > 0

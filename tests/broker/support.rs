@@ -108,19 +108,31 @@ impl Service {
         self.child.wait().expect("reap");
     }
 
-    /// SIGTERM, then the exit status.
-    pub fn terminate(mut self) -> std::process::ExitStatus {
+    /// SIGTERM, then how it exited and what it logged.
+    pub fn terminate(mut self) -> Exit {
         let ok =
             Command::new("kill").args(["-TERM", &self.child.id().to_string()]).status().expect("kill -TERM");
         assert!(ok.success());
         let started = Instant::now();
         loop {
             if let Some(status) = self.child.try_wait().expect("wait") {
-                return status;
+                return Exit { status, log: self.log_text() };
             }
             assert!(started.elapsed() < Duration::from_secs(60), "serve did not exit within 60 s of SIGTERM");
             std::thread::sleep(Duration::from_millis(100));
         }
+    }
+}
+
+/// How a service exited, with its log (the log file goes with the service).
+pub struct Exit {
+    pub status: std::process::ExitStatus,
+    pub log: String,
+}
+
+impl Exit {
+    pub fn code(&self) -> Option<i32> {
+        self.status.code()
     }
 }
 
@@ -296,6 +308,20 @@ pub async fn trouble(store: &Store, group: &str) -> String {
         })
         .collect::<Vec<_>>()
         .join("\n")
+}
+
+/// The books end as `produce` reported, and every send is in the delivery log.
+pub async fn assert_converges(
+    store: &Store,
+    run: &str,
+    group: &str,
+    report: &ProduceReport,
+    sends: &[SendLine],
+) {
+    let expected = expected_books(report);
+    let books = wait_for_books(store, run, group, &expected, Duration::from_secs(180)).await;
+    assert_eq!(books, expected, "troubled deliveries:\n{}", trouble(store, group).await);
+    assert_every_send_is_logged(store, group, sends).await;
 }
 
 /// Every send has at least one first-attempt row in the delivery log.
