@@ -36,6 +36,9 @@ pub enum Command {
     Produce(ProduceArgs),
     /// Run the gate on embedded defaults (SQLite, built-in traffic); no services needed.
     Demo(DemoArgs),
+    /// Move claims older than the dedup retention to the archive and delete log rows older
+    /// than the log retention, now (the job `serve` runs on archive.schedule).
+    Archive(ArchiveArgs),
     /// Apply the database migrations and exit.
     Migrate,
     /// Print the effective configuration (password hidden) after validating it.
@@ -63,6 +66,19 @@ pub struct DemoArgs {
     /// Seconds between status lines.
     #[arg(long, default_value_t = 5)]
     pub status_every: u64,
+}
+
+#[derive(Debug, Args)]
+pub struct ArchiveArgs {
+    /// Report what would move and the SQL plan of each statement; change nothing.
+    #[arg(long)]
+    pub dry_run: bool,
+    /// Archive claims older than this (90d, 36h, 30m, 45s); default: archive.dedup_retention_days.
+    #[arg(long, value_parser = crate::archive::parse_age)]
+    pub older_than: Option<i64>,
+    /// Rows per batch, each batch one transaction; default: archive.batch_size.
+    #[arg(long)]
+    pub batch_size: Option<u32>,
 }
 
 #[derive(Debug, Args)]
@@ -106,6 +122,9 @@ pub enum BenchCommand {
     /// End to end from a real RocketMQ broker into PostgreSQL: ack-only ceiling, the naive
     /// pattern and idemgate (with its sized client runtime and with the client's defaults).
     Broker(BenchBrokerArgs),
+    /// Archive throughput on expired claims, the consumers' latency beside a run, and the
+    /// late-duplicate guard's cost, per backend.
+    Archive(BenchArchiveArgs),
     /// What the metrics cost: one observe call, the gate with and without metrics, one scrape
     /// of 10 biz_types × 5 outcomes × 4 causes.
     Metrics {
@@ -113,6 +132,26 @@ pub enum BenchCommand {
         #[arg(long, default_value_t = 4000)]
         messages: usize,
     },
+}
+
+#[derive(Debug, Args)]
+pub struct BenchArchiveArgs {
+    #[arg(long, value_delimiter = ',', default_value = "postgres,mysql")]
+    pub backends: Vec<Backend>,
+    /// Expired claims to load and archive (at most 1,000,000).
+    #[arg(long, default_value_t = 1_000_000)]
+    pub rows: usize,
+    #[arg(long, default_value_t = 5_000)]
+    pub batch_size: u32,
+    /// Pause between batches of the run beside the consumers.
+    #[arg(long, default_value_t = 50)]
+    pub pause_ms: u64,
+    /// Deliveries in flight.
+    #[arg(long, default_value_t = 4)]
+    pub concurrency: usize,
+    /// Fresh deliveries per consumer measurement.
+    #[arg(long, default_value_t = 4_000)]
+    pub messages: usize,
 }
 
 #[derive(Debug, Args)]
@@ -157,6 +196,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         }
         Command::Produce(args) => produce_command(&settings, args).await,
         Command::Demo(args) => demo_command(settings, args).await,
+        Command::Archive(args) => archive_command(&settings, args).await,
         Command::Migrate => {
             let store = open_store(&settings).await?;
             println!("migrations applied to {}", redact_url(&settings.database.url));
@@ -171,6 +211,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         }
         Command::Bench(BenchCommand::Gate(args)) => bench_gate(args).await,
         Command::Bench(BenchCommand::Broker(args)) => bench_broker(args).await,
+        Command::Bench(BenchCommand::Archive(args)) => bench_archive(args).await,
         Command::Bench(BenchCommand::Metrics { messages }) => {
             println!("bench metrics: {messages} stock.deduct messages on SQLite with and without metrics");
             let report = bench::metrics::run(messages).await?;
@@ -187,7 +228,7 @@ async fn demo_command(settings: Settings, args: DemoArgs) -> anyhow::Result<Exit
     let running = crate::serve::Running::start(&settings, store, shop::handlers(), policy).await?;
     running.set_ready(true);
     println!(
-        "idemgate demo: {} deliveries/s with {:.0}% duplicates into {} (instance {}).\nOpen {}/  (Ctrl-C stops)",
+        "idemgate demo: {} deliveries/s with {:.0}% duplicates into {} (instance {}).\nMetrics at {}/metrics  (Ctrl-C stops)",
         args.rate,
         duplicates * 100.0,
         redact_url(&settings.database.url),
@@ -265,6 +306,54 @@ async fn produce_command(settings: &Settings, args: ProduceArgs) -> anyhow::Resu
         out.flush().context("writing --sends")?;
     }
     println!("{}", serde_json::to_string_pretty(&report)?);
+    Ok(ExitCode::SUCCESS)
+}
+
+async fn archive_command(settings: &Settings, args: ArchiveArgs) -> anyhow::Result<ExitCode> {
+    let store = open_store(settings).await?;
+    let request = crate::archive::manual::Request {
+        dry_run: args.dry_run,
+        older_than_ms: args.older_than,
+        batch_size: args.batch_size,
+    };
+    let report = crate::archive::manual::command(
+        &store,
+        &settings.archive,
+        &settings.identity().instance_id,
+        settings.consumer.max_reconsume_times,
+        &request,
+        &mut std::io::stdout(),
+    )
+    .await;
+    store.close().await;
+    // Exit 3 when another instance held the lease and nothing was done.
+    match report? {
+        Some(r) if matches!(r.outcome, crate::archive::ArchiveOutcome::Skipped { .. }) => {
+            Ok(ExitCode::from(3))
+        }
+        _ => Ok(ExitCode::SUCCESS),
+    }
+}
+
+async fn bench_archive(args: BenchArchiveArgs) -> anyhow::Result<ExitCode> {
+    let options = bench::archive::Options {
+        backends: args.backends,
+        rows: args.rows,
+        batch_size: args.batch_size,
+        pause: Duration::from_millis(args.pause_ms),
+        concurrency: args.concurrency,
+        messages: args.messages,
+    };
+    println!(
+        "bench archive: {} expired claims, batches of {}, pause {} ms beside {} deliveries in flight, {} cores",
+        options.rows,
+        options.batch_size,
+        args.pause_ms,
+        options.concurrency,
+        std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1)
+    );
+    let reports = bench::archive::run(&options, |line| eprintln!("  {line}")).await?;
+    println!("\n{}\n{}", bench::archive::table(&reports), bench::archive::guard_table(&reports));
     Ok(ExitCode::SUCCESS)
 }
 

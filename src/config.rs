@@ -12,6 +12,7 @@ use figment::Figment;
 use figment::providers::{Env, Format, Serialized, Toml};
 use serde::{Deserialize, Serialize};
 
+use crate::archive::ArchiveSettings;
 use crate::broker::StartFrom;
 use crate::broker::consumer::ConsumerOptions;
 use crate::gate::{Identity, Policy};
@@ -31,6 +32,9 @@ pub struct Settings {
     pub broker: BrokerSettings,
     pub http: HttpSettings,
     pub log: LogSettings,
+    /// `[archive]`: scheduled archiving of old claims and the delivery log's retention; each
+    /// field names its `IDEMGATE_ARCHIVE__…` variable ([`ArchiveSettings`]).
+    pub archive: ArchiveSettings,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -139,6 +143,7 @@ impl Default for Settings {
             },
             http: HttpSettings { bind: "127.0.0.1:8080".to_owned() },
             log: LogSettings { filter: DEFAULT_LOG_FILTER.to_owned(), format: LogFormat::Text },
+            archive: ArchiveSettings::default(),
         }
     }
 }
@@ -239,6 +244,7 @@ impl Settings {
             return Err(invalid("routes", "at least one route is needed"));
         }
         Routes::new(&self.routes).map_err(|e| invalid(&e.field, e.message))?;
+        self.archive.validate().map_err(|e| invalid(e.key, e.message))?;
         Ok(())
     }
 
@@ -372,6 +378,11 @@ mod tests {
                 "configuration key database.max_connections: is 16, below broker.consume_threads (64)",
             ),
             ("[broker]\nstart_from = \"middle\"", "key broker.start_from"),
+            (
+                "[archive]\nschedule = \"0 3 * * *\"",
+                "configuration key archive.schedule: \"0 3 * * *\" is not a valid schedule (it has 5 fields)",
+            ),
+            ("[archive]\nbatch_size = 0", "configuration key archive.batch_size"),
             ("this is not toml", "configuration"),
         ];
         for (text, expected) in cases {

@@ -13,6 +13,7 @@
 //! - [`gate`]: claim, handler and log row in one transaction; duplicate causes.
 //! - [`handler`]: the trait business code implements, and the registry.
 //! - [`delivery_log`]: one row per delivery attempt.
+//! - [`archive`]: old claims to the archive table and old log rows out, in batches, on a schedule.
 //! - [`scratch`]: throwaway databases for benchmarks and tests.
 //! - [`shop`]: the built-in example business (orders, payments, stock).
 //! - [`broker`]: the RocketMQ client: the push consumer that feeds the gate, and the producer.
@@ -26,6 +27,7 @@
 //! - [`cli`]: the command line.
 //! - [`config`]: the typed, layered configuration.
 
+pub mod archive;
 pub mod bench;
 pub mod broker;
 pub mod cli;

@@ -25,6 +25,9 @@ use crate::store::{Backend, Sql, Store};
 const BUCKETS: &[f64] =
     &[0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0];
 
+/// The label values of a metric without labels.
+const NO_LABELS: &[&str] = &[];
+
 /// How long table sizes read at scrape time are reused.
 const TABLE_SIZE_TTL: Duration = Duration::from_secs(15);
 
@@ -43,8 +46,22 @@ pub struct Metrics {
     duplicate_ratio: GaugeVec,
     conflicts_per_second: GaugeVec,
     dedup_rows: IntGaugeVec,
+    archive_runs: IntCounterVec,
+    archive_rows_moved: IntCounterVec,
+    archive_last_success: GaugeVec,
+    archive_last_duration: GaugeVec,
     windows: Mutex<BTreeMap<String, Window>>,
-    table_sizes: tokio::sync::Mutex<Option<(Instant, [i64; 2])>>,
+    from_database: tokio::sync::Mutex<Option<(Instant, FromDatabase)>>,
+}
+
+/// What a scrape reads from the database.
+#[derive(Debug, Clone, Default)]
+struct FromDatabase {
+    rows: [i64; 2],
+    /// Dedup archive passes by status, and the rows they moved.
+    runs: BTreeMap<String, (u64, u64)>,
+    last_success_s: Option<f64>,
+    last_duration_s: Option<f64>,
 }
 
 /// What a scrape needs to know about the process.
@@ -138,8 +155,28 @@ impl Metrics {
                 "Rows in the dedup table (live) and its archive; estimates on PostgreSQL and MariaDB.",
                 &["table"],
             ),
+            archive_runs: counter(
+                "idemgate_archive_runs_total",
+                "Archive passes over the dedup table, by status (success, failed, skipped, running), from archive_run.",
+                &["status"],
+            ),
+            archive_rows_moved: counter(
+                "idemgate_archive_rows_moved_total",
+                "Claims moved to the archive table, from archive_run.",
+                &[],
+            ),
+            archive_last_success: gauge(
+                "idemgate_archive_last_success_timestamp_seconds",
+                "When the last successful archive pass over the dedup table finished (Unix time).",
+                &[],
+            ),
+            archive_last_duration: gauge(
+                "idemgate_archive_last_run_duration_seconds",
+                "How long the last finished archive pass over the dedup table took.",
+                &[],
+            ),
             windows: Mutex::new(BTreeMap::new()),
-            table_sizes: tokio::sync::Mutex::new(None),
+            from_database: tokio::sync::Mutex::new(None),
             group: info.consumer_group.clone(),
             registry: registry.clone(),
         };
@@ -187,6 +224,10 @@ impl Metrics {
         for table in ["live", "archive"] {
             self.dedup_rows.with_label_values(&[table]);
         }
+        for status in ["success", "failed", "skipped"] {
+            self.archive_runs.with_label_values(&[status]);
+        }
+        self.archive_rows_moved.with_label_values(NO_LABELS);
     }
 
     /// Records one delivery's fate.
@@ -252,22 +293,37 @@ impl Metrics {
     }
 
     async fn fill_table_sizes(&self, store: &Store) {
-        let mut cached = self.table_sizes.lock().await;
-        let sizes = match *cached {
-            Some((at, sizes)) if at.elapsed() < TABLE_SIZE_TTL => sizes,
-            _ => match table_sizes(store).await {
-                Ok(sizes) => {
-                    *cached = Some((Instant::now(), sizes));
-                    sizes
+        let mut cached = self.from_database.lock().await;
+        let read = match &*cached {
+            Some((at, read)) if at.elapsed() < TABLE_SIZE_TTL => read.clone(),
+            _ => match read_database(store).await {
+                Ok(read) => {
+                    *cached = Some((Instant::now(), read.clone()));
+                    read
                 }
                 Err(e) => {
-                    tracing::warn!(error = %e, "could not read the dedup table sizes for /metrics");
+                    tracing::warn!(error = %e, "could not read table sizes and archive runs for /metrics");
                     return;
                 }
             },
         };
-        self.dedup_rows.with_label_values(&["live"]).set(sizes[0]);
-        self.dedup_rows.with_label_values(&["archive"]).set(sizes[1]);
+        self.dedup_rows.with_label_values(&["live"]).set(read.rows[0]);
+        self.dedup_rows.with_label_values(&["archive"]).set(read.rows[1]);
+        // Counters mirror the archive_run table: raise each to the table's total.
+        let mut moved = 0;
+        for (status, (passes, rows)) in &read.runs {
+            let c = self.archive_runs.with_label_values(&[status]);
+            c.inc_by(passes.saturating_sub(c.get()));
+            moved += rows;
+        }
+        let c = self.archive_rows_moved.with_label_values(NO_LABELS);
+        c.inc_by(moved.saturating_sub(c.get()));
+        if let Some(at) = read.last_success_s {
+            self.archive_last_success.with_label_values(NO_LABELS).set(at);
+        }
+        if let Some(d) = read.last_duration_s {
+            self.archive_last_duration.with_label_values(NO_LABELS).set(d);
+        }
     }
 }
 
@@ -321,6 +377,31 @@ static MYSQL_ROWS: Sql = Sql::new(
 );
 static SQLITE_LIVE_ROWS: Sql = Sql::new("SELECT COUNT(*) FROM idempotent_record");
 static SQLITE_ARCHIVE_ROWS: Sql = Sql::new("SELECT COUNT(*) FROM idempotent_record_archive");
+
+static ARCHIVE_PASSES: Sql = Sql::new(
+    "SELECT status, rows_moved, started_at_ms, finished_at_ms FROM archive_run WHERE kind = 'dedup' ORDER BY id",
+);
+
+async fn read_database(store: &Store) -> Result<FromDatabase, sqlx::Error> {
+    let mut read = FromDatabase { rows: table_sizes(store).await?, ..FromDatabase::default() };
+    // One row per pass (a few a day), so reading them all is cheap.
+    for row in store.query(&ARCHIVE_PASSES).fetch_all(store.pool()).await? {
+        let status: String = row.try_get(0)?;
+        let rows_moved: i64 = row.try_get(1)?;
+        let started: i64 = row.try_get(2)?;
+        let finished: Option<i64> = row.try_get(3)?;
+        let entry = read.runs.entry(status.clone()).or_default();
+        entry.0 += 1;
+        entry.1 += u64::try_from(rows_moved).unwrap_or(0);
+        if let Some(finished) = finished {
+            read.last_duration_s = Some((finished - started).max(0) as f64 / 1e3);
+            if status == "success" {
+                read.last_success_s = Some(finished as f64 / 1e3);
+            }
+        }
+    }
+    Ok(read)
+}
 
 async fn table_sizes(store: &Store) -> Result<[i64; 2], sqlx::Error> {
     let mut sizes = [0; 2];

@@ -1,5 +1,5 @@
-//! `idemgate serve`: the service. It wires the store, the gate, the metrics, the HTTP server
-//! and the RocketMQ consumer, runs until SIGTERM or SIGINT, and shuts down in order: stop
+//! `idemgate serve`: the service. It wires the store, the gate, the metrics, the HTTP server,
+//! the archive schedule and the RocketMQ consumer, runs until SIGTERM or SIGINT, and shuts down in order: stop
 //! pulling, let the deliveries in flight finish (or roll back), stop the HTTP server, close the
 //! pool.
 //!
@@ -15,6 +15,7 @@ use anyhow::Context;
 use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
 
+use crate::archive::ArchiveScheduler;
 use crate::broker::Consumer;
 use crate::config::Settings;
 use crate::gate::{Gate, Policy};
@@ -82,6 +83,13 @@ impl Running {
 /// Runs the service on `store` (opened and migrated) with `handlers` until a shutdown signal.
 pub async fn run(settings: &Settings, store: Store, handlers: Handlers) -> anyhow::Result<()> {
     let mut running = Running::start(settings, store, handlers, settings.policy()).await?;
+    let archiver = ArchiveScheduler::start_for_serve(
+        running.store.clone(),
+        &settings.archive,
+        &running.gate.identity().instance_id,
+        settings.consumer.max_reconsume_times,
+    )
+    .await?;
     let consumer = Consumer::start(running.gate.clone(), &settings.consumer_options()).await?;
     running.set_ready(true);
     tracing::info!(
@@ -100,6 +108,9 @@ pub async fn run(settings: &Settings, store: Store, handlers: Handlers) -> anyho
     };
     running.set_ready(false);
     consumer.shutdown().await;
+    if let Some(archiver) = archiver {
+        archiver.shutdown().await;
+    }
     if let Some(result) = http_failed {
         running.store.close().await;
         result.context("the HTTP server task failed")??;

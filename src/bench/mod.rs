@@ -5,6 +5,7 @@
 //! Benchmarks create scratch databases ([`crate::scratch`]) and drop them afterwards. They
 //! must not be pointed at production servers.
 
+pub mod archive;
 pub mod broker;
 pub mod gate;
 pub mod metrics;

@@ -94,6 +94,8 @@ pub struct Gate {
     policy: Policy,
     duplicate_warnings: Throttle,
     metrics: Option<Arc<Metrics>>,
+    /// See [`Gate::with_late_duplicate_guard`].
+    late_duplicate_guard: bool,
 }
 
 impl std::fmt::Debug for Gate {
@@ -108,8 +110,12 @@ impl std::fmt::Debug for Gate {
 
 /// Where an attempt ended.
 enum Attempt {
-    Committed { effect: Effect },
+    Committed {
+        effect: Effect,
+    },
     Taken,
+    /// Claimed afresh, but the archive holds the key: a duplicate older than the retention.
+    Archived(Claim),
     Refused(HandlerError),
 }
 
@@ -136,12 +142,28 @@ impl Gate {
             return Err(GateError::BadInstance(format!("must be 1 to {MAX_ID_CHARS} characters")));
         }
         let duplicate_warnings = Throttle::new(policy.duplicate_warnings_per_second, Duration::from_secs(1));
-        Ok(Self { store, routes, handlers, identity, policy, duplicate_warnings, metrics: None })
+        Ok(Self {
+            store,
+            routes,
+            handlers,
+            identity,
+            policy,
+            duplicate_warnings,
+            metrics: None,
+            late_duplicate_guard: false,
+        })
     }
 
     /// Reports every disposition to `metrics`.
     pub fn with_metrics(mut self, metrics: Arc<Metrics>) -> Self {
         self.metrics = Some(metrics);
+        self
+    }
+
+    /// Also looks every fresh claim up in `idempotent_record_archive`; a hit is rolled back and
+    /// counted as a duplicate at the `late_duplicate` layer ([`crate::archive::guard`]).
+    pub fn with_late_duplicate_guard(mut self, on: bool) -> Self {
+        self.late_duplicate_guard = on;
         self
     }
 
@@ -208,7 +230,10 @@ impl Gate {
                     phases,
                 }
             }
-            Ok(Attempt::Taken) => self.duplicate(d, key, &payload_hash, started, phases).await,
+            Ok(Attempt::Taken) => self.duplicate(d, key, &payload_hash, None, started, phases).await,
+            Ok(Attempt::Archived(claim)) => {
+                self.duplicate(d, key, &payload_hash, Some(claim), started, phases).await
+            }
             Ok(Attempt::Refused(why)) => self.refused(d, key, &payload_hash, why, started, phases).await,
             Err(e) => {
                 let why = HandlerError::Retryable(format!("database error: {e}"));
@@ -242,10 +267,19 @@ impl Gate {
         lap(&mut phases.begin_us);
         let now_ms = now_ms();
         let claimed = claim::claim(&mut tx, backend, &who, key, d, payload_hash, now_ms).await?;
+        let archived = if claimed && self.late_duplicate_guard {
+            crate::archive::guard::archived_claim(&mut tx, backend, who.consumer_group, key).await?
+        } else {
+            None
+        };
         lap(&mut phases.claim_us);
         if !claimed {
             tx.rollback().await?;
             return Ok(Attempt::Taken);
+        }
+        if let Some(archived) = archived {
+            tx.rollback().await?;
+            return Ok(Attempt::Archived(archived));
         }
 
         let handler =
@@ -298,28 +332,38 @@ impl Gate {
         Ok(Attempt::Committed { effect })
     }
 
-    /// The key was taken: name the cause, log the duplicate, acknowledge.
+    /// The key was taken (or, with `archived`, found in the archive): name the cause, log the
+    /// duplicate, acknowledge.
     async fn duplicate(
         &self,
         d: &Delivery,
         key: BizKey,
         payload_hash: &str,
+        archived: Option<Claim>,
         started: Instant,
         mut phases: Phases,
     ) -> Disposition {
         let backend = self.store.backend();
-        let lookup_started = Instant::now();
-        let earlier = match self.store.pool().acquire().await {
-            Ok(mut conn) => claim::find(&mut conn, backend, &self.identity.consumer_group, &key).await,
-            Err(e) => Err(e),
+        let (layer, earlier) = match archived {
+            Some(claim) => (Layer::LateDuplicate, Some(claim)),
+            None => {
+                let lookup_started = Instant::now();
+                let earlier = match self.store.pool().acquire().await {
+                    Ok(mut conn) => {
+                        claim::find(&mut conn, backend, &self.identity.consumer_group, &key).await
+                    }
+                    Err(e) => Err(e),
+                };
+                phases.lookup_us += micros(lookup_started.elapsed());
+                let earlier = earlier.unwrap_or_else(|e| {
+                    tracing::warn!(error = %e, "could not read the earlier claim of a duplicate; its cause is logged as unknown");
+                    None
+                });
+                (Layer::Db, earlier)
+            }
         };
-        phases.lookup_us += micros(lookup_started.elapsed());
-        let earlier = earlier.unwrap_or_else(|e| {
-            tracing::warn!(error = %e, "could not read the earlier claim of a duplicate; its cause is logged as unknown");
-            None
-        });
         let (cause, payload_match) = classify(d, payload_hash, earlier.as_ref());
-        self.warn_duplicate(d, &key, cause, Some(Layer::Db));
+        self.warn_duplicate(d, &key, cause, Some(layer));
         if payload_match == Some(false) {
             tracing::error!(
                 biz_type = %key.biz_type, biz_id = %key.biz_id, msg_id = ?d.msg_id, uniq_key = ?d.uniq_key,
@@ -333,7 +377,7 @@ impl Gate {
             outcome: Outcome::Duplicate,
             verdict: Verdict::Ack,
             cause: Some(cause),
-            layer: Some(Layer::Db),
+            layer: Some(layer),
             payload_match,
             error: error.map(str::to_owned),
             latency: Duration::ZERO,

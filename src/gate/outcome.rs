@@ -91,6 +91,9 @@ labelled! {
         StateMachine => "state_machine",
         /// A business table's own unique key.
         BusinessUnique => "business_unique",
+        /// The archive of old claims, checked on a fresh claim by the optional late-duplicate
+        /// guard: the copy arrived after its claim was archived.
+        LateDuplicate => "late_duplicate",
     }
 }
 

@@ -1,0 +1,437 @@
+//! Archiving: claims older than the dedup retention move from `idempotent_record` to
+//! `idempotent_record_archive`, and delivery-log rows older than the log retention are deleted,
+//! in bounded batches while consumers keep running.
+//!
+//! [`archive_once`] is the whole job, a plain async function: the cron scheduler inside `serve`
+//! ([`schedule`]) and `idemgate archive` ([`manual`]) only call it, and tests call it with
+//! back-dated rows and their own clock. A run
+//! 1. takes the lease ([`lease`]) or records itself `skipped`: one instance archives at a time;
+//! 2. marks passes left `running` by a dead process as failed;
+//! 3. for each pass (claims, then log rows) records an `archive_run` row ([`runs`]) and runs
+//!    batches ([`batch`]), each one transaction that copies and deletes the same rows, so a crash
+//!    at any point leaves every claim in exactly one of the two tables; it renews the lease
+//!    before each batch, pauses between batches and stops at its time budget;
+//! 4. gives the lease back.
+//!
+//! [`retention`] checks at start that claims outlive every redelivery and replay; [`guard`] is
+//! the optional late-duplicate lookup the gate makes on a fresh claim.
+//!
+//! This module owns the archive tables and the job. It must not decide a delivery's outcome
+//! (the gate does) nor parse the command line or the configuration file.
+
+mod batch;
+pub mod guard;
+pub mod lease;
+pub mod manual;
+pub mod retention;
+pub mod runs;
+pub mod schedule;
+pub mod settings;
+
+use std::time::{Duration, Instant};
+
+pub use lease::{ARCHIVE_LEASE, Held, Lease};
+pub use retention::{
+    LogRetention, RetentionWarning, check_dedup_retention, parse_age, redelivery_horizon_ms,
+};
+pub use runs::{RunKind, RunRecord, RunStatus, StartedBy};
+pub use schedule::{ArchiveScheduler, Schedule, ScheduleError};
+pub use settings::ArchiveSettings;
+
+use crate::store::Store;
+use batch::{Interrupt, Walk};
+
+/// How a run goes.
+#[derive(Debug, Clone)]
+pub struct ArchiveOptions {
+    /// Claims with `claimed_at_ms` older than `now - dedup_retention_ms` move to the archive.
+    pub dedup_retention_ms: i64,
+    /// Log rows with `logged_at_ms` older than `now - log_retention_ms` are deleted; `None`
+    /// leaves the log alone.
+    pub log_retention_ms: Option<i64>,
+    /// Rows per batch (one transaction).
+    pub batch_size: u32,
+    /// Pause between batches.
+    pub pause: Duration,
+    /// The run stops starting batches after this long; the rest waits for the next run.
+    pub time_budget: Duration,
+    /// The lease lasts this long past each renewal.
+    pub lease_ttl: Duration,
+    /// This process, in the lease and the run rows.
+    pub instance_id: String,
+    pub started_by: StartedBy,
+    /// Stop short to show what a crash leaves; [`Fault::None`] outside tests.
+    pub fault: Fault,
+}
+
+/// A crash to imitate, for the crash-safety tests.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Fault {
+    #[default]
+    None,
+    /// Die after this many claim batches have committed: the lease and the `running` row stay
+    /// behind, as a killed process leaves them.
+    DieAfterBatches(u64),
+    /// Die inside this claim batch (1-based), after copying to the archive and before deleting:
+    /// the open transaction is dropped, as a killed process's connection would be.
+    DieInsideBatch(u64),
+}
+
+/// What one pass did.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct PassReport {
+    pub run_id: Option<i64>,
+    pub cutoff_ms: i64,
+    /// Rows moved to the archive (claims) or deleted (log rows).
+    pub rows: u64,
+    pub batches: u64,
+    /// Claims already in the archive, kept once.
+    pub already_archived: u64,
+    /// Stopped by the time budget with rows left.
+    pub budget_exhausted: bool,
+    pub elapsed: Duration,
+}
+
+impl PassReport {
+    /// Rows per second.
+    pub fn rate(&self) -> f64 {
+        self.rows as f64 / self.elapsed.as_secs_f64().max(f64::EPSILON)
+    }
+}
+
+/// Whether the run happened.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ArchiveOutcome {
+    Done,
+    /// Another instance held the lease.
+    Skipped {
+        holder: String,
+        until_ms: i64,
+    },
+}
+
+/// What a run did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ArchiveReport {
+    pub outcome: ArchiveOutcome,
+    pub dedup: PassReport,
+    pub log: Option<PassReport>,
+}
+
+impl ArchiveReport {
+    /// True when nothing was left for the next run.
+    pub fn complete(&self) -> bool {
+        !self.dedup.budget_exhausted && !self.log.as_ref().is_some_and(|l| l.budget_exhausted)
+    }
+}
+
+/// A run could not finish. Its passes are recorded `failed` with this error (except for an
+/// imitated crash, which records nothing, as a dead process cannot).
+#[derive(Debug, thiserror::Error)]
+pub enum ArchiveError {
+    #[error("the archive {kind} pass failed: {source}")]
+    Database {
+        kind: RunKind,
+        #[source]
+        source: sqlx::Error,
+    },
+    #[error("the archive lease was lost (it expired and {holder:?} took it); the run stopped")]
+    LeaseLost { holder: String },
+    #[error("the run was stopped by an imitated crash")]
+    Crashed,
+    #[error("archive options: {0}")]
+    Options(String),
+}
+
+/// Where a running pass stands, for a progress bar.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Progress {
+    pub kind: RunKind,
+    pub rows: u64,
+    pub batches: u64,
+}
+
+/// Runs the job once: the claims older than `now_ms - dedup_retention_ms` move to the archive,
+/// then the log rows older than the log retention are deleted.
+pub async fn archive_once(
+    store: &Store,
+    options: &ArchiveOptions,
+    now_ms: i64,
+) -> Result<ArchiveReport, ArchiveError> {
+    archive_observed(store, options, now_ms, &mut |_| {}).await
+}
+
+/// [`archive_once`], calling `observe` after every batch.
+pub async fn archive_observed(
+    store: &Store,
+    options: &ArchiveOptions,
+    now_ms: i64,
+    observe: &mut (dyn FnMut(Progress) + Send),
+) -> Result<ArchiveReport, ArchiveError> {
+    if options.batch_size == 0 || options.dedup_retention_ms <= 0 {
+        return Err(ArchiveError::Options("batch_size and dedup_retention_ms must be positive".into()));
+    }
+    let clock = Clock { start_ms: now_ms, started: Instant::now() };
+    let ttl_ms = i64::try_from(options.lease_ttl.as_millis()).unwrap_or(i64::MAX / 4);
+    let holder = format!("{}/{:08x}", options.instance_id, rand::random::<u32>());
+    let dedup_cutoff = now_ms - options.dedup_retention_ms;
+    let log_cutoff = options.log_retention_ms.map(|ms| now_ms - ms);
+    let db = |kind| move |source| ArchiveError::Database { kind, source };
+
+    // Instances woken by one schedule tick (cron ticks fall on whole seconds) share it: the
+    // first takes the lease, the others find it taken since the tick and skip.
+    let tick_ms = match options.started_by {
+        StartedBy::Schedule => now_ms - now_ms.rem_euclid(1_000),
+        StartedBy::Command => i64::MAX,
+    };
+    let lease = Lease::acquire(store, ARCHIVE_LEASE, &holder, clock.now(), ttl_ms, tick_ms)
+        .await
+        .map_err(db(RunKind::Dedup))?;
+    let lease = match lease {
+        Ok(lease) => lease,
+        Err(held) => return skipped(store, options, &clock, dedup_cutoff, log_cutoff, held).await,
+    };
+    let abandoned = runs::abandon_stale(store, clock.now()).await.map_err(db(RunKind::Dedup))?;
+    if abandoned > 0 {
+        tracing::warn!(abandoned, "archive passes left running by a process that died are now marked failed");
+    }
+
+    let run = Run { store, options, clock: &clock, lease: &lease, ttl_ms, started: Instant::now() };
+    let dedup = run.pass(RunKind::Dedup, dedup_cutoff, observe).await;
+    let log = match (&dedup, log_cutoff) {
+        (Ok(_), Some(cutoff)) => Some(run.pass(RunKind::Log, cutoff, observe).await),
+        _ => None,
+    };
+    if matches!(dedup, Err(ArchiveError::Crashed)) {
+        return Err(ArchiveError::Crashed);
+    }
+    if let Err(e) = lease.release(store).await {
+        tracing::warn!(error = %e, "could not release the archive lease; it will expire");
+    }
+    Ok(ArchiveReport { outcome: ArchiveOutcome::Done, dedup: dedup?, log: log.transpose()? })
+}
+
+/// Another instance holds the lease: record the passes as skipped.
+async fn skipped(
+    store: &Store,
+    options: &ArchiveOptions,
+    clock: &Clock,
+    dedup_cutoff: i64,
+    log_cutoff: Option<i64>,
+    held: Held,
+) -> Result<ArchiveReport, ArchiveError> {
+    let note = if held.until_ms > clock.now() {
+        format!("another instance is archiving: {} holds the lease until {}", held.holder, held.until_ms)
+    } else {
+        format!("this schedule tick was already served by {}", held.holder)
+    };
+    let mut report = ArchiveReport {
+        outcome: ArchiveOutcome::Skipped { holder: held.holder, until_ms: held.until_ms },
+        dedup: PassReport { cutoff_ms: dedup_cutoff, ..Default::default() },
+        log: log_cutoff.map(|cutoff_ms| PassReport { cutoff_ms, ..Default::default() }),
+    };
+    for (kind, pass) in [(RunKind::Dedup, Some(&mut report.dedup)), (RunKind::Log, report.log.as_mut())] {
+        let Some(pass) = pass else { continue };
+        let id = runs::start(
+            store,
+            kind,
+            RunStatus::Skipped,
+            options.started_by,
+            &options.instance_id,
+            clock.now(),
+            pass.cutoff_ms,
+            Some(&note),
+        )
+        .await
+        .map_err(|source| ArchiveError::Database { kind, source })?;
+        pass.run_id = Some(id);
+    }
+    Ok(report)
+}
+
+/// The injected start time plus the real time elapsed since.
+struct Clock {
+    start_ms: i64,
+    started: Instant,
+}
+
+impl Clock {
+    fn now(&self) -> i64 {
+        self.start_ms + i64::try_from(self.started.elapsed().as_millis()).unwrap_or(0)
+    }
+}
+
+/// A run holding the lease.
+struct Run<'a> {
+    store: &'a Store,
+    options: &'a ArchiveOptions,
+    clock: &'a Clock,
+    lease: &'a Lease,
+    ttl_ms: i64,
+    started: Instant,
+}
+
+impl Run<'_> {
+    /// One pass, recorded in its own `archive_run` row.
+    async fn pass(
+        &self,
+        kind: RunKind,
+        cutoff_ms: i64,
+        observe: &mut (dyn FnMut(Progress) + Send),
+    ) -> Result<PassReport, ArchiveError> {
+        let (store, o) = (self.store, self.options);
+        let db = |source| ArchiveError::Database { kind, source };
+        let id = runs::start(
+            store,
+            kind,
+            RunStatus::Running,
+            o.started_by,
+            &o.instance_id,
+            self.clock.now(),
+            cutoff_ms,
+            None,
+        )
+        .await
+        .map_err(db)?;
+        let mut report = PassReport { run_id: Some(id), cutoff_ms, ..Default::default() };
+        let pass_started = Instant::now();
+        let result = self.batches(kind, cutoff_ms, &mut report, observe).await;
+        report.elapsed = pass_started.elapsed();
+        let (rows, batches) = (report.rows as i64, report.batches as i64);
+        let finished = match &result {
+            Err(ArchiveError::Crashed) => return Err(ArchiveError::Crashed),
+            Ok(()) => {
+                let note = report
+                    .budget_exhausted
+                    .then_some("stopped at archive.max_run_seconds with rows left; the next run continues");
+                runs::finish(store, id, RunStatus::Success, self.clock.now(), rows, batches, None, note).await
+            }
+            Err(e) => {
+                let error = e.to_string();
+                runs::finish(
+                    store,
+                    id,
+                    RunStatus::Failed,
+                    self.clock.now(),
+                    rows,
+                    batches,
+                    Some(&error),
+                    None,
+                )
+                .await
+            }
+        };
+        result?;
+        finished.map_err(db)?;
+        Ok(report)
+    }
+
+    async fn batches(
+        &self,
+        kind: RunKind,
+        cutoff_ms: i64,
+        report: &mut PassReport,
+        observe: &mut (dyn FnMut(Progress) + Send),
+    ) -> Result<(), ArchiveError> {
+        let (store, o) = (self.store, self.options);
+        let db = |source| ArchiveError::Database { kind, source };
+        let Some(mut walk) = batch::bound(store, kind, cutoff_ms).await.map_err(db)? else {
+            return Ok(());
+        };
+        loop {
+            if self.started.elapsed() >= o.time_budget {
+                report.budget_exhausted = true;
+                return Ok(());
+            }
+            if report.batches > 0 && !o.pause.is_zero() {
+                tokio::time::sleep(o.pause).await;
+            }
+            if !self.lease.renew(store, self.clock.now(), self.ttl_ms).await.map_err(db)? {
+                let holder = match lease::holder(store, ARCHIVE_LEASE).await {
+                    Ok(Some(held)) => held.holder,
+                    _ => String::new(),
+                };
+                return Err(ArchiveError::LeaseLost { holder });
+            }
+            let next = report.batches + 1;
+            let interrupt = match o.fault {
+                Fault::DieInsideBatch(n) if kind == RunKind::Dedup && n == next => Interrupt::AfterCopy,
+                _ => Interrupt::None,
+            };
+            let done = batch::run(store, kind, cutoff_ms, walk, o.batch_size, self.clock.now(), interrupt)
+                .await
+                .map_err(db)?;
+            let Some(b) = done.map_err(|_| ArchiveError::Crashed)? else {
+                return Ok(());
+            };
+            walk.after = b.last_id;
+            report.rows += b.rows;
+            report.batches = next;
+            report.already_archived += b.already_archived;
+            runs::progress(store, report.run_id.unwrap_or(0), report.rows as i64, report.batches as i64)
+                .await
+                .map_err(db)?;
+            observe(Progress { kind, rows: report.rows, batches: report.batches });
+            if kind == RunKind::Dedup && o.fault == Fault::DieAfterBatches(next) {
+                return Err(ArchiveError::Crashed);
+            }
+            if walk.after >= walk.through {
+                return Ok(());
+            }
+        }
+    }
+}
+
+/// What a run would do, for `--dry-run`: rows that would move and the statements with their
+/// plans. Changes nothing: no lease, no run row.
+#[derive(Debug, Clone)]
+pub struct DryRun {
+    pub passes: Vec<PassPlan>,
+}
+
+/// One pass of a dry run.
+#[derive(Debug, Clone)]
+pub struct PassPlan {
+    pub kind: RunKind,
+    pub cutoff_ms: i64,
+    /// Rows older than the cutoff now.
+    pub rows: i64,
+    /// The id range the batches would walk, if any row is expired.
+    pub ids: Option<(i64, i64)>,
+    /// Each statement with the database's plan for it.
+    pub statements: Vec<(String, Vec<String>)>,
+}
+
+/// Counts what a run at `now_ms` would move and explains the statements it would run.
+pub async fn dry_run(store: &Store, options: &ArchiveOptions, now_ms: i64) -> Result<DryRun, ArchiveError> {
+    let mut passes = Vec::new();
+    let windows =
+        [(RunKind::Dedup, Some(options.dedup_retention_ms)), (RunKind::Log, options.log_retention_ms)];
+    for (kind, window) in windows {
+        let Some(window) = window else { continue };
+        let db = |source| ArchiveError::Database { kind, source };
+        let cutoff_ms = now_ms - window;
+        let rows = batch::count_expired(store, kind, cutoff_ms).await.map_err(db)?;
+        let walk = batch::bound(store, kind, cutoff_ms).await.map_err(db)?;
+        let explained = walk.unwrap_or(Walk { after: 0, through: 0 });
+        let statements =
+            batch::explain(store, kind, cutoff_ms, explained, options.batch_size).await.map_err(db)?;
+        passes.push(PassPlan { kind, cutoff_ms, rows, ids: walk.map(|w| (w.after, w.through)), statements });
+    }
+    Ok(DryRun { passes })
+}
+
+/// How many rows each pass would touch now: the estimate behind a progress bar.
+pub async fn estimate(store: &Store, options: &ArchiveOptions, now_ms: i64) -> Result<u64, ArchiveError> {
+    let mut total = 0;
+    let windows =
+        [(RunKind::Dedup, Some(options.dedup_retention_ms)), (RunKind::Log, options.log_retention_ms)];
+    for (kind, window) in windows {
+        let Some(window) = window else { continue };
+        let n = batch::count_expired(store, kind, now_ms - window)
+            .await
+            .map_err(|source| ArchiveError::Database { kind, source })?;
+        total += u64::try_from(n).unwrap_or(0);
+    }
+    Ok(total)
+}
