@@ -7,42 +7,10 @@
 use sqlx::Row;
 use sqlx::any::AnyRow;
 
+use crate::gate::labelled;
 use crate::store::{Backend, Sql, Store};
 
-macro_rules! vocabulary {
-    ($(#[$meta:meta])* $name:ident { $($(#[$vmeta:meta])* $variant:ident => $label:literal,)+ }) => {
-        $(#[$meta])*
-        #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-        pub enum $name {
-            $($(#[$vmeta])* $variant,)+
-        }
-
-        impl $name {
-            pub const ALL: &'static [$name] = &[$($name::$variant,)+];
-
-            pub fn as_str(self) -> &'static str {
-                match self {
-                    $($name::$variant => $label,)+
-                }
-            }
-
-            pub fn parse(s: &str) -> Option<Self> {
-                match s {
-                    $($label => Some($name::$variant),)+
-                    _ => None,
-                }
-            }
-        }
-
-        impl std::fmt::Display for $name {
-            fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-                f.write_str(self.as_str())
-            }
-        }
-    };
-}
-
-vocabulary! {
+labelled! {
     /// What a pass trims.
     RunKind {
         /// Claims moved from `idempotent_record` to `idempotent_record_archive`.
@@ -52,7 +20,7 @@ vocabulary! {
     }
 }
 
-vocabulary! {
+labelled! {
     /// Where a pass stands.
     RunStatus {
         Running => "running",
@@ -65,7 +33,7 @@ vocabulary! {
     }
 }
 
-vocabulary! {
+labelled! {
     /// Who started a run.
     StartedBy {
         Schedule => "schedule",

@@ -24,6 +24,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 pub use claim::{Claim, classify};
+pub(crate) use outcome::labelled;
 pub use outcome::{Disposition, DuplicateCause, Layer, Outcome, Phases, Verdict};
 
 use crate::delivery::Delivery;

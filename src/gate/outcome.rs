@@ -6,6 +6,8 @@ use std::time::Duration;
 
 use crate::route::BizKey;
 
+/// Declares a closed set of stored names (outcomes, causes, run kinds…): the enum, `ALL`,
+/// `index`, `as_str`, `parse` and `Display`.
 macro_rules! labelled {
     ($(#[$meta:meta])* $name:ident { $($(#[$vmeta:meta])* $variant:ident => $label:literal,)+ }) => {
         $(#[$meta])*
@@ -46,6 +48,8 @@ macro_rules! labelled {
         }
     };
 }
+
+pub(crate) use labelled;
 
 labelled! {
     /// What happened to one delivery.

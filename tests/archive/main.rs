@@ -4,6 +4,7 @@
 
 #[allow(dead_code)]
 #[path = "../conformance/support.rs"]
+#[macro_use]
 mod support;
 
 use std::collections::BTreeSet;
@@ -407,23 +408,6 @@ mod cases {
         assert!(runs::recent(&db.store, 10).await.unwrap().is_empty(), "no run recorded");
         println!("{text}");
     }
-}
-
-macro_rules! on_every_backend {
-    ($($case:ident),* $(,)?) => {
-        mod sqlite {
-            $(#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-            async fn $case() { super::cases::$case(idemgate::store::Backend::Sqlite).await })*
-        }
-        mod postgres {
-            $(#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-            async fn $case() { super::cases::$case(idemgate::store::Backend::Postgres).await })*
-        }
-        mod mariadb {
-            $(#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-            async fn $case() { super::cases::$case(idemgate::store::Backend::MySql).await })*
-        }
-    };
 }
 
 on_every_backend!(

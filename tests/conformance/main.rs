@@ -1,5 +1,6 @@
 //! The gate's conformance suite: the same cases against SQLite, PostgreSQL and MariaDB.
 
+#[macro_use]
 mod support;
 
 use std::sync::Arc;
@@ -470,24 +471,7 @@ impl WithTopic for Delivery {
     }
 }
 
-macro_rules! conformance {
-    ($($case:ident),* $(,)?) => {
-        mod sqlite {
-            $(#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-            async fn $case() { super::cases::$case(idemgate::store::Backend::Sqlite).await })*
-        }
-        mod postgres {
-            $(#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-            async fn $case() { super::cases::$case(idemgate::store::Backend::Postgres).await })*
-        }
-        mod mariadb {
-            $(#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-            async fn $case() { super::cases::$case(idemgate::store::Backend::MySql).await })*
-        }
-    };
-}
-
-conformance!(
+on_every_backend!(
     sixteen_concurrent_deliveries_of_one_key_apply_the_effect_exactly_once,
     a_failed_handler_leaves_the_key_unclaimed_and_a_retry_succeeds,
     the_last_allowed_attempt_is_dead_lettered_with_its_body_kept,

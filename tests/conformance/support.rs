@@ -75,3 +75,21 @@ pub fn stock_deduct(biz_id: &str, msg_id: &str, uniq_key: &str, sku: &str, quant
         ..Default::default()
     }
 }
+
+/// Runs each `cases::$case(backend)` as a test on SQLite, PostgreSQL and MariaDB.
+macro_rules! on_every_backend {
+    ($($case:ident),* $(,)?) => {
+        mod sqlite {
+            $(#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+            async fn $case() { super::cases::$case(idemgate::store::Backend::Sqlite).await })*
+        }
+        mod postgres {
+            $(#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+            async fn $case() { super::cases::$case(idemgate::store::Backend::Postgres).await })*
+        }
+        mod mariadb {
+            $(#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+            async fn $case() { super::cases::$case(idemgate::store::Backend::MySql).await })*
+        }
+    };
+}
