@@ -69,6 +69,8 @@ struct FromDatabase {
 pub struct BuildInfo {
     pub backend: Backend,
     pub consumer_group: String,
+    /// This process's instance id, as in its logs and log rows.
+    pub instance_id: String,
     /// The web UI's base URL, for links from alerts.
     pub ui_url: String,
 }
@@ -182,14 +184,15 @@ impl Metrics {
         };
         int_gauge(
             "idemgate_build_info",
-            "Always 1; labels name the version, the database backend and the web UI's base URL.",
-            &["version", "backend", "ui_url", "consumer_group"],
+            "Always 1; labels name the version, the database backend, the web UI's base URL and this process's instance id.",
+            &["version", "backend", "ui_url", "consumer_group", "instance_id"],
         )
         .with_label_values(&[
             env!("CARGO_PKG_VERSION"),
             info.backend.name(),
             &info.ui_url,
             &info.consumer_group,
+            &info.instance_id,
         ])
         .set(1);
         m.start_at_zero(biz_types, topics);

@@ -52,6 +52,7 @@ impl Running {
         let info = BuildInfo {
             backend: store.backend(),
             consumer_group: identity.consumer_group.clone(),
+            instance_id: identity.instance_id.clone(),
             ui_url: url.clone(),
         };
         let metrics = Arc::new(Metrics::new(&info, &routes.biz_types(), &topics));

@@ -31,6 +31,7 @@ fn info() -> BuildInfo {
     BuildInfo {
         backend: Backend::Sqlite,
         consumer_group: "bench".into(),
+        instance_id: "bench".into(),
         ui_url: "http://127.0.0.1:8080".into(),
     }
 }
