@@ -27,7 +27,6 @@ pub async fn archived_claim(
     consumer_group: &str,
     key: &BizKey,
 ) -> Result<Option<Claim>, sqlx::Error> {
-    use sqlx::Row;
     let row = query(backend, &FIND_ARCHIVED)
         .bind(key.biz_id.as_str())
         .bind(key.biz_type.as_str())
@@ -35,6 +34,5 @@ pub async fn archived_claim(
         .bind(key.execute_time)
         .fetch_optional(conn)
         .await?;
-    row.map(|r| Ok(Claim { msg_id: r.try_get(0)?, uniq_key: r.try_get(1)?, payload_hash: r.try_get(2)? }))
-        .transpose()
+    row.as_ref().map(Claim::from_row).transpose()
 }

@@ -31,6 +31,15 @@ pub struct Claim {
     pub payload_hash: String,
 }
 
+impl Claim {
+    /// A claim from a row whose first columns are `msg_id, uniq_key, payload_hash`, of the live
+    /// table or of the archive.
+    pub(crate) fn from_row(row: &sqlx::any::AnyRow) -> Result<Self, sqlx::Error> {
+        use sqlx::Row;
+        Ok(Self { msg_id: row.try_get(0)?, uniq_key: row.try_get(1)?, payload_hash: row.try_get(2)? })
+    }
+}
+
 /// Who is claiming: the consumer group is part of the key (see [`crate::gate::Identity`]).
 pub(crate) struct Claimant<'a> {
     pub consumer_group: &'a str,
@@ -72,7 +81,6 @@ pub(crate) async fn find(
     consumer_group: &str,
     key: &BizKey,
 ) -> Result<Option<Claim>, sqlx::Error> {
-    use sqlx::Row;
     let row = query(backend, &FIND)
         .bind(consumer_group)
         .bind(key.biz_type.as_str())
@@ -80,8 +88,7 @@ pub(crate) async fn find(
         .bind(key.execute_time)
         .fetch_optional(conn)
         .await?;
-    row.map(|r| Ok(Claim { msg_id: r.try_get(0)?, uniq_key: r.try_get(1)?, payload_hash: r.try_get(2)? }))
-        .transpose()
+    row.as_ref().map(Claim::from_row).transpose()
 }
 
 /// Names the cause of a duplicate and says whether its body matches the claim's.
