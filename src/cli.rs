@@ -39,6 +39,9 @@ pub enum Command {
     /// Move claims older than the dedup retention to the archive and delete log rows older
     /// than the log retention, now (the job `serve` runs on archive.schedule).
     Archive(ArchiveArgs),
+    /// Print a business key's story: its dedup record, every delivery (msgId, outcome, cause,
+    /// retries, dead letters) and its business state, as the web UI's trace page shows it.
+    Trace(TraceArgs),
     /// Apply the database migrations and exit.
     Migrate,
     /// Print the effective configuration (password hidden) after validating it.
@@ -66,6 +69,32 @@ pub struct DemoArgs {
     /// Seconds between status lines.
     #[arg(long, default_value_t = 5)]
     pub status_every: u64,
+}
+
+#[derive(Debug, Args)]
+pub struct TraceArgs {
+    /// The bizId (or, with --by, a msgId or UNIQ_KEY) to trace.
+    pub text: String,
+    /// What TEXT is: any (a bizId, else a msgId, else a UNIQ_KEY), biz_id, msg_id, uniq_key.
+    #[arg(long, default_value = "any")]
+    pub by: String,
+    /// Narrow to one biz_type when the bizId exists under several.
+    #[arg(long)]
+    pub biz_type: Option<String>,
+    /// Narrow to one execute_time (epoch ms) of a delayed message.
+    #[arg(long)]
+    pub execute_time: Option<String>,
+    /// Narrow to one consumer group.
+    #[arg(long)]
+    pub group: Option<String>,
+    #[arg(long, value_enum, default_value = "text")]
+    pub format: OutputFormat,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum OutputFormat {
+    Text,
+    Json,
 }
 
 #[derive(Debug, Args)]
@@ -197,6 +226,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Produce(args) => produce_command(&settings, args).await,
         Command::Demo(args) => demo_command(settings, args).await,
         Command::Archive(args) => archive_command(&settings, args).await,
+        Command::Trace(args) => trace_command(&settings, args).await,
         Command::Migrate => {
             let store = open_store(&settings).await?;
             println!("migrations applied to {}", redact_url(&settings.database.url));
@@ -206,6 +236,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Config => {
             let mut shown = settings.clone();
             shown.database.url = redact_url(&shown.database.url);
+            shown.http = shown.http.redacted();
             print!("{}", toml::to_string_pretty(&shown).context("rendering the configuration")?);
             Ok(ExitCode::SUCCESS)
         }
@@ -228,12 +259,14 @@ async fn demo_command(settings: Settings, args: DemoArgs) -> anyhow::Result<Exit
     let running = crate::serve::Running::start(&settings, store, shop::handlers(), policy).await?;
     running.set_ready(true);
     println!(
-        "idemgate demo: {} deliveries/s with {:.0}% duplicates into {} (instance {}).\nMetrics at {}/metrics  (Ctrl-C stops)",
+        "idemgate demo: {} deliveries/s with {:.0}% duplicates into {} (instance {}).\n\
+         Web UI at {url}/  (trace any bizId, msgId or UNIQ_KEY; dead letters at {url}/dead-letters)\n\
+         Metrics at {url}/metrics  (Ctrl-C stops)",
         args.rate,
         duplicates * 100.0,
         redact_url(&settings.database.url),
         running.gate.identity().instance_id,
-        running.url
+        url = running.url
     );
     let options = DemoOptions {
         rate: args.rate,
@@ -249,6 +282,29 @@ async fn demo_command(settings: Settings, args: DemoArgs) -> anyhow::Result<Exit
     demo::run(running.gate.clone(), options, shutdown, |line| println!("{line}")).await?;
     running.stop().await?;
     Ok(ExitCode::SUCCESS)
+}
+
+/// Exit codes of `idemgate trace`: 0 a story, 1 an error, 2 several keys to choose from,
+/// 3 nothing found.
+async fn trace_command(settings: &Settings, args: TraceArgs) -> anyhow::Result<ExitCode> {
+    use crate::inspect::trace::{self, Answer, SearchBy, TraceQuery};
+    let by = SearchBy::parse(&args.by)?;
+    let query =
+        TraceQuery::new(&args.text, by, args.biz_type.as_deref(), args.execute_time.as_deref(), args.group.as_deref())?;
+    let store = open_store(settings).await?;
+    let web = crate::http::Web::new(settings, &shop::handlers());
+    let answer = trace::trace(&store, &web.trace, &query).await;
+    store.close().await;
+    let answer = answer?;
+    match args.format {
+        OutputFormat::Text => print!("{}", trace::render_text(&answer)),
+        OutputFormat::Json => println!("{}", serde_json::to_string_pretty(&answer)?),
+    }
+    Ok(ExitCode::from(match answer {
+        Answer::Story { .. } => 0,
+        Answer::Choice { .. } => 2,
+        Answer::Nothing { .. } => 3,
+    }))
 }
 
 async fn open_store(settings: &Settings) -> anyhow::Result<Store> {

@@ -57,12 +57,81 @@ pub struct BrokerSettings {
     pub producer_group: String,
 }
 
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+/// `Debug` masks the secrets, so that a settings dump in a log never carries them.
+#[derive(Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct HttpSettings {
     /// `IDEMGATE_HTTP__BIND`: the address of the web UI, the JSON API, `/metrics` and the
     /// health endpoints. Loopback unless you mean to expose it.
     pub bind: String,
+    /// `IDEMGATE_HTTP__AUTH_TOKEN`: when set, every page, API call and `/metrics` needs
+    /// `Authorization: Bearer <token>` (or the basic-auth pair below). Health stays open.
+    pub auth_token: String,
+    /// `IDEMGATE_HTTP__BASIC_USER` and `IDEMGATE_HTTP__BASIC_PASSWORD`: when both are set, a
+    /// browser may sign in with them (HTTP basic auth). Set neither or both.
+    pub basic_user: String,
+    pub basic_password: String,
+    /// `IDEMGATE_HTTP__GRAFANA_URL`: the idemgate dashboard's URL, such as
+    /// `http://grafana:3000/d/idemgate`; the trace page links to it with the key's time range.
+    /// Empty: no links.
+    pub grafana_url: String,
+    /// `IDEMGATE_HTTP__QUERY_TIMEOUT_MS`: the longest a page or API call may wait on the
+    /// database before it answers 503.
+    pub query_timeout_ms: u64,
+}
+
+impl std::fmt::Debug for HttpSettings {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let shown = self.redacted();
+        f.debug_struct("HttpSettings")
+            .field("bind", &shown.bind)
+            .field("auth_token", &shown.auth_token)
+            .field("basic_user", &shown.basic_user)
+            .field("basic_password", &shown.basic_password)
+            .field("grafana_url", &shown.grafana_url)
+            .field("query_timeout_ms", &shown.query_timeout_ms)
+            .finish()
+    }
+}
+
+impl HttpSettings {
+    /// True when the web UI asks for credentials.
+    pub fn auth_enabled(&self) -> bool {
+        !self.auth_token.is_empty() || !self.basic_user.is_empty()
+    }
+
+    /// A copy with the secrets masked, for printing.
+    pub fn redacted(&self) -> Self {
+        let mask = |s: &str| if s.is_empty() { String::new() } else { "***".to_owned() };
+        Self { auth_token: mask(&self.auth_token), basic_password: mask(&self.basic_password), ..self.clone() }
+    }
+
+    fn validate(&self) -> Result<(), ConfigError> {
+        self.bind.parse::<std::net::SocketAddr>().map_err(|e| {
+            invalid("http.bind", format!("{:?} is not an address such as 127.0.0.1:8080 ({e})", self.bind))
+        })?;
+        if !self.auth_token.is_empty() && self.auth_token.chars().count() < 16 {
+            return Err(invalid("http.auth_token", "is shorter than 16 characters; use a long random token"));
+        }
+        if self.auth_token.chars().any(|c| c.is_whitespace() || c.is_control()) {
+            return Err(invalid("http.auth_token", "contains whitespace or control characters"));
+        }
+        if self.basic_user.is_empty() != self.basic_password.is_empty() {
+            return Err(invalid("http.basic_user", "basic_user and basic_password are set together or not at all"));
+        }
+        if self.basic_user.contains(':') {
+            return Err(invalid("http.basic_user", "contains ':', which basic auth cannot carry"));
+        }
+        if !self.grafana_url.is_empty()
+            && !(self.grafana_url.starts_with("http://") || self.grafana_url.starts_with("https://"))
+        {
+            return Err(invalid("http.grafana_url", "must start with http:// or https://"));
+        }
+        if !(100..=600_000).contains(&self.query_timeout_ms) {
+            return Err(invalid("http.query_timeout_ms", "must be from 100 to 600000"));
+        }
+        Ok(())
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -141,7 +210,14 @@ impl Default for Settings {
                 start_from: StartFrom::First,
                 producer_group: "idemgate_producer".to_owned(),
             },
-            http: HttpSettings { bind: "127.0.0.1:8080".to_owned() },
+            http: HttpSettings {
+                bind: "127.0.0.1:8080".to_owned(),
+                auth_token: String::new(),
+                basic_user: String::new(),
+                basic_password: String::new(),
+                grafana_url: String::new(),
+                query_timeout_ms: 5_000,
+            },
             log: LogSettings { filter: DEFAULT_LOG_FILTER.to_owned(), format: LogFormat::Text },
             archive: ArchiveSettings::default(),
         }
@@ -234,12 +310,7 @@ impl Settings {
         }
         crate::route::check_key_text(&b.producer_group, crate::route::MAX_ID_CHARS)
             .map_err(|m| invalid("broker.producer_group", m))?;
-        self.http.bind.parse::<std::net::SocketAddr>().map_err(|e| {
-            invalid(
-                "http.bind",
-                format!("{:?} is not an address such as 127.0.0.1:8080 ({e})", self.http.bind),
-            )
-        })?;
+        self.http.validate()?;
         if self.routes.is_empty() {
             return Err(invalid("routes", "at least one route is needed"));
         }

@@ -14,8 +14,8 @@ use async_trait::async_trait;
 
 use crate::delivery::Delivery;
 use crate::gate::Layer;
-use crate::route::BizKey;
-use crate::store::{Backend, Conn};
+use crate::route::{BizKey, Routes};
+use crate::store::{Backend, Conn, Store};
 
 /// What a handler is given besides the connection.
 #[derive(Debug, Clone, Copy)]
@@ -59,10 +59,36 @@ pub enum HandlerError {
     Database(#[from] sqlx::Error),
 }
 
+/// One line of business state, shown on a key's trace page.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct Fact {
+    pub label: String,
+    pub value: String,
+    /// The state shows something that must never happen, such as an effect applied twice.
+    pub alarm: bool,
+}
+
+impl Fact {
+    pub fn new(label: impl Into<String>, value: impl Into<String>) -> Self {
+        Self { label: label.into(), value: value.into(), alarm: false }
+    }
+
+    pub fn alarm(label: impl Into<String>, value: impl Into<String>) -> Self {
+        Self { label: label.into(), value: value.into(), alarm: true }
+    }
+}
+
 /// Applies one kind of business effect.
 #[async_trait]
 pub trait Handler: Send + Sync + 'static {
     async fn handle(&self, work: &Work<'_>, conn: &mut Conn) -> Result<Effect, HandlerError>;
+
+    /// The business state this handler owns for `biz_id`, read through `store` for the trace
+    /// page: the order's status, the ledger rows of a deduction. Read-only and bounded. The
+    /// default shows nothing.
+    async fn describe(&self, _store: &Store, _biz_id: &str) -> Result<Vec<Fact>, sqlx::Error> {
+        Ok(Vec::new())
+    }
 }
 
 /// Handlers by name. Routes name the handler for their biz_type.
@@ -102,5 +128,14 @@ impl Handlers {
 
     pub fn names(&self) -> impl Iterator<Item = &str> {
         self.by_name.keys().map(String::as_str)
+    }
+
+    /// The handler of each biz_type `routes` name, for showing business state by biz_type.
+    pub fn by_biz_type(&self, routes: &Routes) -> BTreeMap<String, Arc<dyn Handler>> {
+        routes
+            .handler_by_biz_type()
+            .into_iter()
+            .filter_map(|(biz_type, name)| Some((biz_type.to_owned(), self.get(name)?.clone())))
+            .collect()
     }
 }

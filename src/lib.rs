@@ -19,7 +19,8 @@
 //! - [`broker`]: the RocketMQ client: the push consumer that feeds the gate, and the producer.
 //! - [`serve`]: `idemgate serve`, the service: store, gate, HTTP server and consumer.
 //! - [`produce`]: `idemgate produce`, the example traffic sent to a real topic.
-//! - [`http`]: the HTTP server and its routes.
+//! - [`inspect`]: reading the story back: a key's trace, the overview, the lists of trouble.
+//! - [`http`]: the HTTP server: the web UI, the JSON API, health and `/metrics`.
 //! - [`metrics`]: every Prometheus metric, declared once; `/metrics`.
 //! - [`traffic`]: the example traffic, and the books of what was sent.
 //! - [`demo`]: the one-command demo on embedded defaults.
@@ -38,6 +39,7 @@ pub mod demo;
 pub mod gate;
 pub mod handler;
 pub mod http;
+pub mod inspect;
 pub mod metrics;
 pub mod produce;
 pub mod route;

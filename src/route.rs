@@ -229,6 +229,16 @@ impl Routes {
         self.routes.iter().map(|r| r.biz_type.clone()).collect()
     }
 
+    /// Each biz_type with the handler of its first route: whose business state the trace
+    /// page shows for a key of that type.
+    pub fn handler_by_biz_type(&self) -> std::collections::BTreeMap<&str, &str> {
+        let mut out = std::collections::BTreeMap::new();
+        for r in &self.routes {
+            out.entry(r.biz_type.as_str()).or_insert(r.handler.as_str());
+        }
+        out
+    }
+
     /// Every (topic, tag expression) pair the routes cover, for building subscriptions.
     pub fn topics(&self) -> Vec<(String, String)> {
         let mut out: Vec<(String, Vec<String>)> = Vec::new();

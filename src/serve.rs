@@ -20,7 +20,7 @@ use crate::broker::Consumer;
 use crate::config::Settings;
 use crate::gate::{Gate, Policy};
 use crate::handler::Handlers;
-use crate::http::{self, AppState};
+use crate::http::{self, AppState, Web};
 use crate::metrics::{BuildInfo, Metrics};
 use crate::store::{Store, redact_url};
 
@@ -56,11 +56,12 @@ impl Running {
             ui_url: url.clone(),
         };
         let metrics = Arc::new(Metrics::new(&info, &routes.biz_types(), &topics));
+        let web = Arc::new(Web::new(settings, &handlers));
         let gate = Arc::new(
             Gate::new(store.clone(), routes, handlers, identity, policy)?.with_metrics(metrics.clone()),
         );
         let ready = Arc::new(AtomicBool::new(false));
-        let state = AppState { store: store.clone(), consumer_ready: ready.clone(), metrics };
+        let state = AppState { store: store.clone(), consumer_ready: ready.clone(), metrics, web };
         let (stop_http, http_stopped) = oneshot::channel::<()>();
         let http_task = tokio::spawn(server.run(state, async {
             let _ = http_stopped.await;

@@ -42,7 +42,7 @@ labelled! {
 }
 
 /// One `archive_run` row.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
 pub struct RunRecord {
     pub id: i64,
     pub kind: RunKind,

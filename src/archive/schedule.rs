@@ -42,6 +42,19 @@ impl Schedule {
     pub fn as_str(&self) -> &str {
         &self.0
     }
+
+    /// The first moment after `after_ms` (epoch ms) that the schedule fires, read as the
+    /// scheduler reads it (UTC, seconds required).
+    pub fn next_after(&self, after_ms: i64) -> Option<i64> {
+        let cron = croner::parser::CronParser::builder()
+            .seconds(croner::parser::Seconds::Required)
+            .dom_and_dow(true)
+            .build()
+            .parse(&self.0)
+            .ok()?;
+        let after = chrono::DateTime::from_timestamp_millis(after_ms)?;
+        cron.find_next_occurrence(&after, false).ok().map(|t| t.timestamp_millis())
+    }
 }
 
 impl fmt::Display for Schedule {
@@ -137,6 +150,9 @@ mod tests {
     #[test]
     fn six_fields_are_accepted_and_anything_else_is_refused_with_the_expression_named() {
         assert!(Schedule::parse("0 0 3 * * *").is_ok());
+        // 2026-11-29T10:52:00Z; the next 03:00 UTC is the morning after.
+        let next = Schedule::parse("0 0 3 * * *").unwrap().next_after(1_795_949_520_000);
+        assert_eq!(next, Some(1_796_007_600_000));
         assert!(Schedule::parse("0 */15 * * * Mon-Fri").is_ok());
         let five = Schedule::parse("0 3 * * *").unwrap_err().to_string();
         assert!(five.starts_with("\"0 3 * * *\" is not a valid schedule (it has 5 fields)"), "{five}");

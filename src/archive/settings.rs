@@ -85,6 +85,15 @@ fn bad(key: &'static str, message: impl Into<String>) -> SettingError {
 }
 
 impl ArchiveSettings {
+    /// When the job next runs inside `serve` after `now_ms`, or `None` when it does not run
+    /// on a schedule.
+    pub fn next_run_after(&self, now_ms: i64) -> Option<i64> {
+        if !self.enabled {
+            return None;
+        }
+        Schedule::parse(&self.schedule).ok()?.next_after(now_ms)
+    }
+
     /// Checks what types alone cannot, naming the key.
     pub fn validate(&self) -> Result<(), SettingError> {
         Schedule::parse(&self.schedule).map_err(|e| bad("archive.schedule", e.to_string()))?;

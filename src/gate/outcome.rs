@@ -7,7 +7,7 @@ use std::time::Duration;
 use crate::route::BizKey;
 
 /// Declares a closed set of stored names (outcomes, causes, run kinds…): the enum, `ALL`,
-/// `index`, `as_str`, `parse` and `Display`.
+/// `index`, `as_str`, `parse`, `Display` and `Serialize` (as the stored name).
 macro_rules! labelled {
     ($(#[$meta:meta])* $name:ident { $($(#[$vmeta:meta])* $variant:ident => $label:literal,)+ }) => {
         $(#[$meta])*
@@ -38,6 +38,12 @@ macro_rules! labelled {
                     $($label => Some($name::$variant),)+
                     _ => None,
                 }
+            }
+        }
+
+        impl serde::Serialize for $name {
+            fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+                s.serialize_str(self.as_str())
             }
         }
 

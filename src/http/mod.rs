@@ -1,11 +1,17 @@
-//! The HTTP server: health endpoints, `/metrics`, and the router the web UI and the JSON API
-//! hang off. It binds to loopback unless configured otherwise.
+//! The HTTP server: the web UI ([`ui`]), the JSON API ([`api`]), `/metrics` and the health
+//! endpoints. It binds to loopback unless configured otherwise.
 //!
+//! Every response carries a strict Content-Security-Policy (no scripts at all) and `nosniff`.
+//! With credentials configured ([`auth`]), everything but `/healthz` and `/readyz` needs them.
 //! This module owns routing and the server's lifecycle; each resource's handlers live in a
 //! module of their own. It must not change state on a GET.
 
+pub mod api;
+pub mod auth;
 mod health;
 mod metrics;
+pub mod params;
+pub mod ui;
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -13,8 +19,17 @@ use std::sync::atomic::AtomicBool;
 
 use anyhow::Context;
 use axum::Router;
+use axum::extract::Request;
+use axum::http::{HeaderValue, header};
+use axum::middleware::{self, Next};
+use axum::response::Response;
 use tokio::net::TcpListener;
 
+use crate::archive::{ArchiveSettings, LogRetention};
+use crate::config::Settings;
+use crate::handler::Handlers;
+use crate::inspect::Limits;
+use crate::inspect::trace::TraceContext;
 use crate::metrics::Metrics;
 use crate::store::Store;
 
@@ -25,11 +40,67 @@ pub struct AppState {
     /// Set once the consumer has started (or, in the demo, the traffic source).
     pub consumer_ready: Arc<AtomicBool>,
     pub metrics: Arc<Metrics>,
+    pub web: Arc<Web>,
+}
+
+/// What the pages need besides the store: fixed at start.
+#[derive(Debug, Clone)]
+pub struct Web {
+    pub trace: TraceContext,
+    pub archive: ArchiveSettings,
+    pub auth: auth::Auth,
+}
+
+impl Web {
+    /// The pages' settings, and the handlers whose business state the trace page shows.
+    pub fn new(settings: &Settings, handlers: &Handlers) -> Self {
+        let http = &settings.http;
+        Self {
+            trace: TraceContext {
+                limits: Limits { timeout: std::time::Duration::from_millis(http.query_timeout_ms) },
+                retention: Some(LogRetention::days(settings.archive.log_retention_days)),
+                grafana_url: (!http.grafana_url.is_empty()).then(|| http.grafana_url.clone()),
+                describers: handlers.by_biz_type(&settings.routes()),
+            },
+            archive: settings.archive.clone(),
+            auth: auth::Auth::from_settings(http),
+        }
+    }
+}
+
+/// Pages may load only their own stylesheet: no scripts, no frames, no foreign forms.
+const CONTENT_SECURITY_POLICY: &str = "default-src 'none'; style-src 'self'; img-src 'self' data:; \
+     form-action 'self'; frame-ancestors 'none'; base-uri 'none'";
+
+async fn security_headers(request: Request, next: Next) -> Response {
+    let mut response = next.run(request).await;
+    let headers = response.headers_mut();
+    headers.insert(header::CONTENT_SECURITY_POLICY, HeaderValue::from_static(CONTENT_SECURITY_POLICY));
+    headers.insert(header::X_CONTENT_TYPE_OPTIONS, HeaderValue::from_static("nosniff"));
+    headers.insert(header::REFERRER_POLICY, HeaderValue::from_static("no-referrer"));
+    headers.insert(header::X_FRAME_OPTIONS, HeaderValue::from_static("DENY"));
+    response
+}
+
+/// A path no route has: a JSON 404 under `/api/`, the 404 page elsewhere.
+async fn not_found(uri: axum::http::Uri) -> Response {
+    use axum::response::IntoResponse;
+    if uri.path().starts_with("/api/") { api::not_found().into_response() } else { ui::not_found().into_response() }
 }
 
 /// The whole application's routes.
 pub fn router(state: AppState) -> Router {
-    Router::new().merge(health::router()).merge(metrics::router()).with_state(state)
+    let guarded = Router::new()
+        .merge(metrics::router())
+        .merge(ui::router())
+        .merge(api::router())
+        .fallback(not_found)
+        .route_layer(middleware::from_fn_with_state(state.clone(), auth::require));
+    Router::new()
+        .merge(health::router())
+        .merge(guarded)
+        .layer(middleware::from_fn(security_headers))
+        .with_state(state)
 }
 
 /// A bound listener, not yet serving: bind first so that the address (port 0 picks a free

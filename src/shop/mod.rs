@@ -71,6 +71,57 @@ pub async fn ensure_example_stock(store: &crate::store::Store) -> Result<(), sql
     Ok(())
 }
 
+static ORDER_BY_NO: crate::store::Sql = crate::store::Sql::new(
+    "SELECT order_no, user_id, sku, quantity, amount_cents, status, created_at_ms, payment_no, paid_at_ms \
+     FROM shop_order WHERE order_no = ?",
+);
+static ORDER_BY_PAYMENT: crate::store::Sql = crate::store::Sql::new(
+    "SELECT order_no, user_id, sku, quantity, amount_cents, status, created_at_ms, payment_no, paid_at_ms \
+     FROM shop_order WHERE payment_no = ? LIMIT 2",
+);
+
+/// The order (found by its number, or by the payment that paid it) as trace-page facts.
+async fn describe_order(
+    store: &crate::store::Store,
+    by_payment: bool,
+    id: &str,
+) -> Result<Vec<crate::handler::Fact>, sqlx::Error> {
+    use crate::handler::Fact;
+    use crate::inspect::format_ms;
+    use sqlx::Row;
+    let sql = if by_payment { &ORDER_BY_PAYMENT } else { &ORDER_BY_NO };
+    let rows = store.query(sql).bind(id).fetch_all(store.pool()).await?;
+    let Some(r) = rows.first() else {
+        let what = if by_payment { "no order is paid by this payment" } else { "no such order" };
+        return Ok(vec![Fact::new("shop_order", what)]);
+    };
+    let mut facts = vec![
+        Fact::new("order", r.try_get::<String, _>(0)?),
+        Fact::new("status", r.try_get::<String, _>(5)?),
+        Fact::new(
+            "item",
+            format!(
+                "{} × {} for {} cents, user {}",
+                r.try_get::<i64, _>(3)?,
+                r.try_get::<String, _>(2)?,
+                r.try_get::<i64, _>(4)?,
+                r.try_get::<String, _>(1)?
+            ),
+        ),
+        Fact::new("created", format_ms(r.try_get(6)?)),
+    ];
+    if let Some(payment_no) = r.try_get::<Option<String>, _>(7)? {
+        facts.push(Fact::new("paid by", payment_no));
+    }
+    if let Some(paid_at) = r.try_get::<Option<i64>, _>(8)? {
+        facts.push(Fact::new("paid", format_ms(paid_at)));
+    }
+    if rows.len() > 1 {
+        facts.push(Fact::alarm("payment", "one payment number marks more than one order paid"));
+    }
+    Ok(facts)
+}
+
 /// Parses a handler's JSON body; a body of the wrong shape makes the delivery invalid.
 fn parse_body<T: DeserializeOwned>(body: &[u8]) -> Result<T, HandlerError> {
     serde_json::from_slice(body).map_err(|e| HandlerError::Invalid(format!("body: {e}")))

@@ -4,9 +4,9 @@ use async_trait::async_trait;
 use serde::{Deserialize, Serialize};
 
 use crate::gate::Layer;
-use crate::handler::{Effect, Handler, HandlerError, Work};
+use crate::handler::{Effect, Fact, Handler, HandlerError, Work};
 use crate::insert_if_absent;
-use crate::store::{Conn, InsertIfAbsent};
+use crate::store::{Conn, InsertIfAbsent, Store};
 
 /// The body of an `order.create` message.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -55,5 +55,9 @@ impl Handler for OrderCreate {
                 detail: format!("order {} already exists", order.order_no),
             }
         })
+    }
+
+    async fn describe(&self, store: &Store, biz_id: &str) -> Result<Vec<Fact>, sqlx::Error> {
+        super::describe_order(store, false, biz_id).await
     }
 }

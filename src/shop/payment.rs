@@ -11,8 +11,8 @@ use serde::{Deserialize, Serialize};
 use sqlx::Row;
 
 use crate::gate::Layer;
-use crate::handler::{Effect, Handler, HandlerError, Work};
-use crate::store::{Conn, Sql, query};
+use crate::handler::{Effect, Fact, Handler, HandlerError, Work};
+use crate::store::{Conn, Sql, Store, query};
 
 /// The body of a `payment.confirm` message.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -87,5 +87,9 @@ impl Handler for PaymentConfirm {
                 pay.order_no
             ))),
         }
+    }
+
+    async fn describe(&self, store: &Store, biz_id: &str) -> Result<Vec<Fact>, sqlx::Error> {
+        super::describe_order(store, true, biz_id).await
     }
 }

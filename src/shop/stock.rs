@@ -6,7 +6,7 @@ use async_trait::async_trait;
 use serde::{Deserialize, Serialize};
 use sqlx::Row;
 
-use crate::handler::{Effect, Handler, HandlerError, Work};
+use crate::handler::{Effect, Fact, Handler, HandlerError, Work};
 use crate::insert_if_absent;
 use crate::store::{Conn, InsertIfAbsent, Sql, Store, query};
 
@@ -27,6 +27,9 @@ static INSERT_SKU_IF_ABSENT: InsertIfAbsent = insert_if_absent!(
     "INSERT INTO shop_stock (sku, quantity) VALUES (?, ?)",
     conflict = "(sku)",
     index = "PRIMARY"
+);
+static LEDGER_ROWS: Sql = Sql::new(
+    "SELECT sku, quantity, applied_at_ms FROM shop_stock_ledger WHERE deduction_id = ? ORDER BY id LIMIT 20",
 );
 static DELETE_SKU: Sql = Sql::new("DELETE FROM shop_stock WHERE sku = ?");
 static INSERT_SKU: Sql = Sql::new("INSERT INTO shop_stock (sku, quantity) VALUES (?, ?)");
@@ -67,6 +70,33 @@ impl Handler for StockDeduct {
             .execute(&mut *conn)
             .await?;
         Ok(Effect::Applied)
+    }
+
+    /// The ledger rows of this deduction: exactly one when it was applied, none when it was
+    /// not; two or more is the double application the gate exists to prevent.
+    async fn describe(&self, store: &Store, biz_id: &str) -> Result<Vec<Fact>, sqlx::Error> {
+        let rows = store.query(&LEDGER_ROWS).bind(biz_id).fetch_all(store.pool()).await?;
+        let mut facts = Vec::with_capacity(rows.len() + 1);
+        for r in &rows {
+            facts.push(Fact::new(
+                "ledger row",
+                format!(
+                    "{} × {} at {}",
+                    r.try_get::<i64, _>(1)?,
+                    r.try_get::<String, _>(0)?,
+                    crate::inspect::format_ms(r.try_get(2)?)
+                ),
+            ));
+        }
+        facts.insert(
+            0,
+            match rows.len() {
+                0 => Fact::new("stock ledger", "not applied: no ledger row"),
+                1 => Fact::new("stock ledger", "applied once"),
+                n => Fact::alarm("stock ledger", format!("APPLIED {n} TIMES: one deduction, {n} ledger rows")),
+            },
+        );
+        Ok(facts)
     }
 }
 
