@@ -1,0 +1,429 @@
+//! The web UI and the JSON API through `tower::ServiceExt::oneshot`, on SQLite, PostgreSQL and
+//! MariaDB: deliveries go through the real gate into a real database, then each page, JSON
+//! endpoint and error path is requested. Hostile and SQL-looking input must round-trip escaped
+//! and harmless; bad input must get a 400 that says why, never a 500.
+
+#[allow(dead_code)]
+#[path = "../conformance/support.rs"]
+#[macro_use]
+mod support;
+
+use std::sync::Arc;
+use std::sync::atomic::AtomicBool;
+
+use axum::body::Body;
+use axum::http::{Request, StatusCode, header};
+use idemgate::config::Settings;
+use idemgate::delivery::Delivery;
+use idemgate::gate::{Gate, Outcome, Policy};
+use idemgate::http::{AppState, Web, router};
+use idemgate::metrics::{BuildInfo, Metrics};
+use idemgate::shop;
+use idemgate::store::Sql;
+use serde_json::Value;
+use support::{TestDb, gate, identity, stock_deduct};
+use tower::ServiceExt;
+
+const GROUP: &str = "shop-web";
+
+struct App {
+    db: TestDb,
+    gate: Gate,
+    settings: Settings,
+}
+
+impl App {
+    async fn new(backend: idemgate::store::Backend) -> Self {
+        Self::with_settings(backend, Settings::default()).await
+    }
+
+    async fn with_settings(backend: idemgate::store::Backend, settings: Settings) -> Self {
+        let db = TestDb::new(backend).await;
+        shop::seed_stock(&db.store, "SKU-W", 1_000).await.expect("stock");
+        let gate = gate(db.store.clone(), identity(GROUP, "web-1"), vec![], idemgate::handler::Handlers::new());
+        Self { db, gate, settings }
+    }
+
+    fn state(&self) -> AppState {
+        let info = BuildInfo {
+            backend: self.db.store.backend(),
+            consumer_group: GROUP.to_owned(),
+            instance_id: "web-1".to_owned(),
+            ui_url: "http://127.0.0.1:0".to_owned(),
+        };
+        let routes = self.settings.routes();
+        AppState {
+            store: self.db.store.clone(),
+            consumer_ready: Arc::new(AtomicBool::new(true)),
+            metrics: Arc::new(Metrics::new(&info, &routes.biz_types(), &Default::default())),
+            web: Arc::new(Web::new(&self.settings, &shop::handlers())),
+        }
+    }
+
+    async fn deliver(&self, d: &Delivery) -> Outcome {
+        self.gate.process(d).await.outcome
+    }
+
+    async fn get(&self, uri: &str) -> (StatusCode, String, axum::http::HeaderMap) {
+        self.request(Request::get(uri).body(Body::empty()).expect("request")).await
+    }
+
+    async fn request(&self, request: Request<Body>) -> (StatusCode, String, axum::http::HeaderMap) {
+        let response = router(self.state()).oneshot(request).await.expect("a response");
+        let status = response.status();
+        let headers = response.headers().clone();
+        let bytes = axum::body::to_bytes(response.into_body(), 16 << 20).await.expect("body");
+        (status, String::from_utf8(bytes.to_vec()).expect("utf-8"), headers)
+    }
+
+    async fn json(&self, uri: &str) -> (StatusCode, Value) {
+        let (status, body, headers) = self.get(uri).await;
+        assert_eq!(
+            headers.get(header::CONTENT_TYPE).and_then(|v| v.to_str().ok()),
+            Some("application/json"),
+            "{uri}: {body}"
+        );
+        (status, serde_json::from_str(&body).unwrap_or_else(|e| panic!("{uri}: {e}: {body}")))
+    }
+}
+
+fn payment(payment_no: &str, order_no: &str, msg_id: &str, uniq_key: &str, reconsume: i32) -> Delivery {
+    Delivery {
+        msg_id: msg_id.to_owned(),
+        uniq_key: uniq_key.to_owned(),
+        topic: shop::TOPIC.to_owned(),
+        tags: shop::TAG_PAYMENT_CONFIRM.to_owned(),
+        keys: vec![payment_no.to_owned()],
+        body: serde_json::to_vec(&shop::ConfirmPayment {
+            order_no: order_no.to_owned(),
+            payment_no: payment_no.to_owned(),
+            amount_cents: 500,
+        })
+        .expect("json"),
+        reconsume_times: reconsume,
+        ..Default::default()
+    }
+}
+
+fn order(order_no: &str, msg_id: &str) -> Delivery {
+    Delivery {
+        msg_id: msg_id.to_owned(),
+        uniq_key: format!("U-{msg_id}"),
+        topic: shop::TOPIC.to_owned(),
+        tags: shop::TAG_ORDER_CREATE.to_owned(),
+        keys: vec![order_no.to_owned()],
+        body: serde_json::to_vec(&shop::CreateOrder {
+            order_no: order_no.to_owned(),
+            user_id: "u-1".to_owned(),
+            sku: "SKU-W".to_owned(),
+            quantity: 1,
+            amount_cents: 500,
+        })
+        .expect("json"),
+        ..Default::default()
+    }
+}
+
+fn count(html: &str, needle: &str) -> usize {
+    html.matches(needle).count()
+}
+
+mod cases {
+    use super::*;
+
+    /// One key with every kind of event: processed, a broker redelivery, a producer resend and
+    /// a resend with a different body (a collision); the page and the JSON tell each apart.
+    pub async fn the_trace_tells_the_whole_story_of_a_key(backend: idemgate::store::Backend) {
+        let app = App::new(backend).await;
+        assert_eq!(app.deliver(&stock_deduct("D-77", "M1", "U1", "SKU-W", 2)).await, Outcome::Processed);
+        assert_eq!(app.deliver(&stock_deduct("D-77", "M2", "U1", "SKU-W", 2)).await, Outcome::Duplicate);
+        assert_eq!(app.deliver(&stock_deduct("D-77", "M3", "U2", "SKU-W", 2)).await, Outcome::Duplicate);
+        assert_eq!(app.deliver(&stock_deduct("D-77", "M4", "U3", "SKU-W", 5)).await, Outcome::Duplicate);
+
+        let (status, html, headers) = app.get("/trace?biz_id=D-77").await;
+        assert_eq!(status, StatusCode::OK, "{html}");
+        assert!(headers.get(header::CONTENT_SECURITY_POLICY).is_some());
+        assert!(html.contains("applied once"), "{html}");
+        assert!(html.contains(">live<"), "the dedup record is live");
+        assert!(html.contains("M1") && html.contains("M4"));
+        assert_eq!(count(&html, "row-ok"), 1, "one processed row");
+        assert_eq!(count(&html, "row-dup"), 2, "two plain duplicates");
+        assert_eq!(count(&html, "row-collision"), 1, "one collision");
+        assert!(html.contains("BODY DIFFERS"));
+        assert!(html.contains("producer resend") && html.contains("redelivery"));
+        assert!(html.contains("ledger row") && html.contains("2 × SKU-W"), "the stock ledger is shown");
+
+        let (status, json) = app.json("/api/trace/D-77?biz_type=stock.deduct").await;
+        assert_eq!(status, StatusCode::OK);
+        assert_eq!(json["found"], "story");
+        let story = &json["story"];
+        assert_eq!(story["claim"]["msg_id"], "M1");
+        assert_eq!(story["claim"]["state"], "live");
+        assert_eq!(story["summary"]["deliveries"], 4);
+        assert_eq!(story["summary"]["processed"], 1);
+        assert_eq!(story["summary"]["collisions"], 1);
+        assert_eq!(story["summary"]["duplicates"]["redelivery"], 1);
+        assert_eq!(story["summary"]["duplicates"]["producer_resend"], 2);
+        assert_eq!(story["summary"]["final_state"], "applied");
+        let msg_ids: Vec<&str> =
+            story["deliveries"].as_array().unwrap().iter().map(|d| d["msg_id"].as_str().unwrap()).collect();
+        assert_eq!(msg_ids, ["M1", "M2", "M3", "M4"], "oldest first");
+
+        // The same story by msgId and by UNIQ_KEY.
+        let (_, by_msg) = app.json("/api/trace?q=M3").await;
+        assert_eq!((by_msg["matched_by"].as_str(), by_msg["story"]["key"]["biz_id"].as_str()), (Some("msg_id"), Some("D-77")));
+        let (_, by_uniq) = app.json("/api/trace?uniq_key=U3").await;
+        assert_eq!(by_uniq["story"]["key"]["biz_id"], "D-77");
+    }
+
+    /// A payment retried, then dead-lettered: never claimed, the rows stand out, the state says
+    /// so and the dead-letter list has it.
+    pub async fn retries_and_dead_letters_stand_out(backend: idemgate::store::Backend) {
+        let app = App::new(backend).await;
+        let last = Policy::default().max_reconsume_times;
+        assert_eq!(app.deliver(&payment("P-9", "O-none", "M1", "U1", 0)).await, Outcome::Failed);
+        assert_eq!(app.deliver(&payment("P-9", "O-none", "M2", "U1", 1)).await, Outcome::Failed);
+        assert_eq!(app.deliver(&payment("P-9", "O-none", "M3", "U1", last)).await, Outcome::DeadLettered);
+
+        let (status, html, _) = app.get("/trace?q=P-9").await;
+        assert_eq!(status, StatusCode::OK);
+        assert!(html.contains("dead-lettered: never applied"), "{html}");
+        assert!(html.contains("No dedup record"));
+        assert_eq!(count(&html, "row-retry"), 2);
+        assert_eq!(count(&html, "row-dead"), 1);
+        assert!(html.contains("no order is paid by this payment"), "business state of payment.confirm");
+
+        let (_, json) = app.json("/api/trace/P-9").await;
+        assert_eq!(json["story"]["summary"]["final_state"], "dead_lettered");
+        assert_eq!(json["story"]["summary"]["retries"], 2);
+        assert_eq!(json["story"]["claim"], Value::Null);
+
+        let (_, list) = app.json("/api/dead-letters").await;
+        assert_eq!(list["rows"].as_array().unwrap().len(), 1);
+        assert_eq!(list["rows"][0]["biz_id"], "P-9");
+        let (status, page, _) = app.get("/dead-letters").await;
+        assert_eq!(status, StatusCode::OK);
+        assert!(page.contains("/trace?biz_id=P-9"), "each row links to its trace: {page}");
+
+        let (_, overview) = app.json("/api/overview").await;
+        assert_eq!(overview["last_5_minutes"]["deliveries"], 3);
+        assert_eq!(overview["last_5_minutes"]["retries"], 2);
+        assert_eq!(overview["last_5_minutes"]["dead_letters"], 1);
+        assert_eq!(overview["latest_dead_letters"][0]["msg_id"], "M3");
+        let minutes = overview["minutes"].as_array().unwrap();
+        assert!(minutes.len() >= 60, "a bar per minute of the hour");
+        assert_eq!(minutes.iter().map(|m| m["deliveries"].as_i64().unwrap()).sum::<i64>(), 3);
+        let (status, html, _) = app.get("/").await;
+        assert_eq!(status, StatusCode::OK);
+        assert!(html.contains("<svg") && html.contains("Latest dead letters") && html.contains("P-9"));
+    }
+
+    /// Hostile keys are refused at the gate and logged as invalid; looking them up shows them
+    /// escaped, and SQL-looking searches find nothing rather than everything.
+    pub async fn hostile_and_sql_looking_input_round_trips_harmlessly(backend: idemgate::store::Backend) {
+        let app = App::new(backend).await;
+        let xss = "<script>alert(1)</script>";
+        assert_eq!(app.deliver(&stock_deduct(xss, "M-XSS", "U-XSS", "SKU-W", 1)).await, Outcome::Invalid);
+        let sql = "D-1' OR '1'='1";
+        assert_eq!(app.deliver(&stock_deduct(sql, "M-SQL", "U-SQL", "SKU-W", 1)).await, Outcome::Invalid);
+        // Legal keys with URL-special and non-ASCII characters.
+        let odd = "A/B#1+2=3|x~y@z";
+        assert_eq!(app.deliver(&stock_deduct(odd, "M-ODD", "U-ODD", "SKU-W", 1)).await, Outcome::Processed);
+        let han = "订单-1";
+        assert_eq!(app.deliver(&stock_deduct(han, "M-HAN", "U-HAN", "SKU-W", 1)).await, Outcome::Processed);
+
+        let (status, html, _) = app.get("/invalid").await;
+        assert_eq!(status, StatusCode::OK);
+        assert!(!html.contains(xss), "never rendered raw");
+        assert!(html.contains("&#60;script&#62;alert(1)&#60;/script&#62;"), "escaped: {html}");
+
+        let (status, html, _) = app.get("/trace?q=M-XSS").await;
+        assert_eq!(status, StatusCode::OK, "{html}");
+        assert!(!html.contains("<script>"));
+        assert!(html.contains("invalid: refused before the claim"), "{html}");
+
+        // The hostile bizId is findable as it was sent: the invalid message, shown escaped.
+        let uri = format!("/trace?{}", serde_urlencoded::to_string([("biz_id", xss)]).unwrap());
+        let (status, html, _) = app.get(&uri).await;
+        assert_eq!(status, StatusCode::OK, "{html}");
+        assert!(!html.contains(xss) && html.contains("invalid: refused before the claim"), "{html}");
+        let (_, json) = app.json(&uri.replacen("/trace", "/api/trace", 1)).await;
+        assert_eq!(json["story"]["key"]["biz_id"], xss, "the JSON carries the exact text");
+
+        // SQL-looking and wildcard searches match nothing: they are values, not SQL.
+        for search in [sql, "' OR 1=1 --", "%", "_", "*"] {
+            let uri = format!("/api/trace?{}", serde_urlencoded::to_string([("biz_id", search)]).unwrap());
+            let (status, json) = app.json(&uri).await;
+            assert_eq!(status, StatusCode::NOT_FOUND, "{search}: {json}");
+            let (status, html, _) = app.get(&uri.replacen("/api", "", 1)).await;
+            assert_eq!(status, StatusCode::NOT_FOUND);
+            assert!(!html.contains("<script>alert"), "{search}");
+        }
+        let (_, rows) = app.json("/api/invalid").await;
+        assert_eq!(rows["rows"].as_array().unwrap().len(), 2, "both hostile messages are kept and listed");
+
+        for key in [odd, han] {
+            let path = serde_urlencoded::to_string([("", key)]).unwrap()[1..].replace('+', "%20");
+            let (status, json) = app.json(&format!("/api/trace/{path}")).await;
+            assert_eq!(status, StatusCode::OK, "{key}: {json}");
+            assert_eq!(json["story"]["key"]["biz_id"], key);
+            let (status, html, _) =
+                app.get(&format!("/trace?{}", serde_urlencoded::to_string([("q", key)]).unwrap())).await;
+            assert_eq!(status, StatusCode::OK);
+            assert!(html.contains("applied once"), "{key}");
+        }
+    }
+
+    /// Bad parameters get a 400 page (or JSON) that says what is wrong; nothing gets a 500.
+    pub async fn bad_input_gets_a_400_that_explains(backend: idemgate::store::Backend) {
+        let app = App::new(backend).await;
+        let long = "x".repeat(300);
+        let cases = [
+            (format!("/trace?q={long}"), "300 characters"),
+            ("/trace?q=a%00b".to_owned(), "control character"),
+            ("/trace?q=O-1&execute_time=tomorrow".to_owned(), "not epoch milliseconds"),
+            ("/trace?q=O-1&by=sql".to_owned(), "is not one of"),
+            ("/dead-letters?before=1;DROP".to_owned(), "page cursor"),
+            ("/dead-letters?limit=0".to_owned(), "limit must be"),
+            ("/collisions?since=last+tuesday".to_owned(), "is not a moment"),
+            ("/invalid?since=2026-11-29T10:00&until=2026-11-28T10:00".to_owned(), "since is after until"),
+            (format!("/invalid?biz_type={}", "t".repeat(65)), "65 characters"),
+            (format!("/trace?q={}", "y".repeat(5000)), "query string"),
+        ];
+        for (uri, why) in &cases {
+            let (status, html, _) = app.get(uri).await;
+            assert_eq!(status, StatusCode::BAD_REQUEST, "{uri}: {html}");
+            assert!(html.contains(why), "{uri} should say {why:?}: {html}");
+            assert!(html.contains("<form class=\"search\""), "the error page keeps the search box");
+            let (status, json) = app.json(&uri.replacen('/', "/api/", 1)).await;
+            assert_eq!(status, StatusCode::BAD_REQUEST, "{uri}");
+            assert!(json["error"].as_str().unwrap().contains(why), "{uri}: {json}");
+            assert_eq!(json["status"], 400);
+        }
+        let (status, html, _) = app.get("/no/such/page").await;
+        assert_eq!(status, StatusCode::NOT_FOUND);
+        assert!(html.contains("There is no page here"));
+        let (status, json) = app.json("/api/nothing").await;
+        assert_eq!((status, json["status"].as_i64()), (StatusCode::NOT_FOUND, Some(404)));
+        let (status, _, _) = app.request(Request::post("/trace?q=x").body(Body::empty()).unwrap()).await;
+        assert_eq!(status, StatusCode::METHOD_NOT_ALLOWED, "no page changes state, and none takes a POST");
+    }
+
+    /// The same bizId under two biz_types: the page offers the choice; a biz_type picks one.
+    pub async fn several_matches_offer_a_choice(backend: idemgate::store::Backend) {
+        let app = App::new(backend).await;
+        assert_eq!(app.deliver(&stock_deduct("SAME-1", "M1", "U1", "SKU-W", 1)).await, Outcome::Processed);
+        assert_eq!(app.deliver(&order("SAME-1", "M2")).await, Outcome::Processed);
+
+        let (status, html, _) = app.get("/trace?q=SAME-1").await;
+        assert_eq!(status, StatusCode::OK);
+        assert!(html.contains("matches 2 keys"), "{html}");
+        assert!(html.contains("biz_type=stock.deduct") && html.contains("biz_type=order.create"));
+        let (_, json) = app.json("/api/trace?q=SAME-1").await;
+        assert_eq!(json["found"], "choice");
+        assert_eq!(json["candidates"].as_array().unwrap().len(), 2);
+
+        let (_, json) = app.json("/api/trace?q=SAME-1&biz_type=order.create").await;
+        assert_eq!(json["found"], "story");
+        let facts = json["story"]["business"].as_array().unwrap();
+        assert!(facts.iter().any(|f| f["label"] == "status" && f["value"] == "UNPAID"), "{facts:?}");
+
+        let (_, json) = app.json("/api/trace?q=SAME-1&biz_type=payment.confirm").await;
+        assert_eq!(json["found"], "choice", "a filter that matches none lists what exists");
+        assert!(json["note"].as_str().unwrap().contains("not with the biz_type"));
+    }
+
+    /// Lists page with a cursor, filter by biz_type and time, and agree with their JSON.
+    pub async fn lists_page_and_filter(backend: idemgate::store::Backend) {
+        let app = App::new(backend).await;
+        let last = Policy::default().max_reconsume_times;
+        for i in 0..7 {
+            let d = payment(&format!("P-{i}"), "O-none", &format!("M{i}"), &format!("U{i}"), last);
+            assert_eq!(app.deliver(&d).await, Outcome::DeadLettered);
+        }
+        // A stock deduction that can never apply is refused for good: dead-lettered at once.
+        assert_eq!(app.deliver(&stock_deduct("D-big", "MB", "UB", "SKU-W", 1_000_000)).await, Outcome::DeadLettered);
+
+        let (_, first) = app.json("/api/dead-letters?limit=3").await;
+        let ids = |page: &Value| -> Vec<String> {
+            page["rows"].as_array().unwrap().iter().map(|r| r["biz_id"].as_str().unwrap().to_owned()).collect()
+        };
+        assert_eq!(ids(&first), ["D-big", "P-6", "P-5"], "newest first");
+        let next = first["next"].as_str().expect("a next page").to_owned();
+        let (_, second) = app.json(&format!("/api/dead-letters?limit=3&before={next}")).await;
+        assert_eq!(ids(&second), ["P-4", "P-3", "P-2"]);
+        let (_, third) = app.json(&format!("/api/dead-letters?limit=3&before={}", second["next"].as_str().unwrap())).await;
+        assert_eq!(ids(&third), ["P-1", "P-0"]);
+        assert_eq!(third["next"], Value::Null);
+
+        let (status, html, _) = app.get("/dead-letters?limit=3").await;
+        assert_eq!(status, StatusCode::OK);
+        assert!(html.contains(&format!("before={next}")), "an Older link carries the cursor");
+
+        let (_, stock) = app.json("/api/dead-letters?biz_type=stock.deduct").await;
+        assert_eq!(ids(&stock), ["D-big"]);
+        let (_, all) = app.json("/api/dead-letters?biz_type=.*").await;
+        assert_eq!(ids(&all).len(), 8, "Grafana's All");
+        let (_, none) = app.json("/api/dead-letters?until=2000-01-01T00:00").await;
+        assert_eq!(ids(&none).len(), 0);
+        let (_, since) = app.json("/api/dead-letters?since=2000-01-01T00:00").await;
+        assert_eq!(ids(&since).len(), 8);
+        let (_, collisions) = app.json("/api/collisions").await;
+        assert_eq!(ids(&collisions).len(), 0);
+    }
+
+    /// A claim older than the delivery log's retention: the record shows, with the note that
+    /// its deliveries are no longer listed.
+    pub async fn history_beyond_the_log_retention_is_noted(backend: idemgate::store::Backend) {
+        static OLD_CLAIM: Sql = Sql::new(
+            "INSERT INTO idempotent_record (consumer_group, biz_type, biz_id, execute_time, msg_id, uniq_key, \
+             payload_hash, instance_id, claimed_at_ms) VALUES (?, 'stock.deduct', 'D-OLD', 0, 'M-OLD', '', 'h', 'i', ?)",
+        );
+        let app = App::new(backend).await;
+        let forty_days_ago = idemgate::gate::now_ms() - 40 * 86_400_000;
+        app.db.store.query(&OLD_CLAIM).bind(GROUP).bind(forty_days_ago).execute(app.db.store.pool()).await.unwrap();
+        let (status, html, _) = app.get("/trace?biz_id=D-OLD").await;
+        assert_eq!(status, StatusCode::OK, "{html}");
+        assert!(html.contains("The delivery log keeps 14 days"), "{html}");
+        assert!(html.contains("M-OLD") && html.contains("The delivery log holds no delivery of this key"));
+        let (status, html, _) = app.get("/archive").await;
+        assert_eq!(status, StatusCode::OK);
+        assert!(html.contains("No run yet") && html.contains("0 0 3 * * *"));
+    }
+
+    /// With credentials configured, everything but health needs them; the token never shows.
+    pub async fn credentials_guard_everything_but_health(backend: idemgate::store::Backend) {
+        let mut settings = Settings::default();
+        settings.http.auth_token = "tok-0123456789abcdef".to_owned();
+        settings.http.basic_user = "ops".to_owned();
+        settings.http.basic_password = "pa55".to_owned();
+        let app = App::with_settings(backend, settings).await;
+        for open in ["/healthz", "/readyz"] {
+            assert_eq!(app.get(open).await.0, StatusCode::OK, "{open}");
+        }
+        for guarded in ["/", "/trace?q=x", "/dead-letters", "/api/overview", "/metrics", "/archive"] {
+            let (status, body, headers) = app.get(guarded).await;
+            assert_eq!(status, StatusCode::UNAUTHORIZED, "{guarded}");
+            assert!(headers.get(header::WWW_AUTHENTICATE).is_some());
+            assert!(!body.contains("tok-0123456789abcdef"));
+            let with = |value: &str| {
+                Request::get(guarded).header(header::AUTHORIZATION, value).body(Body::empty()).unwrap()
+            };
+            // Admitted: whatever the page answers then, it is not a demand for credentials.
+            assert_ne!(app.request(with("Bearer tok-0123456789abcdef")).await.0, StatusCode::UNAUTHORIZED, "{guarded}");
+            assert_ne!(app.request(with("Basic b3BzOnBhNTU=")).await.0, StatusCode::UNAUTHORIZED, "{guarded}");
+            assert_eq!(app.request(with("Bearer wrong")).await.0, StatusCode::UNAUTHORIZED);
+        }
+    }
+}
+
+on_every_backend!(
+    the_trace_tells_the_whole_story_of_a_key,
+    retries_and_dead_letters_stand_out,
+    hostile_and_sql_looking_input_round_trips_harmlessly,
+    bad_input_gets_a_400_that_explains,
+    several_matches_offer_a_choice,
+    lists_page_and_filter,
+    history_beyond_the_log_retention_is_noted,
+    credentials_guard_everything_but_health,
+);
