@@ -6,4 +6,5 @@ cd "$(dirname "$0")/.."
 scripts/services.sh
 scripts/install-prometheus.sh >/dev/null
 scripts/install-rocketmq.sh >/dev/null
+scripts/install-chromium.sh >/dev/null
 cargo test --locked --all-targets "$@"

@@ -154,6 +154,9 @@ pub enum BenchCommand {
     /// Archive throughput on expired claims, the consumers' latency beside a run, and the
     /// late-duplicate guard's cost, per backend.
     Archive(BenchArchiveArgs),
+    /// Trace lookup latency on 1,000,000 claims and 3,000,000 delivery-log rows, against the
+    /// naive bizId query on the same data without the trace indexes, per backend.
+    Trace(BenchTraceArgs),
     /// What the metrics cost: one observe call, the gate with and without metrics, one scrape
     /// of 10 biz_types × 5 outcomes × 4 causes.
     Metrics {
@@ -161,6 +164,21 @@ pub enum BenchCommand {
         #[arg(long, default_value_t = 4000)]
         messages: usize,
     },
+}
+
+#[derive(Debug, Args)]
+pub struct BenchTraceArgs {
+    #[arg(long, value_delimiter = ',', default_value = "postgres,mysql")]
+    pub backends: Vec<Backend>,
+    /// Claims to load (at most 1,000,000); the delivery log gets three rows per claim.
+    #[arg(long, default_value_t = 1_000_000)]
+    pub claims: usize,
+    /// Timed trace lookups per kind (by bizId, by msgId).
+    #[arg(long, default_value_t = 2_000)]
+    pub lookups: usize,
+    /// Timed naive lookups (each one scans the log).
+    #[arg(long, default_value_t = 10)]
+    pub naive_lookups: usize,
 }
 
 #[derive(Debug, Args)]
@@ -243,6 +261,23 @@ pub async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Bench(BenchCommand::Gate(args)) => bench_gate(args).await,
         Command::Bench(BenchCommand::Broker(args)) => bench_broker(args).await,
         Command::Bench(BenchCommand::Archive(args)) => bench_archive(args).await,
+        Command::Bench(BenchCommand::Trace(args)) => {
+            let options = bench::trace::Options {
+                backends: args.backends,
+                claims: args.claims,
+                lookups: args.lookups,
+                naive_lookups: args.naive_lookups,
+            };
+            println!(
+                "bench trace: {} claims and {} delivery-log rows per backend; {} lookups by bizId and by msgId",
+                options.claims,
+                3 * options.claims,
+                options.lookups
+            );
+            let reports = bench::trace::run(&options).await?;
+            println!("\n{}", bench::trace::table(&reports));
+            Ok(ExitCode::SUCCESS)
+        }
         Command::Bench(BenchCommand::Metrics { messages }) => {
             println!("bench metrics: {messages} stock.deduct messages on SQLite with and without metrics");
             let report = bench::metrics::run(messages).await?;

@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 
 use sqlx::AssertSqlSafe;
 
-use super::{Percentiles, rate};
+use super::{Percentiles, create_digits, rate};
 use crate::archive::retention::DAY_MS;
 use crate::archive::{ArchiveOptions, Fault, PassReport, StartedBy, archive_once};
 use crate::delivery::Delivery;
@@ -277,18 +277,6 @@ static LOAD_CONCAT: Sql = Sql::new(
      '', 'hash', 'bench', ? + a.n * 1000 + b.n \
      FROM bench_digits a CROSS JOIN bench_digits b WHERE a.n * 1000 + b.n < ? ORDER BY a.n, b.n",
 );
-static DIGITS_TABLE: Sql = Sql::new("CREATE TABLE bench_digits (n INTEGER NOT NULL PRIMARY KEY)");
-
-/// The thousand digits the loads cross with themselves.
-async fn create_digits(store: &Store) -> Result<(), sqlx::Error> {
-    store.query(&DIGITS_TABLE).execute(store.pool()).await?;
-    let values = (0..1000).map(|n| format!("({n})")).collect::<Vec<_>>().join(", ");
-    sqlx::query(AssertSqlSafe(format!("INSERT INTO bench_digits (n) VALUES {values}")))
-        .execute(store.pool())
-        .await?;
-    Ok(())
-}
-
 /// `rows` claims of keys `EXP-{prefix}-{n}`, claimed 100 days before `now`, in one statement:
 /// a thousand digits crossed with themselves.
 async fn load_expired(store: &Store, prefix: &str, rows: usize, now: i64) -> Result<(), sqlx::Error> {

@@ -9,8 +9,13 @@ pub mod archive;
 pub mod broker;
 pub mod gate;
 pub mod metrics;
+pub mod trace;
 
 use std::time::Duration;
+
+use sqlx::AssertSqlSafe;
+
+use crate::store::{Sql, Store};
 
 /// Latency percentiles of a sample, in microseconds.
 #[derive(Debug, Clone, Copy, Default, PartialEq)]
@@ -51,6 +56,19 @@ fn proc_status_kib(field: &str) -> u64 {
                 .and_then(|v| v.parse().ok())
         })
         .unwrap_or(0)
+}
+
+static DIGITS_TABLE: Sql = Sql::new("CREATE TABLE bench_digits (n INTEGER NOT NULL PRIMARY KEY)");
+
+/// `bench_digits`: 0 to 999, which bulk loads cross with themselves to make a million rows in
+/// one statement.
+pub(crate) async fn create_digits(store: &Store) -> Result<(), sqlx::Error> {
+    store.query(&DIGITS_TABLE).execute(store.pool()).await?;
+    let values = (0..1000).map(|n| format!("({n})")).collect::<Vec<_>>().join(", ");
+    sqlx::query(AssertSqlSafe(format!("INSERT INTO bench_digits (n) VALUES {values}")))
+        .execute(store.pool())
+        .await?;
+    Ok(())
 }
 
 /// Messages per second.

@@ -232,10 +232,3 @@ async fn a_real_prometheus_gets_data_for_every_dashboard_and_rule_expression_and
     db.drop_now().await;
 }
 
-/// `host:port` of a running service, from its start-up line.
-fn service_addr(service: &Service) -> String {
-    let log = service.log_text();
-    let at =
-        log.find("http=http://").expect("the start-up line names the HTTP address") + "http=http://".len();
-    log[at..].chars().take_while(|c| c.is_ascii_digit() || *c == '.' || *c == ':').collect()
-}

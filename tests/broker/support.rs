@@ -352,3 +352,11 @@ pub async fn processed_by_instance(store: &Store, group: &str) -> BTreeMap<Strin
     let rows = store.query(&PROCESSED_BY).bind(group).fetch_all(store.pool()).await.expect("by instance");
     rows.iter().map(|r| (r.get(0), r.get(1))).collect()
 }
+
+/// `host:port` of a running service, from its start-up line.
+pub fn service_addr(service: &Service) -> String {
+    let log = service.log_text();
+    let at =
+        log.find("http=http://").expect("the start-up line names the HTTP address") + "http=http://".len();
+    log[at..].chars().take_while(|c| c.is_ascii_digit() || *c == '.' || *c == ':').collect()
+}

@@ -427,3 +427,53 @@ on_every_backend!(
     history_beyond_the_log_retention_is_noted,
     credentials_guard_everything_but_health,
 );
+
+/// `idemgate trace` prints the same story in the terminal, and says with its exit code whether
+/// it found one key, several or none.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_trace_command_prints_the_story_and_exits_by_what_it_found() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let url = format!("sqlite://{}?mode=rwc", dir.path().join("trace.db").display());
+    let store = idemgate::store::Store::open(&url, &Default::default()).await.expect("store");
+    shop::seed_stock(&store, "SKU-W", 100).await.expect("stock");
+    let gate = gate(store.clone(), identity(GROUP, "cli-1"), vec![], idemgate::handler::Handlers::new());
+    assert_eq!(gate.process(&stock_deduct("D-CLI", "M1", "U1", "SKU-W", 3)).await.outcome, Outcome::Processed);
+    assert_eq!(gate.process(&stock_deduct("D-CLI", "M2", "U2", "SKU-W", 3)).await.outcome, Outcome::Duplicate);
+    assert_eq!(gate.process(&order("D-CLI", "M3")).await.outcome, Outcome::Processed);
+    store.close().await;
+
+    let run = |args: &[&str]| {
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_idemgate"))
+            .arg("trace")
+            .args(args)
+            .env("IDEMGATE_DATABASE__URL", &url)
+            .env_remove("RUST_LOG")
+            .output()
+            .expect("run idemgate trace");
+        (out.status.code(), String::from_utf8_lossy(&out.stdout).into_owned(), String::from_utf8_lossy(&out.stderr).into_owned())
+    };
+    let (code, text, err) = run(&["D-CLI", "--biz-type", "stock.deduct"]);
+    assert_eq!(code, Some(0), "{text}{err}");
+    assert!(text.contains("state: applied once"), "{text}");
+    assert!(text.contains("1 producer_resend"), "{text}");
+    assert!(text.contains("by msgId M1"), "{text}");
+    assert!(text.contains("stock ledger: applied once"), "{text}");
+    assert_eq!(text.matches("\n  20").count(), 2, "two timeline lines: {text}");
+
+    let (code, text, _) = run(&["D-CLI"]);
+    assert_eq!(code, Some(2), "two biz_types: {text}");
+    assert!(text.contains("biz_type=order.create") && text.contains("biz_type=stock.deduct"), "{text}");
+
+    let (code, text, _) = run(&["M2", "--format", "json"]);
+    assert_eq!(code, Some(0));
+    let json: Value = serde_json::from_str(&text).expect("JSON");
+    assert_eq!((json["matched_by"].as_str(), json["story"]["key"]["biz_id"].as_str()), (Some("msg_id"), Some("D-CLI")));
+
+    let (code, text, _) = run(&["NOPE-1"]);
+    assert_eq!(code, Some(3), "{text}");
+    assert!(text.contains("nothing found"));
+
+    let (code, _, err) = run(&["bad\u{7}key"]);
+    assert_eq!(code, Some(1));
+    assert!(err.contains("control character"), "{err}");
+}

@@ -1,0 +1,292 @@
+//! `idemgate bench trace`: how long the trace page's lookup takes on a big database, against
+//! the naive way.
+//!
+//! On a scratch database per backend: load 1,000,000 claims and 3,000,000 delivery-log rows (each
+//! key with a processed delivery, a duplicate and a failed attempt, spread over 30 days), then
+//! time [`trace`](crate::inspect::trace::trace) for random bizIds and msgIds: the whole story,
+//! every statement the page runs. The naive way is the same tables as a team builds them
+//! without idemgate (the claim's unique key and a msgId index only) queried by bizId:
+//! `SELECT … FROM delivery_log WHERE biz_id = ?` and the claim by bizId, timed after the trace
+//! indexes are dropped from the same data.
+
+use std::time::{Duration, Instant};
+
+use rand::Rng;
+use sqlx::AssertSqlSafe;
+
+use super::{Percentiles, create_digits, peak_rss_mib, rss_mib};
+use crate::inspect::Limits;
+use crate::inspect::trace::{self, Answer, SearchBy, TraceContext, TraceQuery};
+use crate::scratch::ScratchDb;
+use crate::shop;
+use crate::store::{Backend, Sql, Store, StoreOptions};
+
+const GROUP: &str = "bench-trace";
+const DAY_MS: i64 = 86_400_000;
+
+/// What to measure.
+#[derive(Debug, Clone)]
+pub struct Options {
+    pub backends: Vec<Backend>,
+    /// Claims, at most 1,000,000; the log gets three rows per claim.
+    pub claims: usize,
+    /// Timed trace lookups per kind (bizId, msgId).
+    pub lookups: usize,
+    /// Timed naive lookups (each scans the log).
+    pub naive_lookups: usize,
+}
+
+impl Default for Options {
+    fn default() -> Self {
+        Self { backends: vec![Backend::Postgres, Backend::MySql], claims: 1_000_000, lookups: 2_000, naive_lookups: 10 }
+    }
+}
+
+/// One backend's figures.
+#[derive(Debug, Clone)]
+pub struct Report {
+    pub backend: Backend,
+    pub claims: usize,
+    pub log_rows: i64,
+    pub load: Duration,
+    pub by_biz_id: Percentiles,
+    pub by_msg_id: Percentiles,
+    pub naive: Percentiles,
+    pub naive_lookups: usize,
+    /// Resident memory before and after the timed lookups, and the process's peak, MiB.
+    pub rss_before_mib: f64,
+    pub rss_after_mib: f64,
+    pub peak_rss_mib: f64,
+}
+
+/// Runs the benchmark on each backend.
+pub async fn run(options: &Options) -> anyhow::Result<Vec<Report>> {
+    anyhow::ensure!(
+        (1..=1_000_000).contains(&options.claims),
+        "--claims must be from 1 to 1000000, not {}",
+        options.claims
+    );
+    let mut reports = Vec::new();
+    for &backend in &options.backends {
+        let scratch =
+            ScratchDb::create(backend, &StoreOptions { max_connections: 4, ..Default::default() }).await?;
+        let result = measure(&scratch.store, backend, options).await;
+        scratch.drop_now().await;
+        reports.push(result?);
+    }
+    Ok(reports)
+}
+
+async fn measure(store: &Store, backend: Backend, options: &Options) -> anyhow::Result<Report> {
+    let started = Instant::now();
+    load(store, options.claims).await?;
+    let load = started.elapsed();
+    let log_rows = store.query(&COUNT_LOG).fetch_one(store.pool()).await.map(|r| {
+        use sqlx::Row;
+        r.get::<i64, _>(0)
+    })?;
+
+    let ctx = TraceContext {
+        limits: Limits { timeout: Duration::from_secs(30) },
+        retention: Some(crate::archive::LogRetention::days(90)),
+        grafana_url: Some("http://grafana:3000/d/idemgate".to_owned()),
+        describers: shop::handlers().by_biz_type(&crate::route::Routes::new(&shop::routes(shop::TOPIC))?),
+    };
+    let mut rng = rand::rng();
+    // Warm the caches the way a page opened a few times would.
+    for _ in 0..50 {
+        let n = rng.random_range(0..options.claims);
+        lookup(store, &ctx, &format!("T-{n}"), SearchBy::BizId).await?;
+    }
+    let rss_before_mib = rss_mib();
+    let mut by_biz_id = Vec::with_capacity(options.lookups);
+    for _ in 0..options.lookups {
+        let n = rng.random_range(0..options.claims);
+        let t = Instant::now();
+        lookup(store, &ctx, &format!("T-{n}"), SearchBy::BizId).await?;
+        by_biz_id.push(t.elapsed().as_micros() as u64);
+    }
+    let mut by_msg_id = Vec::with_capacity(options.lookups);
+    for _ in 0..options.lookups {
+        let n = rng.random_range(0..options.claims);
+        let t = Instant::now();
+        lookup(store, &ctx, &format!("D-{n}"), SearchBy::MsgId).await?;
+        by_msg_id.push(t.elapsed().as_micros() as u64);
+    }
+    let rss_after_mib = rss_mib();
+
+    // The naive schema: drop what idemgate adds for tracing, keep the claim key and msgId.
+    for drop in naive_schema(backend) {
+        sqlx::query(AssertSqlSafe(drop)).execute(store.pool()).await?;
+    }
+    let mut naive = Vec::with_capacity(options.naive_lookups);
+    for _ in 0..options.naive_lookups {
+        let n = rng.random_range(0..options.claims);
+        let key = format!("T-{n}");
+        let t = Instant::now();
+        let claim = store.query(&NAIVE_CLAIM).bind(key.as_str()).fetch_all(store.pool()).await?;
+        let rows = store.query(&NAIVE_LOG).bind(key.as_str()).fetch_all(store.pool()).await?;
+        naive.push(t.elapsed().as_micros() as u64);
+        anyhow::ensure!(claim.len() == 1 && rows.len() == 3, "naive lookup of {key}: {} claims, {} rows", claim.len(), rows.len());
+    }
+    Ok(Report {
+        backend,
+        claims: options.claims,
+        log_rows,
+        load,
+        by_biz_id: Percentiles::of(&mut by_biz_id),
+        by_msg_id: Percentiles::of(&mut by_msg_id),
+        naive: Percentiles::of(&mut naive),
+        naive_lookups: options.naive_lookups,
+        rss_before_mib,
+        rss_after_mib,
+        peak_rss_mib: peak_rss_mib(),
+    })
+}
+
+/// One trace, checked: exactly the key's story with its three deliveries.
+async fn lookup(store: &Store, ctx: &TraceContext, text: &str, by: SearchBy) -> anyhow::Result<()> {
+    let query = TraceQuery::new(text, by, None, None, None)?;
+    match trace::trace(store, ctx, &query).await? {
+        Answer::Story { story, .. } if story.deliveries.len() == 3 && story.claim.is_some() => Ok(()),
+        other => anyhow::bail!("trace of {text}: unexpected answer {other:?}"),
+    }
+}
+
+fn naive_schema(backend: Backend) -> [&'static str; 4] {
+    match backend {
+        Backend::MySql => [
+            "DROP INDEX delivery_log_biz_id ON delivery_log",
+            "DROP INDEX delivery_log_uniq_key ON delivery_log",
+            "DROP INDEX idempotent_record_biz_id ON idempotent_record",
+            "DROP INDEX idempotent_record_archive_key ON idempotent_record_archive",
+        ],
+        Backend::Postgres | Backend::Sqlite => [
+            "DROP INDEX delivery_log_biz_id",
+            "DROP INDEX delivery_log_uniq_key",
+            "DROP INDEX idempotent_record_biz_id",
+            "DROP INDEX idempotent_record_archive_key",
+        ],
+    }
+}
+
+static COUNT_LOG: Sql = Sql::new("SELECT COUNT(*) FROM delivery_log");
+static NAIVE_CLAIM: Sql = Sql::new("SELECT * FROM idempotent_record WHERE biz_id = ?");
+static NAIVE_LOG: Sql = Sql::new("SELECT * FROM delivery_log WHERE biz_id = ? ORDER BY logged_at_ms");
+
+// Keys T-n; msgIds M-n (processed), D-n (duplicate), F-n (failed); spread over 30 days.
+// String concatenation differs: || on PostgreSQL and SQLite, CONCAT on MySQL/MariaDB.
+static CLAIMS_PIPES: Sql = Sql::new(
+    "INSERT INTO idempotent_record (consumer_group, biz_type, biz_id, execute_time, msg_id, uniq_key, \
+     payload_hash, instance_id, claimed_at_ms) \
+     SELECT ?, ?, 'T-' || CAST(a.n * 1000 + b.n AS TEXT), 0, 'M-' || CAST(a.n * 1000 + b.n AS TEXT), \
+     'U-' || CAST(a.n * 1000 + b.n AS TEXT), 'hash', 'bench', ? + (a.n * 1000 + b.n) * ? \
+     FROM bench_digits a CROSS JOIN bench_digits b WHERE a.n * 1000 + b.n < ?",
+);
+static CLAIMS_CONCAT: Sql = Sql::new(
+    "INSERT INTO idempotent_record (consumer_group, biz_type, biz_id, execute_time, msg_id, uniq_key, \
+     payload_hash, instance_id, claimed_at_ms) \
+     SELECT ?, ?, CONCAT('T-', a.n * 1000 + b.n), 0, CONCAT('M-', a.n * 1000 + b.n), \
+     CONCAT('U-', a.n * 1000 + b.n), 'hash', 'bench', ? + (a.n * 1000 + b.n) * ? \
+     FROM bench_digits a CROSS JOIN bench_digits b WHERE a.n * 1000 + b.n < ?",
+);
+static LOG_PIPES: Sql = Sql::new(
+    "INSERT INTO delivery_log (logged_at_ms, instance_id, consumer_group, msg_id, uniq_key, topic, tags, \
+     queue_id, queue_offset, reconsume_times, biz_type, biz_id, execute_time, outcome, cause, layer, \
+     payload_match, payload_hash, error, latency_us) \
+     SELECT ? + (a.n * 1000 + b.n) * ?, 'bench', ?, ? || CAST(a.n * 1000 + b.n AS TEXT), \
+     ? || CAST(a.n * 1000 + b.n AS TEXT), 'shop', 'stock_deduct', b.n % 8, a.n * 1000 + b.n, ?, ?, \
+     'T-' || CAST(a.n * 1000 + b.n AS TEXT), 0, ?, ?, ?, ?, 'hash', ?, 900 \
+     FROM bench_digits a CROSS JOIN bench_digits b WHERE a.n * 1000 + b.n < ?",
+);
+static LOG_CONCAT: Sql = Sql::new(
+    "INSERT INTO delivery_log (logged_at_ms, instance_id, consumer_group, msg_id, uniq_key, topic, tags, \
+     queue_id, queue_offset, reconsume_times, biz_type, biz_id, execute_time, outcome, cause, layer, \
+     payload_match, payload_hash, error, latency_us) \
+     SELECT ? + (a.n * 1000 + b.n) * ?, 'bench', ?, CONCAT(?, a.n * 1000 + b.n), \
+     CONCAT(?, a.n * 1000 + b.n), 'shop', 'stock_deduct', b.n % 8, a.n * 1000 + b.n, ?, ?, \
+     CONCAT('T-', a.n * 1000 + b.n), 0, ?, ?, ?, ?, 'hash', ?, 900 \
+     FROM bench_digits a CROSS JOIN bench_digits b WHERE a.n * 1000 + b.n < ?",
+);
+
+/// `claims` claims and three log rows per claim, each set in one statement.
+async fn load(store: &Store, claims: usize) -> anyhow::Result<()> {
+    create_digits(store).await?;
+    let mysql = store.backend() == Backend::MySql;
+    let start = crate::gate::now_ms() - 30 * DAY_MS;
+    // Keys are spread evenly over the 30 days.
+    let step = (30 * DAY_MS / claims as i64).max(1);
+    let rows = claims as i64;
+    store
+        .query(if mysql { &CLAIMS_CONCAT } else { &CLAIMS_PIPES })
+        .bind(GROUP)
+        .bind(shop::STOCK_DEDUCT)
+        .bind(start)
+        .bind(step)
+        .bind(rows)
+        .execute(store.pool())
+        .await?;
+    // (msgId prefix, UNIQ_KEY prefix, reconsume, outcome, cause, layer, payload_match, error, offset ms)
+    let kinds: [(&str, &str, i32, &str, Option<&str>, Option<&str>, Option<i16>, Option<&str>, i64); 3] = [
+        ("F-", "U-", 0, "failed", None, None, None, Some("downstream timeout"), -1_000),
+        ("M-", "U-", 1, "processed", None, None, None, None, 0),
+        ("D-", "V-", 0, "duplicate", Some("producer_resend"), Some("db"), Some(1), None, 60_000),
+    ];
+    for (msg, uniq, reconsume, outcome, cause, layer, payload_match, error, offset) in kinds {
+        store
+            .query(if mysql { &LOG_CONCAT } else { &LOG_PIPES })
+            .bind(start + offset)
+            .bind(step)
+            .bind(GROUP)
+            .bind(msg)
+            .bind(uniq)
+            .bind(reconsume)
+            .bind(shop::STOCK_DEDUCT)
+            .bind(outcome)
+            .bind(cause)
+            .bind(layer)
+            .bind(payload_match)
+            .bind(error)
+            .bind(rows)
+            .execute(store.pool())
+            .await?;
+    }
+    let analyze: &[&str] = match store.backend() {
+        Backend::Postgres => &["ANALYZE idempotent_record", "ANALYZE delivery_log"],
+        Backend::MySql => &["ANALYZE TABLE idempotent_record", "ANALYZE TABLE delivery_log"],
+        Backend::Sqlite => &["ANALYZE"],
+    };
+    for statement in analyze {
+        let _ = sqlx::query(AssertSqlSafe(*statement)).fetch_all(store.pool()).await?;
+    }
+    Ok(())
+}
+
+/// The figures as a Markdown table.
+pub fn table(reports: &[Report]) -> String {
+    let mut out = String::from(
+        "| backend | claims | log rows | load s | trace by bizId p50 / p99 ms | trace by msgId p50 / p99 ms | naive by bizId p50 / p99 ms | RSS before / after / peak MiB |\n\
+         |---|---|---|---|---|---|---|---|\n",
+    );
+    let ms = |us: u64| us as f64 / 1000.0;
+    for r in reports {
+        out.push_str(&format!(
+            "| {} | {} | {} | {:.0} | {:.2} / {:.2} | {:.2} / {:.2} | {:.0} / {:.0} ({} lookups) | {:.0} / {:.0} / {:.0} |\n",
+            r.backend,
+            r.claims,
+            r.log_rows,
+            r.load.as_secs_f64(),
+            ms(r.by_biz_id.p50_us),
+            ms(r.by_biz_id.p99_us),
+            ms(r.by_msg_id.p50_us),
+            ms(r.by_msg_id.p99_us),
+            ms(r.naive.p50_us),
+            ms(r.naive.p99_us),
+            r.naive_lookups,
+            r.rss_before_mib,
+            r.rss_after_mib,
+            r.peak_rss_mib,
+        ));
+    }
+    out
+}
