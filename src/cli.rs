@@ -42,6 +42,9 @@ pub enum Command {
     /// Print a business key's story: its dedup record, every delivery (msgId, outcome, cause,
     /// retries, dead letters) and its business state, as the web UI's trace page shows it.
     Trace(TraceArgs),
+    /// Find lost, stuck, double-applied, orphaned, colliding and late keys in a window of the
+    /// delivery log and the dedup table; store and print the run. Exits 2 when anything is found.
+    Reconcile(ReconcileArgs),
     /// Apply the database migrations and exit.
     Migrate,
     /// Print the effective configuration (password hidden) after validating it.
@@ -87,6 +90,18 @@ pub struct TraceArgs {
     /// Narrow to one consumer group.
     #[arg(long)]
     pub group: Option<String>,
+    #[arg(long, value_enum, default_value = "text")]
+    pub format: OutputFormat,
+}
+
+#[derive(Debug, Args)]
+pub struct ReconcileArgs {
+    /// How far back to look (24h, 90m, 7d); default: reconcile.window_hours.
+    #[arg(long, value_parser = crate::archive::parse_age)]
+    pub since: Option<i64>,
+    /// Only this biz_type.
+    #[arg(long)]
+    pub biz_type: Option<String>,
     #[arg(long, value_enum, default_value = "text")]
     pub format: OutputFormat,
 }
@@ -245,6 +260,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Demo(args) => demo_command(settings, args).await,
         Command::Archive(args) => archive_command(&settings, args).await,
         Command::Trace(args) => trace_command(&settings, args).await,
+        Command::Reconcile(args) => reconcile_command(&settings, args).await,
         Command::Migrate => {
             let store = open_store(&settings).await?;
             println!("migrations applied to {}", redact_url(&settings.database.url));
@@ -317,6 +333,42 @@ async fn demo_command(settings: Settings, args: DemoArgs) -> anyhow::Result<Exit
     demo::run(running.gate.clone(), options, shutdown, |line| println!("{line}")).await?;
     running.stop().await?;
     Ok(ExitCode::SUCCESS)
+}
+
+/// Exit codes of `idemgate reconcile`: 0 no anomalies, 2 anomalies found, 1 an error.
+async fn reconcile_command(settings: &Settings, args: ReconcileArgs) -> anyhow::Result<ExitCode> {
+    use crate::reconcile::settings::Runner;
+    let biz_type = match args.biz_type {
+        Some(t) => {
+            crate::route::check_key_text(&t, crate::route::MAX_BIZ_TYPE_CHARS)
+                .map_err(|m| anyhow::anyhow!("--biz-type {m}"))?;
+            Some(t)
+        }
+        None => None,
+    };
+    let window = match args.since {
+        Some(ms) => Duration::from_millis(u64::try_from(ms).context("--since must be positive")?),
+        None => settings.reconcile.window(),
+    };
+    let store = open_store(settings).await?;
+    let identity = settings.identity();
+    let who = Runner {
+        consumer_group: &identity.consumer_group,
+        instance_id: &identity.instance_id,
+        started_by: "command",
+        log_retention_days: settings.archive.log_retention_days,
+    };
+    let now = crate::gate::now_ms();
+    let options = settings.reconcile.options(&who, biz_type, window, now);
+    let checks = shop::handlers().checks(&settings.routes());
+    let report = crate::reconcile::reconcile_once(&store, &options, &checks, now).await;
+    store.close().await;
+    let report = report?;
+    match args.format {
+        OutputFormat::Text => print!("{}", crate::reconcile::render_text(&report)),
+        OutputFormat::Json => println!("{}", serde_json::to_string_pretty(&report)?),
+    }
+    Ok(ExitCode::from(if report.is_clean() { 0 } else { 2 }))
 }
 
 /// Exit codes of `idemgate trace`: 0 a story, 1 an error, 2 several keys to choose from,

@@ -13,6 +13,7 @@ use figment::providers::{Env, Format, Serialized, Toml};
 use serde::{Deserialize, Serialize};
 
 use crate::archive::ArchiveSettings;
+use crate::reconcile::ReconcileSettings;
 use crate::broker::StartFrom;
 use crate::broker::consumer::ConsumerOptions;
 use crate::gate::{Identity, Policy};
@@ -35,6 +36,9 @@ pub struct Settings {
     /// `[archive]`: scheduled archiving of old claims and the delivery log's retention; each
     /// field names its `IDEMGATE_ARCHIVE__…` variable ([`ArchiveSettings`]).
     pub archive: ArchiveSettings,
+    /// `[reconcile]`: the scheduled reconciler; each field names its `IDEMGATE_RECONCILE__…`
+    /// variable ([`ReconcileSettings`]).
+    pub reconcile: ReconcileSettings,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -122,9 +126,8 @@ impl HttpSettings {
         if self.basic_user.contains(':') {
             return Err(invalid("http.basic_user", "contains ':', which basic auth cannot carry"));
         }
-        if !self.grafana_url.is_empty()
-            && !(self.grafana_url.starts_with("http://") || self.grafana_url.starts_with("https://"))
-        {
+        let web_url = self.grafana_url.starts_with("http://") || self.grafana_url.starts_with("https://");
+        if !self.grafana_url.is_empty() && !web_url {
             return Err(invalid("http.grafana_url", "must start with http:// or https://"));
         }
         if !(100..=600_000).contains(&self.query_timeout_ms) {
@@ -220,6 +223,7 @@ impl Default for Settings {
             },
             log: LogSettings { filter: DEFAULT_LOG_FILTER.to_owned(), format: LogFormat::Text },
             archive: ArchiveSettings::default(),
+            reconcile: ReconcileSettings::default(),
         }
     }
 }
@@ -316,6 +320,7 @@ impl Settings {
         }
         Routes::new(&self.routes).map_err(|e| invalid(&e.field, e.message))?;
         self.archive.validate().map_err(|e| invalid(e.key, e.message))?;
+        self.reconcile.validate().map_err(|e| invalid(e.key, e.message))?;
         Ok(())
     }
 
@@ -454,6 +459,8 @@ mod tests {
                 "configuration key archive.schedule: \"0 3 * * *\" is not a valid schedule (it has 5 fields)",
             ),
             ("[archive]\nbatch_size = 0", "configuration key archive.batch_size"),
+            ("[reconcile]\nwindow_hours = 0", "configuration key reconcile.window_hours"),
+            ("[reconcile]\nschedule = \"often\"", "configuration key reconcile.schedule"),
             ("this is not toml", "configuration"),
         ];
         for (text, expected) in cases {

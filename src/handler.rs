@@ -89,6 +89,12 @@ pub trait Handler: Send + Sync + 'static {
     async fn describe(&self, _store: &Store, _biz_id: &str) -> Result<Vec<Fact>, sqlx::Error> {
         Ok(Vec::new())
     }
+
+    /// Invariants of this handler's business tables that the reconciler checks on every run
+    /// (for example: one ledger row per deduction). The default has none.
+    fn checks(&self) -> Vec<crate::reconcile::Check> {
+        Vec::new()
+    }
 }
 
 /// Handlers by name. Routes name the handler for their biz_type.
@@ -128,6 +134,14 @@ impl Handlers {
 
     pub fn names(&self) -> impl Iterator<Item = &str> {
         self.by_name.keys().map(String::as_str)
+    }
+
+    /// The invariant checks of every handler `routes` use, each once.
+    pub fn checks(&self, routes: &Routes) -> Vec<crate::reconcile::Check> {
+        let mut names: Vec<&str> = routes.handler_by_biz_type().into_values().collect();
+        names.sort_unstable();
+        names.dedup();
+        names.into_iter().filter_map(|n| self.get(n)).flat_map(|h| h.checks()).collect()
     }
 
     /// The handler of each biz_type `routes` name, for showing business state by biz_type.

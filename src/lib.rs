@@ -13,6 +13,7 @@
 //! - [`gate`]: claim, handler and log row in one transaction; duplicate causes.
 //! - [`handler`]: the trait business code implements, and the registry.
 //! - [`delivery_log`]: one row per delivery attempt.
+//! - [`reconcile`]: lost, stuck, double-applied, orphan, colliding and late keys in a window; the runs.
 //! - [`archive`]: old claims to the archive table and old log rows out, in batches, on a schedule.
 //! - [`scratch`]: throwaway databases for benchmarks and tests.
 //! - [`shop`]: the built-in example business (orders, payments, stock).
@@ -42,6 +43,7 @@ pub mod http;
 pub mod inspect;
 pub mod metrics;
 pub mod produce;
+pub mod reconcile;
 pub mod route;
 pub mod scratch;
 pub mod serve;

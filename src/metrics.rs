@@ -19,6 +19,7 @@ use sqlx::Row;
 
 use crate::delivery::Delivery;
 use crate::gate::{Disposition, DuplicateCause, Layer, Outcome, now_ms};
+use crate::reconcile::AnomalyKind;
 use crate::store::{Backend, Sql, Store};
 
 /// Latency buckets in seconds: half a millisecond to thirty seconds.
@@ -50,6 +51,8 @@ pub struct Metrics {
     archive_rows_moved: IntCounterVec,
     archive_last_success: GaugeVec,
     archive_last_duration: GaugeVec,
+    reconcile_anomalies: IntGaugeVec,
+    reconcile_last_run: GaugeVec,
     windows: Mutex<BTreeMap<String, Window>>,
     from_database: tokio::sync::Mutex<Option<(Instant, FromDatabase)>>,
 }
@@ -62,6 +65,9 @@ struct FromDatabase {
     runs: BTreeMap<String, (u64, u64)>,
     last_success_s: Option<f64>,
     last_duration_s: Option<f64>,
+    /// The group's latest successful reconcile run: when it finished (Unix seconds) and its
+    /// anomalies by kind.
+    reconcile: Option<(f64, BTreeMap<AnomalyKind, i64>)>,
 }
 
 /// What a scrape needs to know about the process.
@@ -177,6 +183,16 @@ impl Metrics {
                 "How long the last finished archive pass over the dedup table took.",
                 &[],
             ),
+            reconcile_anomalies: int_gauge(
+                "idemgate_reconcile_anomalies",
+                "Anomalies the latest successful reconcile run of the group found, by kind (lost, stuck, double_applied, orphan, key_collision, late_duplicate), from reconcile_run.",
+                &["consumer_group", "kind"],
+            ),
+            reconcile_last_run: gauge(
+                "idemgate_reconcile_last_run_timestamp_seconds",
+                "When the latest successful reconcile run of the group finished (Unix time).",
+                &["consumer_group"],
+            ),
             windows: Mutex::new(BTreeMap::new()),
             from_database: tokio::sync::Mutex::new(None),
             group: info.consumer_group.clone(),
@@ -231,6 +247,9 @@ impl Metrics {
             self.archive_runs.with_label_values(&[status]);
         }
         self.archive_rows_moved.with_label_values(NO_LABELS);
+        for kind in AnomalyKind::ALL {
+            self.reconcile_anomalies.with_label_values(&[g, kind.as_str()]);
+        }
     }
 
     /// Records one delivery's fate.
@@ -299,13 +318,13 @@ impl Metrics {
         let mut cached = self.from_database.lock().await;
         let read = match &*cached {
             Some((at, read)) if at.elapsed() < TABLE_SIZE_TTL => read.clone(),
-            _ => match read_database(store).await {
+            _ => match read_database(store, &self.group).await {
                 Ok(read) => {
                     *cached = Some((Instant::now(), read.clone()));
                     read
                 }
                 Err(e) => {
-                    tracing::warn!(error = %e, "could not read table sizes and archive runs for /metrics");
+                    tracing::warn!(error = %e, "could not read table sizes, archive and reconcile runs for /metrics");
                     return;
                 }
             },
@@ -326,6 +345,12 @@ impl Metrics {
         }
         if let Some(d) = read.last_duration_s {
             self.archive_last_duration.with_label_values(NO_LABELS).set(d);
+        }
+        if let Some((finished_s, counts)) = &read.reconcile {
+            self.reconcile_last_run.with_label_values(&[&self.group]).set(*finished_s);
+            for (kind, n) in counts {
+                self.reconcile_anomalies.with_label_values(&[&self.group, kind.as_str()]).set(*n);
+            }
         }
     }
 }
@@ -385,7 +410,7 @@ static ARCHIVE_PASSES: Sql = Sql::new(
     "SELECT status, rows_moved, started_at_ms, finished_at_ms FROM archive_run WHERE kind = 'dedup' ORDER BY id",
 );
 
-async fn read_database(store: &Store) -> Result<FromDatabase, sqlx::Error> {
+async fn read_database(store: &Store, group: &str) -> Result<FromDatabase, sqlx::Error> {
     let mut read = FromDatabase { rows: table_sizes(store).await?, ..FromDatabase::default() };
     // One row per pass (a few a day), so reading them all is cheap.
     for row in store.query(&ARCHIVE_PASSES).fetch_all(store.pool()).await? {
@@ -402,6 +427,10 @@ async fn read_database(store: &Store) -> Result<FromDatabase, sqlx::Error> {
                 read.last_success_s = Some(finished as f64 / 1e3);
             }
         }
+    }
+    if let Some(run) = crate::reconcile::runs::last_success(store, group).await? {
+        let counts = crate::reconcile::runs::counts(store, run.id).await?;
+        read.reconcile = Some((run.finished_at_ms.unwrap_or(run.started_at_ms) as f64 / 1e3, counts));
     }
     Ok(read)
 }

@@ -1,5 +1,5 @@
 //! `idemgate serve`: the service. It wires the store, the gate, the metrics, the HTTP server,
-//! the archive schedule and the RocketMQ consumer, runs until SIGTERM or SIGINT, and shuts down in order: stop
+//! the archive and reconcile schedules and the RocketMQ consumer, runs until SIGTERM or SIGINT, and shuts down in order: stop
 //! pulling, let the deliveries in flight finish (or roll back), stop the HTTP server, close the
 //! pool.
 //!
@@ -22,6 +22,7 @@ use crate::gate::{Gate, Policy};
 use crate::handler::Handlers;
 use crate::http::{self, AppState, Web};
 use crate::metrics::{BuildInfo, Metrics};
+use crate::reconcile::ReconcileScheduler;
 use crate::store::{Store, redact_url};
 
 /// The gate, its metrics and the HTTP server, running.
@@ -84,12 +85,22 @@ impl Running {
 
 /// Runs the service on `store` (opened and migrated) with `handlers` until a shutdown signal.
 pub async fn run(settings: &Settings, store: Store, handlers: Handlers) -> anyhow::Result<()> {
+    let checks = handlers.checks(&settings.routes());
     let mut running = Running::start(settings, store, handlers, settings.policy()).await?;
     let archiver = ArchiveScheduler::start_for_serve(
         running.store.clone(),
         &settings.archive,
         &running.gate.identity().instance_id,
         settings.consumer.max_reconsume_times,
+    )
+    .await?;
+    let reconciler = ReconcileScheduler::start_for_serve(
+        running.store.clone(),
+        &settings.reconcile,
+        &running.gate.identity().consumer_group,
+        &running.gate.identity().instance_id,
+        settings.archive.log_retention_days,
+        checks,
     )
     .await?;
     let consumer = Consumer::start(running.gate.clone(), &settings.consumer_options()).await?;
@@ -112,6 +123,9 @@ pub async fn run(settings: &Settings, store: Store, handlers: Handlers) -> anyho
     consumer.shutdown().await;
     if let Some(archiver) = archiver {
         archiver.shutdown().await;
+    }
+    if let Some(reconciler) = reconciler {
+        reconciler.shutdown().await;
     }
     if let Some(result) = http_failed {
         running.store.close().await;

@@ -304,6 +304,29 @@ impl Store {
         sqlx::query(sql.text(self.backend))
     }
 
+    /// Inserts one row and returns its generated id: `returning` (the insert with
+    /// `RETURNING id`) on PostgreSQL and SQLite, whose drivers report no last-insert id through
+    /// `Any`; `plain` and the reported `LAST_INSERT_ID()` on MySQL/MariaDB, which has no
+    /// RETURNING. `bind` binds the same values to either.
+    pub async fn insert_returning_id(
+        &self,
+        returning: &Sql,
+        plain: &Sql,
+        bind: impl FnOnce(AnyQuery) -> AnyQuery,
+    ) -> Result<i64, sqlx::Error> {
+        use sqlx::Row;
+        match self.backend {
+            Backend::Postgres | Backend::Sqlite => {
+                bind(self.query(returning)).fetch_one(self.pool()).await?.try_get(0)
+            }
+            Backend::MySql => bind(self.query(plain))
+                .execute(self.pool())
+                .await?
+                .last_insert_id()
+                .ok_or_else(|| sqlx::Error::Protocol("the insert reported no id for the new row".into())),
+        }
+    }
+
     pub async fn close(&self) {
         self.pool.close().await;
     }

@@ -8,7 +8,7 @@ use sqlx::Row;
 use sqlx::any::AnyRow;
 
 use crate::gate::labelled;
-use crate::store::{Backend, Sql, Store};
+use crate::store::{Sql, Store};
 
 labelled! {
     /// What a pass trims.
@@ -104,28 +104,18 @@ pub(crate) async fn start(
     note: Option<&str>,
 ) -> Result<i64, sqlx::Error> {
     let finished = (status != RunStatus::Running).then_some(now_ms);
-    let sql = match store.backend() {
-        Backend::Postgres | Backend::Sqlite => &START_RETURNING,
-        Backend::MySql => &START,
-    };
-    let q = store
-        .query(sql)
-        .bind(kind.as_str())
-        .bind(status.as_str())
-        .bind(started_by.as_str())
-        .bind(instance_id.to_owned())
-        .bind(now_ms)
-        .bind(finished)
-        .bind(cutoff_ms)
-        .bind(note.map(str::to_owned));
-    match store.backend() {
-        Backend::Postgres | Backend::Sqlite => q.fetch_one(store.pool()).await?.try_get(0),
-        Backend::MySql => {
-            let done = q.execute(store.pool()).await?;
-            done.last_insert_id()
-                .ok_or_else(|| sqlx::Error::Protocol("archive_run: no id for the new row".into()))
-        }
-    }
+    store
+        .insert_returning_id(&START_RETURNING, &START, |q| {
+            q.bind(kind.as_str())
+                .bind(status.as_str())
+                .bind(started_by.as_str())
+                .bind(instance_id.to_owned())
+                .bind(now_ms)
+                .bind(finished)
+                .bind(cutoff_ms)
+                .bind(note.map(str::to_owned))
+        })
+        .await
 }
 
 /// Records how far a running pass has come, for a page that watches it.

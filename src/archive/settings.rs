@@ -161,7 +161,8 @@ mod tests {
 
     #[test]
     fn a_bad_value_is_refused_with_its_key_named() {
-        let cases: [(fn(&mut ArchiveSettings), &str); 4] = [
+        type Case = (fn(&mut ArchiveSettings), &'static str);
+        let cases: [Case; 4] = [
             (|s| s.schedule = "0 3 * * *".into(), "configuration key archive.schedule: \"0 3 * * *\""),
             (|s| s.dedup_retention_days = 0, "configuration key archive.dedup_retention_days"),
             (|s| s.batch_size = 0, "configuration key archive.batch_size"),

@@ -209,6 +209,56 @@ static LOG_CONCAT: Sql = Sql::new(
      FROM bench_digits a CROSS JOIN bench_digits b WHERE a.n * 1000 + b.n < ?",
 );
 
+/// One of the three deliveries every key gets in the loaded log.
+struct LogKind {
+    msg_prefix: &'static str,
+    uniq_prefix: &'static str,
+    reconsume_times: i32,
+    outcome: &'static str,
+    cause: Option<&'static str>,
+    layer: Option<&'static str>,
+    payload_match: Option<i16>,
+    error: Option<&'static str>,
+    /// Logged this long after the key's claim (a failed attempt comes first).
+    offset_ms: i64,
+}
+
+const LOG_KINDS: [LogKind; 3] = [
+    LogKind {
+        msg_prefix: "F-",
+        uniq_prefix: "U-",
+        reconsume_times: 0,
+        outcome: "failed",
+        cause: None,
+        layer: None,
+        payload_match: None,
+        error: Some("downstream timeout"),
+        offset_ms: -1_000,
+    },
+    LogKind {
+        msg_prefix: "M-",
+        uniq_prefix: "U-",
+        reconsume_times: 1,
+        outcome: "processed",
+        cause: None,
+        layer: None,
+        payload_match: None,
+        error: None,
+        offset_ms: 0,
+    },
+    LogKind {
+        msg_prefix: "D-",
+        uniq_prefix: "V-",
+        reconsume_times: 0,
+        outcome: "duplicate",
+        cause: Some("producer_resend"),
+        layer: Some("db"),
+        payload_match: Some(1),
+        error: None,
+        offset_ms: 60_000,
+    },
+];
+
 /// `claims` claims and three log rows per claim, each set in one statement.
 async fn load(store: &Store, claims: usize) -> anyhow::Result<()> {
     create_digits(store).await?;
@@ -226,27 +276,21 @@ async fn load(store: &Store, claims: usize) -> anyhow::Result<()> {
         .bind(rows)
         .execute(store.pool())
         .await?;
-    // (msgId prefix, UNIQ_KEY prefix, reconsume, outcome, cause, layer, payload_match, error, offset ms)
-    let kinds: [(&str, &str, i32, &str, Option<&str>, Option<&str>, Option<i16>, Option<&str>, i64); 3] = [
-        ("F-", "U-", 0, "failed", None, None, None, Some("downstream timeout"), -1_000),
-        ("M-", "U-", 1, "processed", None, None, None, None, 0),
-        ("D-", "V-", 0, "duplicate", Some("producer_resend"), Some("db"), Some(1), None, 60_000),
-    ];
-    for (msg, uniq, reconsume, outcome, cause, layer, payload_match, error, offset) in kinds {
+    for kind in LOG_KINDS {
         store
             .query(if mysql { &LOG_CONCAT } else { &LOG_PIPES })
-            .bind(start + offset)
+            .bind(start + kind.offset_ms)
             .bind(step)
             .bind(GROUP)
-            .bind(msg)
-            .bind(uniq)
-            .bind(reconsume)
+            .bind(kind.msg_prefix)
+            .bind(kind.uniq_prefix)
+            .bind(kind.reconsume_times)
             .bind(shop::STOCK_DEDUCT)
-            .bind(outcome)
-            .bind(cause)
-            .bind(layer)
-            .bind(payload_match)
-            .bind(error)
+            .bind(kind.outcome)
+            .bind(kind.cause)
+            .bind(kind.layer)
+            .bind(kind.payload_match)
+            .bind(kind.error)
             .bind(rows)
             .execute(store.pool())
             .await?;

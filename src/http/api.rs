@@ -13,7 +13,7 @@ use serde_json::json;
 
 use super::AppState;
 use super::params::Params;
-use super::ui::{Problem, list_query, read_overview, trace_query};
+use super::ui::{Problem, anomalies_query, list_query, read_anomalies, read_overview, trace_query};
 use crate::inspect::InspectError;
 use crate::inspect::lists::{self, ListKind};
 use crate::inspect::trace::{self, Answer, SearchBy, TraceQuery};
@@ -27,6 +27,7 @@ pub(super) fn router() -> Router<AppState> {
         .route("/api/invalid", get(|s: State<AppState>, q: RawQuery| list(ListKind::Invalid, s, q)))
         .route("/api/collisions", get(|s: State<AppState>, q: RawQuery| list(ListKind::Collisions, s, q)))
         .route("/api/archive", get(archive))
+        .route("/api/anomalies", get(anomalies))
 }
 
 /// The answer for an `/api/` path that does not exist.
@@ -101,4 +102,14 @@ async fn archive(State(state): State<AppState>) -> Result<Response, ApiError> {
         "log_retention_days": a.log_retention_days,
         "runs": runs,
     })))
+}
+
+async fn anomalies(State(state): State<AppState>, RawQuery(raw): RawQuery) -> Result<Response, ApiError> {
+    let params = Params::parse(raw.as_deref())?;
+    let (kind, run) = anomalies_query(&params)?;
+    let report = read_anomalies(&state, kind, run).await?;
+    if run.is_some() && report.run.is_none() {
+        return Err(ApiError(Problem::not_found("there is no reconcile run with that number")));
+    }
+    Ok(ok(&report))
 }

@@ -1,6 +1,6 @@
 //! The web UI: server-rendered askama pages that work without JavaScript. The overview (`/`),
 //! a key's trace (`/trace`), the lists (`/dead-letters`, `/invalid`, `/collisions`) and the
-//! archive job (`/archive`). Every page has the search box; every key links to its trace.
+//! archive job (`/archive`) and the reconciler's findings (`/anomalies`). Every page has the search box; every key links to its trace.
 //!
 //! Handlers here read through [`crate::inspect`] and turn its answers into view structs; askama
 //! escapes everything they hold. Errors become [`Problem`] pages.
@@ -20,6 +20,7 @@ use crate::inspect::lists::{self, ListKind, ListQuery};
 use crate::inspect::overview::{self, Minute, Overview, Window};
 use crate::inspect::trace::{self, Answer, Candidate, ClaimRecord, SearchBy, Story, TraceQuery};
 use crate::inspect::{InspectError, LogRow, format_ms};
+use crate::reconcile::AnomalyKind;
 
 pub(super) fn router() -> Router<AppState> {
     Router::new()
@@ -29,6 +30,7 @@ pub(super) fn router() -> Router<AppState> {
         .route("/invalid", get(|s: State<AppState>, q: RawQuery| list_page(ListKind::Invalid, s, q)))
         .route("/collisions", get(|s: State<AppState>, q: RawQuery| list_page(ListKind::Collisions, s, q)))
         .route("/archive", get(archive_page))
+        .route("/anomalies", get(anomalies_page))
         .route("/assets/style.css", get(style))
 }
 
@@ -144,6 +146,9 @@ struct RowView {
     outcome: String,
     /// The CSS class of the row.
     class: &'static str,
+    /// In the dead-letter list: whether the key has been claimed since.
+    now: &'static str,
+    now_class: &'static str,
     cause: String,
     layer: String,
     collision: bool,
@@ -177,9 +182,19 @@ impl RowView {
         } else {
             trace_href(&r.biz_id, &r.biz_type, r.execute_time, &r.consumer_group)
         };
+        let (now, now_class) = match (r.outcome.as_str(), r.claimed_at_ms) {
+            ("dead_lettered", Some(_)) => ("applied since", "ok"),
+            ("dead_lettered", None) => ("still unapplied", "dead"),
+            _ => ("", ""),
+        };
         Self {
             time: format_ms(r.logged_at_ms),
-            outcome: r.outcome.replace('_', " "),
+            outcome: match r.outcome.as_str() {
+                "failed" => "failed · retried".to_owned(),
+                other => other.replace('_', " "),
+            },
+            now,
+            now_class,
             class,
             cause: r.cause.clone().unwrap_or_default().replace('_', " "),
             layer: r.layer.clone().unwrap_or_default(),
@@ -352,6 +367,9 @@ struct OverviewPage<'a> {
     archive_schedule: String,
     archive_next: String,
     archive_runs: Vec<RunView>,
+    /// The latest reconcile run: when, and (kind, count, link) per kind; empty before any run.
+    reconcile_when: String,
+    reconcile_counts: Vec<(String, i64, String)>,
 }
 
 async fn overview_page(State(state): State<AppState>) -> Result<Response, Problem> {
@@ -375,6 +393,21 @@ async fn overview_page(State(state): State<AppState>) -> Result<Response, Proble
         archive_schedule: o.archive.schedule.clone(),
         archive_next: o.archive.next_run_ms.map(format_ms).unwrap_or_else(|| "not scheduled".to_owned()),
         archive_runs: o.archive.runs.iter().take(4).map(RunView::new).collect(),
+        reconcile_when: o
+            .reconcile
+            .as_ref()
+            .map(|r| format_ms(r.run.finished_at_ms.unwrap_or(r.run.started_at_ms)))
+            .unwrap_or_default(),
+        reconcile_counts: o
+            .reconcile
+            .as_ref()
+            .map(|r| {
+                r.counts
+                    .iter()
+                    .map(|(k, n)| (k.as_str().replace('_', " "), *n, href("/anomalies", &[("kind", k.as_str().to_owned())])))
+                    .collect()
+            })
+            .unwrap_or_default(),
     };
     Ok(render(&page))
 }
@@ -687,6 +720,173 @@ async fn archive_page(State(state): State<AppState>) -> Result<Response, Problem
         dedup_days: a.dedup_retention_days,
         log_days: a.log_retention_days,
         runs: runs.iter().map(RunView::new).collect(),
+    };
+    Ok(render(&page))
+}
+
+// ---- anomalies ------------------------------------------------------------------------------
+
+/// Reads `/anomalies` parameters: `kind` (empty or `.*` for all) and `run` (default: the latest).
+pub(super) fn anomalies_query(p: &Params) -> Result<(Option<AnomalyKind>, Option<i64>), InspectError> {
+    let kind = match p.get("kind").map(str::trim) {
+        None | Some("") | Some(".*") | Some("$__all") => None,
+        Some(k) => Some(AnomalyKind::parse(k).ok_or_else(|| {
+            InspectError::BadRequest(format!(
+                "kind={:?} is not one of {}",
+                k.chars().take(30).collect::<String>(),
+                AnomalyKind::ALL.iter().map(|k| k.as_str()).collect::<Vec<_>>().join(", ")
+            ))
+        })?),
+    };
+    let run = match p.get("run").map(str::trim).filter(|r| !r.is_empty()) {
+        None => None,
+        Some(r) => Some(r.parse::<i64>().map_err(|_| InspectError::BadRequest("run must be a run number".to_owned()))?),
+    };
+    Ok((kind, run))
+}
+
+/// The most anomalies a page lists.
+pub const MAX_ANOMALIES_SHOWN: i64 = 1_000;
+
+/// A run and its anomalies, as the page and the API show them.
+#[derive(Debug, serde::Serialize)]
+pub struct AnomalyReport {
+    pub run: Option<crate::reconcile::runs::RunRecord>,
+    pub counts: std::collections::BTreeMap<AnomalyKind, i64>,
+    pub anomalies: Vec<crate::reconcile::Anomaly>,
+    pub recent_runs: Vec<crate::reconcile::runs::RunRecord>,
+}
+
+pub(super) async fn read_anomalies(
+    state: &AppState,
+    kind: Option<AnomalyKind>,
+    run: Option<i64>,
+) -> Result<AnomalyReport, InspectError> {
+    use crate::reconcile::runs;
+    let store = &state.store;
+    state
+        .web
+        .trace
+        .limits
+        .run(async {
+            let recent_runs = runs::recent(store, 20).await?;
+            let run = match run {
+                Some(id) => runs::get(store, id).await?,
+                None => recent_runs.iter().find(|r| r.status == "success").cloned(),
+            };
+            let (counts, anomalies) = match &run {
+                Some(r) => (runs::counts(store, r.id).await?, runs::anomalies(store, r.id, kind, MAX_ANOMALIES_SHOWN).await?),
+                None => (Default::default(), Vec::new()),
+            };
+            Ok(AnomalyReport { run, counts, anomalies, recent_runs })
+        })
+        .await
+}
+
+struct AnomalyView {
+    kind: String,
+    alarm: bool,
+    biz_type: String,
+    biz_id: String,
+    execute_time: String,
+    group: String,
+    first: String,
+    last: String,
+    detail: String,
+    advice: &'static str,
+    trace: String,
+}
+
+struct ReconcileRunView {
+    id: i64,
+    href: String,
+    status: String,
+    class: &'static str,
+    started_by: String,
+    group: String,
+    window: String,
+    finished: String,
+    anomalies: i64,
+    error: String,
+}
+
+#[derive(Template)]
+#[template(path = "anomalies.html")]
+struct AnomaliesPage<'a> {
+    title: String,
+    search: &'a str,
+    run: Option<ReconcileRunView>,
+    kind: String,
+    counts: Vec<(String, i64, String, bool)>,
+    anomalies: Vec<AnomalyView>,
+    runs: Vec<ReconcileRunView>,
+    json_href: String,
+}
+
+fn run_view(r: &crate::reconcile::runs::RunRecord) -> ReconcileRunView {
+    ReconcileRunView {
+        id: r.id,
+        href: href("/anomalies", &[("run", r.id.to_string())]),
+        status: r.status.clone(),
+        class: match r.status.as_str() {
+            "success" if r.anomalies == 0 => "ok",
+            "success" => "retry",
+            "failed" => "dead",
+            _ => "dup",
+        },
+        started_by: r.started_by.clone(),
+        group: r.consumer_group.clone(),
+        window: format!("{} → {}", format_ms(r.since_ms), format_ms(r.until_ms)),
+        finished: r.finished_at_ms.map(format_ms).unwrap_or_else(|| "running".to_owned()),
+        anomalies: r.anomalies,
+        error: r.error.clone().unwrap_or_default(),
+    }
+}
+
+async fn anomalies_page(State(state): State<AppState>, RawQuery(raw): RawQuery) -> Result<Response, Problem> {
+    let params = Params::parse(raw.as_deref())?;
+    let (kind, run) = anomalies_query(&params)?;
+    let report = read_anomalies(&state, kind, run).await?;
+    if run.is_some() && report.run.is_none() {
+        return Err(Problem::not_found("there is no reconcile run with that number"));
+    }
+    let run_pair = report.run.as_ref().map(|r| ("run", r.id.to_string()));
+    let page = AnomaliesPage {
+        title: "Anomalies".to_owned(),
+        search: "",
+        run: report.run.as_ref().map(run_view),
+        kind: kind.map(|k| k.as_str().to_owned()).unwrap_or_default(),
+        counts: report
+            .counts
+            .iter()
+            .map(|(k, n)| {
+                let mut pairs = vec![("kind", k.as_str().to_owned())];
+                pairs.extend(run_pair.clone());
+                (k.as_str().replace('_', " "), *n, href("/anomalies", &pairs), Some(*k) == kind)
+            })
+            .collect(),
+        anomalies: report
+            .anomalies
+            .iter()
+            .map(|a| AnomalyView {
+                kind: a.kind.as_str().replace('_', " "),
+                alarm: matches!(a.kind, AnomalyKind::Lost | AnomalyKind::DoubleApplied),
+                biz_type: a.biz_type.clone(),
+                biz_id: a.biz_id.clone(),
+                execute_time: if a.execute_time == 0 { String::new() } else { format_ms(a.execute_time) },
+                group: a.consumer_group.clone(),
+                first: a.first_seen_ms.map(format_ms).unwrap_or_default(),
+                last: a.last_seen_ms.map(format_ms).unwrap_or_default(),
+                detail: a.detail.clone(),
+                advice: a.kind.advice(),
+                trace: trace_href(&a.biz_id, &a.biz_type, a.execute_time, &a.consumer_group),
+            })
+            .collect(),
+        runs: report.recent_runs.iter().map(run_view).collect(),
+        json_href: href(
+            "/api/anomalies",
+            &[kind.map(|k| ("kind", k.as_str().to_owned())), run_pair.clone()].into_iter().flatten().collect::<Vec<_>>(),
+        ),
     };
     Ok(render(&page))
 }

@@ -172,11 +172,22 @@ pub struct ListPage {
     pub next: Option<String>,
 }
 
+/// The row key's claim time, if it is claimed now: one lookup on the claim's unique index.
+macro_rules! claimed_now {
+    () => {
+        "(SELECT r.claimed_at_ms FROM idempotent_record r WHERE r.consumer_group = delivery_log.consumer_group \
+         AND r.biz_type = delivery_log.biz_type AND r.biz_id = delivery_log.biz_id \
+         AND r.execute_time = delivery_log.execute_time)"
+    };
+}
+
 // `? = ''` switches the biz_type filter off; the cursor condition is a row comparison written
 // out, since MySQL does not use an index for `(a, b) < (?, ?)`.
 static BY_OUTCOME: Sql = Sql::new(concat!(
     "SELECT ",
     log_columns!(),
+    ", ",
+    claimed_now!(),
     " FROM delivery_log WHERE outcome = ? AND logged_at_ms >= ? AND logged_at_ms <= ? \
      AND (? = '' OR biz_type = ?) AND (logged_at_ms < ? OR (logged_at_ms = ? AND id < ?)) \
      ORDER BY logged_at_ms DESC, id DESC LIMIT ?"
@@ -184,6 +195,8 @@ static BY_OUTCOME: Sql = Sql::new(concat!(
 static COLLISIONS: Sql = Sql::new(concat!(
     "SELECT ",
     log_columns!(),
+    ", ",
+    claimed_now!(),
     " FROM delivery_log WHERE payload_match = 0 AND outcome = ? AND logged_at_ms >= ? AND logged_at_ms <= ? \
      AND (? = '' OR biz_type = ?) AND (logged_at_ms < ? OR (logged_at_ms = ? AND id < ?)) \
      ORDER BY logged_at_ms DESC, id DESC LIMIT ?"

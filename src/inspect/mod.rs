@@ -84,6 +84,10 @@ pub struct LogRow {
     pub payload_hash: Option<String>,
     pub error: Option<String>,
     pub latency_us: i64,
+    /// In the lists: when the key was claimed, if it is claimed now. A dead letter whose key
+    /// has since been claimed (by a replay or a resend) is resolved; one without is not.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub claimed_at_ms: Option<i64>,
 }
 
 /// The columns [`LogRow::from_row`] reads, in order, as a literal for `concat!`.
@@ -120,6 +124,7 @@ impl LogRow {
             payload_hash: r.try_get(18)?,
             error: r.try_get(19)?,
             latency_us: r.try_get(20)?,
+            claimed_at_ms: if r.len() > 21 { r.try_get(21)? } else { None },
         })
     }
 

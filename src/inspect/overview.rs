@@ -104,6 +104,15 @@ pub struct Overview {
     pub latest_collisions: Vec<LogRow>,
     pub latest_invalid: Vec<LogRow>,
     pub archive: ArchiveStatus,
+    /// The latest successful reconcile run and its anomalies by kind, once one has run.
+    pub reconcile: Option<ReconcileStatus>,
+}
+
+/// The reconciler as the overview shows it.
+#[derive(Debug, Clone, Serialize)]
+pub struct ReconcileStatus {
+    pub run: crate::reconcile::runs::RunRecord,
+    pub counts: BTreeMap<crate::reconcile::AnomalyKind, i64>,
 }
 
 static BY_OUTCOME_SINCE: Sql = Sql::new(
@@ -183,8 +192,14 @@ async fn read(store: &Store, archive: &ArchiveSettings, now_ms: i64) -> Result<O
         runs: runs::recent(store, 6).await?,
     };
 
+    let reconcile = match crate::reconcile::runs::recent(store, 10).await?.into_iter().find(|r| r.status == "success") {
+        Some(run) => Some(ReconcileStatus { counts: crate::reconcile::runs::counts(store, run.id).await?, run }),
+        None => None,
+    };
+
     Ok(Overview {
         now_ms,
+        reconcile,
         last_5_minutes: last_5_minutes.finish(),
         last_hour: last_hour.finish(),
         minutes,

@@ -714,6 +714,7 @@ mod tests {
             payload_hash: None,
             error: None,
             latency_us: 10,
+            claimed_at_ms: None,
         }
     }
 

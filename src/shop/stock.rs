@@ -72,6 +72,10 @@ impl Handler for StockDeduct {
         Ok(Effect::Applied)
     }
 
+    fn checks(&self) -> Vec<crate::reconcile::Check> {
+        vec![crate::reconcile::STOCK_LEDGER_CHECK]
+    }
+
     /// The ledger rows of this deduction: exactly one when it was applied, none when it was
     /// not; two or more is the double application the gate exists to prevent.
     async fn describe(&self, store: &Store, biz_id: &str) -> Result<Vec<Fact>, sqlx::Error> {

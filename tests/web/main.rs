@@ -204,6 +204,7 @@ mod cases {
         let (status, page, _) = app.get("/dead-letters").await;
         assert_eq!(status, StatusCode::OK);
         assert!(page.contains("/trace?biz_id=P-9"), "each row links to its trace: {page}");
+        assert!(page.contains("still unapplied"), "an unresolved dead letter says so: {page}");
 
         let (_, overview) = app.json("/api/overview").await;
         assert_eq!(overview["last_5_minutes"]["deliveries"], 3);
@@ -391,6 +392,54 @@ mod cases {
         assert!(html.contains("No run yet") && html.contains("0 0 3 * * *"));
     }
 
+    /// The reconciler's findings: the anomalies page, its filter and JSON, the overview's box and
+    /// the metrics, all from the stored run.
+    pub async fn anomalies_are_listed_with_links_to_their_traces(backend: idemgate::store::Backend) {
+        let app = App::new(backend).await;
+        let last = Policy::default().max_reconsume_times;
+        assert_eq!(app.deliver(&payment("P-LOST", "O-none", "M1", "U1", last)).await, Outcome::DeadLettered);
+        assert_eq!(app.deliver(&stock_deduct("D-C", "M2", "U2", "SKU-W", 1)).await, Outcome::Processed);
+        assert_eq!(app.deliver(&stock_deduct("D-C", "M3", "U3", "SKU-W", 4)).await, Outcome::Duplicate);
+        let (_, html, _) = app.get("/anomalies").await;
+        assert!(html.contains("No successful reconcile run yet"), "{html}");
+
+        let now = idemgate::gate::now_ms();
+        let options = idemgate::reconcile::ReconcileOptions {
+            consumer_group: GROUP.to_owned(),
+            biz_type: None,
+            since_ms: now - 60_000,
+            until_ms: now + 1,
+            stuck_after_ms: 1_800_000,
+            log_retention_ms: 14 * 86_400_000,
+            max_per_kind: 100,
+            instance_id: "web-1".to_owned(),
+            started_by: "command".to_owned(),
+        };
+        let report = idemgate::reconcile::reconcile_once(&app.db.store, &options, &[], now).await.expect("run");
+        assert_eq!(report.anomalies.len(), 2, "{report:?}");
+
+        let (status, html, _) = app.get("/anomalies").await;
+        assert_eq!(status, StatusCode::OK);
+        assert!(html.contains("lost 1") && html.contains("key collision 1"), "{html}");
+        assert!(html.contains("/trace?biz_id=P-LOST") && html.contains("/trace?biz_id=D-C"), "{html}");
+        let (_, html, _) = app.get("/anomalies?kind=lost").await;
+        assert!(html.contains("P-LOST") && !html.contains("/trace?biz_id=D-C"), "{html}");
+        let (_, json) = app.json("/api/anomalies?kind=key_collision").await;
+        assert_eq!(json["anomalies"].as_array().unwrap().len(), 1);
+        assert_eq!(json["anomalies"][0]["biz_id"], "D-C");
+        assert_eq!(json["counts"]["lost"], 1);
+        let (status, html, _) = app.get("/anomalies?kind=everything").await;
+        assert_eq!(status, StatusCode::BAD_REQUEST);
+        assert!(html.contains("is not one of lost, stuck"), "{html}");
+        assert_eq!(app.get("/anomalies?run=99999").await.0, StatusCode::NOT_FOUND);
+        let (_, html, _) = app.get("/").await;
+        assert!(html.contains("Reconcile anomalies") && html.contains("lost 1"), "{html}");
+        let (_, metrics, _) = app.get("/metrics").await;
+        let line = format!("idemgate_reconcile_anomalies{{consumer_group=\"{GROUP}\",kind=\"lost\"}} 1");
+        assert!(metrics.contains(&line), "{line} in:\n{metrics}");
+        assert!(metrics.contains("idemgate_reconcile_last_run_timestamp_seconds{"), "{metrics}");
+    }
+
     /// With credentials configured, everything but health needs them; the token never shows.
     pub async fn credentials_guard_everything_but_health(backend: idemgate::store::Backend) {
         let mut settings = Settings::default();
@@ -426,6 +475,7 @@ on_every_backend!(
     lists_page_and_filter,
     history_beyond_the_log_retention_is_noted,
     credentials_guard_everything_but_health,
+    anomalies_are_listed_with_links_to_their_traces,
 );
 
 /// `idemgate trace` prints the same story in the terminal, and says with its exit code whether

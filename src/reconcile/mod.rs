@@ -1,0 +1,411 @@
+//! The reconciler: did every business key take effect exactly once, and what is stuck?
+//!
+//! [`reconcile_once`] scans a time window of the delivery log and the dedup table of one
+//! consumer group and reports anomalies by kind ([`AnomalyKind`]): keys that were lost, stuck,
+//! applied twice, orphaned, collided or came back after archiving, plus whatever the registered
+//! invariant checks ([`Check`]) find in business tables. Each kind is one bounded statement: the
+//! window limits what it reads, `max_per_kind` what it returns, and the grouping happens in the
+//! database, so the process holds only the anomalies. The run and its anomalies are stored
+//! ([`runs`]) for the UI, `/metrics` and scripts.
+//!
+//! This module reads the gate's tables and writes only its own (`reconcile_run`,
+//! `reconcile_anomaly`). It must not change a claim or a log row.
+
+pub mod runs;
+pub mod schedule;
+pub mod settings;
+
+use std::collections::BTreeMap;
+use std::time::{Duration, Instant};
+
+use serde::Serialize;
+use sqlx::Row;
+
+use crate::gate::labelled;
+use crate::store::{Sql, Store};
+
+pub use schedule::ReconcileScheduler;
+pub use settings::ReconcileSettings;
+
+labelled! {
+    /// What kind of disagreement between deliveries, claims and effects.
+    AnomalyKind {
+        /// Failed or dead-lettered, never processed, nothing pending: it needs a replay.
+        Lost => "lost",
+        /// Still being retried after `stuck_after`.
+        Stuck => "stuck",
+        /// More than one `processed` delivery for one claim key, or a business ledger with two
+        /// effects. This must never happen.
+        DoubleApplied => "double_applied",
+        /// A claim without its `processed` delivery, or a `processed` delivery without a claim.
+        Orphan => "orphan",
+        /// The same key sent with different bodies.
+        KeyCollision => "key_collision",
+        /// A key seen again after its claim was archived.
+        LateDuplicate => "late_duplicate",
+    }
+}
+
+impl AnomalyKind {
+    /// What an engineer should do about it.
+    pub fn advice(self) -> &'static str {
+        match self {
+            Self::Lost => "never applied: fix the cause, then `idemgate replay` the dead letter",
+            Self::Stuck => "still retrying: look at the error on its trace",
+            Self::DoubleApplied => "the effect was applied more than once: correct the business data",
+            Self::Orphan => "claims and processed deliveries disagree: something wrote around the gate",
+            Self::KeyCollision => "one key for different content: the first body won; fix the producer",
+            Self::LateDuplicate => {
+                "a copy arrived after its claim was archived: lengthen the dedup retention or turn on the late-duplicate guard"
+            }
+        }
+    }
+}
+
+/// One finding.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Anomaly {
+    pub kind: AnomalyKind,
+    pub consumer_group: String,
+    pub biz_type: String,
+    pub biz_id: String,
+    pub execute_time: i64,
+    pub first_seen_ms: Option<i64>,
+    pub last_seen_ms: Option<i64>,
+    pub detail: String,
+}
+
+/// A business invariant a handler's owner registers: a statement over the business tables that
+/// returns the keys breaking it. It is given `since_ms, until_ms` as parameters and returns
+/// `(biz_id, occurrences)` rows; `describe` turns a count into the anomaly's text.
+#[derive(Clone, Copy)]
+pub struct Check {
+    pub name: &'static str,
+    pub kind: AnomalyKind,
+    pub biz_type: &'static str,
+    pub sql: &'static Sql,
+    pub describe: fn(i64) -> String,
+}
+
+impl std::fmt::Debug for Check {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Check").field("name", &self.name).field("kind", &self.kind).finish()
+    }
+}
+
+static STOCK_LEDGER_TWICE: Sql = Sql::new(
+    "SELECT deduction_id, COUNT(*) FROM shop_stock_ledger WHERE applied_at_ms >= ? AND applied_at_ms < ? \
+     GROUP BY deduction_id HAVING COUNT(*) > 1",
+);
+
+/// The built-in example's invariant: one ledger row per stock deduction.
+pub const STOCK_LEDGER_CHECK: Check = Check {
+    name: "stock ledger: one row per deduction",
+    kind: AnomalyKind::DoubleApplied,
+    biz_type: crate::shop::STOCK_DEDUCT,
+    sql: &STOCK_LEDGER_TWICE,
+    describe: |n| format!("{n} stock ledger rows for one deduction: the stock was taken {n} times"),
+};
+
+/// What one run looks at.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ReconcileOptions {
+    pub consumer_group: String,
+    /// Only this biz_type; `None` for all.
+    pub biz_type: Option<String>,
+    /// The window: deliveries logged (and claims made) in `[since_ms, until_ms)`.
+    pub since_ms: i64,
+    pub until_ms: i64,
+    /// A key still failing this long after its first failure is stuck.
+    pub stuck_after_ms: i64,
+    /// Claims older than the log's retention have no log rows to compare with; they are not
+    /// called orphans.
+    pub log_retention_ms: i64,
+    /// The most anomalies reported per kind (and per check); the rest are counted as cut.
+    pub max_per_kind: usize,
+    pub instance_id: String,
+    pub started_by: String,
+}
+
+/// What a run found.
+#[derive(Debug, Clone, Serialize)]
+pub struct ReconcileReport {
+    pub run_id: i64,
+    pub consumer_group: String,
+    pub since_ms: i64,
+    pub until_ms: i64,
+    pub anomalies: Vec<Anomaly>,
+    /// Per kind, how many were found (every kind present, zero included).
+    pub counts: BTreeMap<AnomalyKind, usize>,
+    /// Kinds that hit `max_per_kind`: there may be more.
+    pub cut: Vec<AnomalyKind>,
+    pub elapsed_ms: u64,
+}
+
+impl ReconcileReport {
+    pub fn is_clean(&self) -> bool {
+        self.anomalies.is_empty()
+    }
+}
+
+/// Why a run failed.
+#[derive(Debug, thiserror::Error)]
+pub enum ReconcileError {
+    #[error("reconcile: {0}")]
+    Database(#[from] sqlx::Error),
+}
+
+// Every detector returns (biz_type, biz_id, execute_time, first_ms, last_ms, count) and takes
+// (group, since, until, biz_type, biz_type, [extra], limit). `? = ''` switches the biz_type
+// filter off.
+macro_rules! claimed {
+    ($alias:literal, $table:literal) => {
+        concat!(
+            "SELECT 1 FROM ", $table, " r WHERE r.biz_id = ", $alias, ".biz_id AND r.biz_type = ", $alias,
+            ".biz_type AND r.consumer_group = ", $alias, ".consumer_group AND r.execute_time = ", $alias,
+            ".execute_time"
+        )
+    };
+}
+
+macro_rules! detector {
+    ($where:literal) => {
+        concat!(
+            "SELECT biz_type, biz_id, execute_time, MIN(logged_at_ms), MAX(logged_at_ms), COUNT(*) \
+             FROM delivery_log d WHERE consumer_group = ? AND logged_at_ms >= ? AND logged_at_ms < ? \
+             AND (? = '' OR biz_type = ?) AND ",
+            $where
+        )
+    };
+}
+
+static DOUBLE_APPLIED: Sql = Sql::new(concat!(
+    detector!("outcome = 'processed'"),
+    " GROUP BY biz_type, biz_id, execute_time HAVING COUNT(*) > 1 LIMIT ?"
+));
+static LOST: Sql = Sql::new(concat!(
+    detector!("outcome = 'dead_lettered' AND biz_id <> ''"),
+    " AND NOT EXISTS (",
+    claimed!("d", "idempotent_record"),
+    ") AND NOT EXISTS (",
+    claimed!("d", "idempotent_record_archive"),
+    ") GROUP BY biz_type, biz_id, execute_time LIMIT ?"
+));
+static STUCK: Sql = Sql::new(concat!(
+    detector!("outcome = 'failed' AND biz_id <> ''"),
+    " AND NOT EXISTS (",
+    claimed!("d", "idempotent_record"),
+    ") AND NOT EXISTS (",
+    claimed!("d", "idempotent_record_archive"),
+    ") AND NOT EXISTS (SELECT 1 FROM delivery_log x WHERE x.biz_id = d.biz_id AND x.biz_type = d.biz_type \
+     AND x.consumer_group = d.consumer_group AND x.execute_time = d.execute_time AND x.outcome = 'dead_lettered') \
+     GROUP BY biz_type, biz_id, execute_time HAVING MIN(logged_at_ms) < ? LIMIT ?"
+));
+static PROCESSED_WITHOUT_CLAIM: Sql = Sql::new(concat!(
+    detector!("outcome = 'processed'"),
+    " AND NOT EXISTS (",
+    claimed!("d", "idempotent_record"),
+    ") AND NOT EXISTS (",
+    claimed!("d", "idempotent_record_archive"),
+    ") GROUP BY biz_type, biz_id, execute_time LIMIT ?"
+));
+static CLAIM_WITHOUT_DELIVERY: Sql = Sql::new(
+    "SELECT biz_type, biz_id, execute_time, claimed_at_ms, claimed_at_ms, 1 FROM idempotent_record c \
+     WHERE consumer_group = ? AND claimed_at_ms >= ? AND claimed_at_ms < ? AND (? = '' OR biz_type = ?) \
+     AND NOT EXISTS (SELECT 1 FROM delivery_log d WHERE d.biz_id = c.biz_id AND d.msg_id = c.msg_id \
+     AND d.biz_type = c.biz_type AND d.consumer_group = c.consumer_group AND d.execute_time = c.execute_time \
+     AND d.outcome IN ('processed', 'duplicate')) LIMIT ?",
+);
+static COLLISIONS: Sql = Sql::new(concat!(
+    detector!("outcome = 'duplicate' AND payload_match = 0"),
+    " GROUP BY biz_type, biz_id, execute_time LIMIT ?"
+));
+static LATE: Sql = Sql::new(concat!(
+    detector!("(layer = 'late_duplicate' OR (outcome = 'processed' AND EXISTS ("),
+    claimed!("d", "idempotent_record_archive"),
+    " AND r.archived_at_ms <= d.logged_at_ms))) GROUP BY biz_type, biz_id, execute_time LIMIT ?"
+));
+
+/// Runs every detector and check over the window, stores the run and its anomalies, and
+/// reports them. `now_ms` is the clock for `stuck_after` (tests pass their own).
+pub async fn reconcile_once(
+    store: &Store,
+    options: &ReconcileOptions,
+    checks: &[Check],
+    now_ms: i64,
+) -> Result<ReconcileReport, ReconcileError> {
+    let started = Instant::now();
+    let run_id = runs::start(store, options, now_ms).await?;
+    match find(store, options, checks, now_ms).await {
+        Ok((anomalies, cut)) => {
+            runs::finish(store, run_id, &anomalies, crate::gate::now_ms()).await?;
+            let mut counts: BTreeMap<AnomalyKind, usize> = AnomalyKind::ALL.iter().map(|k| (*k, 0)).collect();
+            for a in &anomalies {
+                *counts.entry(a.kind).or_default() += 1;
+            }
+            Ok(ReconcileReport {
+                run_id,
+                consumer_group: options.consumer_group.clone(),
+                since_ms: options.since_ms,
+                until_ms: options.until_ms,
+                anomalies,
+                counts,
+                cut,
+                elapsed_ms: u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX),
+            })
+        }
+        Err(e) => {
+            let _ = runs::fail(store, run_id, &e.to_string(), crate::gate::now_ms()).await;
+            Err(e.into())
+        }
+    }
+}
+
+async fn find(
+    store: &Store,
+    o: &ReconcileOptions,
+    checks: &[Check],
+    now_ms: i64,
+) -> Result<(Vec<Anomaly>, Vec<AnomalyKind>), sqlx::Error> {
+    let mut found = Vec::new();
+    let mut cut = Vec::new();
+    let biz_type = o.biz_type.as_deref().unwrap_or("");
+    let limit = i64::try_from(o.max_per_kind + 1).unwrap_or(i64::MAX);
+    let orphan_since = o.since_ms.max(now_ms - o.log_retention_ms);
+    let detectors: [(AnomalyKind, &Sql, Option<i64>, i64, fn(i64) -> String); 7] = [
+        (AnomalyKind::DoubleApplied, &DOUBLE_APPLIED, None, o.since_ms, |n| {
+            format!("{n} processed deliveries for one claim key: the effect ran {n} times")
+        }),
+        (AnomalyKind::Lost, &LOST, None, o.since_ms, |n| {
+            format!("dead-lettered ({n}×) and never applied; no claim, nothing pending")
+        }),
+        (AnomalyKind::Stuck, &STUCK, Some(now_ms - o.stuck_after_ms), o.since_ms, |n| {
+            format!("{n} failed attempts and still not applied")
+        }),
+        (AnomalyKind::Orphan, &PROCESSED_WITHOUT_CLAIM, None, o.since_ms, |n| {
+            format!("{n} processed deliveries but no claim, live or archived: the claim was removed")
+        }),
+        (AnomalyKind::Orphan, &CLAIM_WITHOUT_DELIVERY, None, orphan_since, |_| {
+            "a claim with no processed delivery in the log: it was written around the gate".to_owned()
+        }),
+        (AnomalyKind::KeyCollision, &COLLISIONS, None, o.since_ms, |n| {
+            format!("{n} duplicates with a different body than the claim's")
+        }),
+        (AnomalyKind::LateDuplicate, &LATE, None, o.since_ms, |n| {
+            format!("{n} deliveries after the claim was archived")
+        }),
+    ];
+    for (kind, sql, extra, since, describe) in detectors {
+        let mut q = store
+            .query(sql)
+            .bind(o.consumer_group.as_str())
+            .bind(since)
+            .bind(o.until_ms)
+            .bind(biz_type)
+            .bind(biz_type);
+        if let Some(extra) = extra {
+            q = q.bind(extra);
+        }
+        let rows = q.bind(limit).fetch_all(store.pool()).await?;
+        if rows.len() > o.max_per_kind {
+            cut.push(kind);
+        }
+        for r in rows.iter().take(o.max_per_kind) {
+            let count: i64 = r.try_get(5)?;
+            found.push(Anomaly {
+                kind,
+                consumer_group: o.consumer_group.clone(),
+                biz_type: r.try_get(0)?,
+                biz_id: r.try_get(1)?,
+                execute_time: r.try_get(2)?,
+                first_seen_ms: r.try_get(3)?,
+                last_seen_ms: r.try_get(4)?,
+                detail: describe(count),
+            });
+        }
+    }
+    for check in checks {
+        if o.biz_type.as_deref().is_some_and(|t| t != check.biz_type) {
+            continue;
+        }
+        let rows = store.query(check.sql).bind(o.since_ms).bind(o.until_ms).fetch_all(store.pool()).await?;
+        if rows.len() > o.max_per_kind {
+            cut.push(check.kind);
+        }
+        for r in rows.iter().take(o.max_per_kind) {
+            found.push(Anomaly {
+                kind: check.kind,
+                consumer_group: o.consumer_group.clone(),
+                biz_type: check.biz_type.to_owned(),
+                biz_id: r.try_get(0)?,
+                execute_time: 0,
+                first_seen_ms: None,
+                last_seen_ms: None,
+                detail: format!("{} ({})", (check.describe)(r.try_get(1)?), check.name),
+            });
+        }
+    }
+    cut.sort();
+    cut.dedup();
+    Ok((merge(found), cut))
+}
+
+/// One anomaly per kind and key: two detectors (the log and a ledger check, say) that find the
+/// same thing are one finding with both details.
+fn merge(found: Vec<Anomaly>) -> Vec<Anomaly> {
+    let mut merged: BTreeMap<(AnomalyKind, String, String, String, i64), Anomaly> = BTreeMap::new();
+    for a in found {
+        let key = (a.kind, a.consumer_group.clone(), a.biz_type.clone(), a.biz_id.clone(), a.execute_time);
+        match merged.get_mut(&key) {
+            None => {
+                merged.insert(key, a);
+            }
+            Some(m) => {
+                m.detail = format!("{}; {}", m.detail, a.detail);
+                m.first_seen_ms = [m.first_seen_ms, a.first_seen_ms].into_iter().flatten().min();
+                m.last_seen_ms = [m.last_seen_ms, a.last_seen_ms].into_iter().flatten().max();
+            }
+        }
+    }
+    merged.into_values().collect()
+}
+
+/// The report as text, for the command line.
+pub fn render_text(r: &ReconcileReport) -> String {
+    use std::fmt::Write;
+    let mut out = String::new();
+    let _ = writeln!(
+        out,
+        "reconcile run {} of group {}: {} to {} ({} ms)",
+        r.run_id,
+        r.consumer_group,
+        crate::inspect::format_ms(r.since_ms),
+        crate::inspect::format_ms(r.until_ms),
+        r.elapsed_ms
+    );
+    let counts: Vec<String> = r.counts.iter().map(|(k, n)| format!("{k} {n}")).collect();
+    let _ = writeln!(out, "{}", counts.join(" · "));
+    for a in &r.anomalies {
+        let _ = writeln!(
+            out,
+            "  {:<14} {} {:?}{}  {}",
+            a.kind,
+            a.biz_type,
+            a.biz_id,
+            if a.execute_time == 0 { String::new() } else { format!(" @{}", a.execute_time) },
+            a.detail
+        );
+    }
+    for k in &r.cut {
+        let _ = writeln!(out, "  … more {k} anomalies than listed");
+    }
+    if r.is_clean() {
+        let _ = writeln!(out, "no anomalies");
+    }
+    out
+}
+
+/// How long ago `window` started from `now`, as options for a run by hand.
+pub fn window(now_ms: i64, window: Duration) -> (i64, i64) {
+    (now_ms - i64::try_from(window.as_millis()).unwrap_or(i64::MAX), now_ms + 1)
+}

@@ -1,0 +1,104 @@
+//! The `[reconcile]` section of the configuration: when `serve` reconciles, over which window,
+//! and how much one run may report. Checked with the rest of the configuration at start.
+
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+
+use super::ReconcileOptions;
+use crate::archive::Schedule;
+
+/// `[reconcile]`: the scheduled reconciler.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ReconcileSettings {
+    /// `IDEMGATE_RECONCILE__ENABLED`: run the reconciler inside `serve`. Off, `idemgate
+    /// reconcile` still runs it by hand.
+    pub enabled: bool,
+    /// `IDEMGATE_RECONCILE__SCHEDULE`: when, as a 6-field cron expression in UTC.
+    pub schedule: String,
+    /// `IDEMGATE_RECONCILE__WINDOW_HOURS`: how far back a scheduled run looks.
+    pub window_hours: u32,
+    /// `IDEMGATE_RECONCILE__STUCK_AFTER_MINUTES`: a key still failing this long after its first
+    /// failure is reported stuck.
+    pub stuck_after_minutes: u32,
+    /// `IDEMGATE_RECONCILE__MAX_PER_KIND`: the most anomalies one run reports per kind.
+    pub max_per_kind: u32,
+}
+
+/// Every 15 minutes.
+pub const DEFAULT_SCHEDULE: &str = "0 */15 * * * *";
+
+impl Default for ReconcileSettings {
+    fn default() -> Self {
+        Self {
+            enabled: true,
+            schedule: DEFAULT_SCHEDULE.to_owned(),
+            window_hours: 24,
+            stuck_after_minutes: 30,
+            max_per_kind: 1_000,
+        }
+    }
+}
+
+/// Who runs the reconciler, and what it needs to know of the rest of the configuration.
+#[derive(Debug, Clone, Copy)]
+pub struct Runner<'a> {
+    pub consumer_group: &'a str,
+    pub instance_id: &'a str,
+    /// `schedule` or `command`.
+    pub started_by: &'a str,
+    pub log_retention_days: u32,
+}
+
+/// A `[reconcile]` value that cannot work, with its key.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SettingError {
+    pub key: &'static str,
+    pub message: String,
+}
+
+impl ReconcileSettings {
+    pub fn validate(&self) -> Result<(), SettingError> {
+        let bad = |key, message: &str| Err(SettingError { key, message: message.to_owned() });
+        if let Err(e) = Schedule::parse(&self.schedule) {
+            return Err(SettingError { key: "reconcile.schedule", message: e.to_string() });
+        }
+        if !(1..=24 * 90).contains(&self.window_hours) {
+            return bad("reconcile.window_hours", "must be from 1 to 2160 (90 days)");
+        }
+        if !(1..=10_080).contains(&self.stuck_after_minutes) {
+            return bad("reconcile.stuck_after_minutes", "must be from 1 to 10080 (a week)");
+        }
+        if !(1..=100_000).contains(&self.max_per_kind) {
+            return bad("reconcile.max_per_kind", "must be from 1 to 100000");
+        }
+        Ok(())
+    }
+
+    /// The options of a run by `who` over `window` ending at `now_ms`.
+    pub fn options(
+        &self,
+        who: &Runner<'_>,
+        biz_type: Option<String>,
+        window: Duration,
+        now_ms: i64,
+    ) -> ReconcileOptions {
+        let (since_ms, until_ms) = super::window(now_ms, window);
+        ReconcileOptions {
+            consumer_group: who.consumer_group.to_owned(),
+            biz_type,
+            since_ms,
+            until_ms,
+            stuck_after_ms: i64::from(self.stuck_after_minutes) * 60_000,
+            log_retention_ms: i64::from(who.log_retention_days) * 86_400_000,
+            max_per_kind: self.max_per_kind as usize,
+            instance_id: who.instance_id.to_owned(),
+            started_by: who.started_by.to_owned(),
+        }
+    }
+
+    pub fn window(&self) -> Duration {
+        Duration::from_secs(u64::from(self.window_hours) * 3600)
+    }
+}
