@@ -45,6 +45,9 @@ pub enum Command {
     /// Find lost, stuck, double-applied, orphaned, colliding and late keys in a window of the
     /// delivery log and the dedup table; store and print the run. Exits 2 when anything is found.
     Reconcile(ReconcileArgs),
+    /// Re-publish dead-lettered messages to their topic with the same business key, refusing
+    /// keys that are already claimed. Exits 2 when any key was refused or failed.
+    Replay(ReplayArgs),
     /// Apply the database migrations and exit.
     Migrate,
     /// Print the effective configuration (password hidden) after validating it.
@@ -90,6 +93,28 @@ pub struct TraceArgs {
     /// Narrow to one consumer group.
     #[arg(long)]
     pub group: Option<String>,
+    #[arg(long, value_enum, default_value = "text")]
+    pub format: OutputFormat,
+}
+
+#[derive(Debug, Args)]
+#[command(group(clap::ArgGroup::new("which").required(true).args(["biz_id", "dead_lettered_since"])))]
+pub struct ReplayArgs {
+    /// The key whose latest dead letter to replay.
+    #[arg(long)]
+    pub biz_id: Option<String>,
+    /// With --biz-id: only this biz_type.
+    #[arg(long, requires = "biz_id")]
+    pub biz_type: Option<String>,
+    /// With --biz-id: only this execute_time (epoch ms).
+    #[arg(long, requires = "biz_id")]
+    pub execute_time: Option<i64>,
+    /// Every key dead-lettered within this age (24h, 90m, 7d), each once.
+    #[arg(long, value_parser = crate::archive::parse_age)]
+    pub dead_lettered_since: Option<i64>,
+    /// List what would be sent; send nothing.
+    #[arg(long)]
+    pub dry_run: bool,
     #[arg(long, value_enum, default_value = "text")]
     pub format: OutputFormat,
 }
@@ -261,6 +286,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Archive(args) => archive_command(&settings, args).await,
         Command::Trace(args) => trace_command(&settings, args).await,
         Command::Reconcile(args) => reconcile_command(&settings, args).await,
+        Command::Replay(args) => replay_command(&settings, args).await,
         Command::Migrate => {
             let store = open_store(&settings).await?;
             println!("migrations applied to {}", redact_url(&settings.database.url));
@@ -307,7 +333,7 @@ async fn demo_command(settings: Settings, args: DemoArgs) -> anyhow::Result<Exit
     let duplicates = share("duplicates", args.duplicates, 0.9)?;
     let store = open_store(&settings).await?;
     let policy = Policy { max_reconsume_times: args.max_reconsume_times, ..settings.policy() };
-    let running = crate::serve::Running::start(&settings, store, shop::handlers(), policy).await?;
+    let running = crate::serve::Running::start(&settings, store, shop::handlers(), policy, false).await?;
     running.set_ready(true);
     println!(
         "idemgate demo: {} deliveries/s with {:.0}% duplicates into {} (instance {}).\n\
@@ -333,6 +359,39 @@ async fn demo_command(settings: Settings, args: DemoArgs) -> anyhow::Result<Exit
     demo::run(running.gate.clone(), options, shutdown, |line| println!("{line}")).await?;
     running.stop().await?;
     Ok(ExitCode::SUCCESS)
+}
+
+/// Exit codes of `idemgate replay`: 0 every key sent (or, dry, would be), 2 any refused or
+/// failed, 1 an error.
+async fn replay_command(settings: &Settings, args: ReplayArgs) -> anyhow::Result<ExitCode> {
+    use crate::replay::{self, Selection};
+    let selection = match (args.biz_id, args.dead_lettered_since) {
+        (Some(biz_id), _) => {
+            crate::route::check_key_text(&biz_id, crate::route::MAX_BIZ_ID_CHARS)
+                .map_err(|m| anyhow::anyhow!("--biz-id {m}"))?;
+            Selection::Key { biz_id, biz_type: args.biz_type, execute_time: args.execute_time }
+        }
+        (None, Some(age)) => Selection::Since(crate::gate::now_ms() - age),
+        (None, None) => anyhow::bail!("give --biz-id or --dead-lettered-since"),
+    };
+    let store = open_store(settings).await?;
+    let producer = if args.dry_run {
+        None
+    } else {
+        Some(crate::broker::Producer::start(&settings.broker.name_server, &settings.broker.producer_group).await?)
+    };
+    let group = settings.consumer.group.clone();
+    let lines = replay::replay(&store, &settings.routes(), &group, &selection, producer.as_ref()).await;
+    if let Some(p) = producer {
+        p.shutdown().await;
+    }
+    store.close().await;
+    let lines = lines?;
+    match args.format {
+        OutputFormat::Text => print!("{}", replay::render_text(&lines, args.dry_run)),
+        OutputFormat::Json => println!("{}", serde_json::to_string_pretty(&lines)?),
+    }
+    Ok(ExitCode::from(if lines.iter().any(|l| l.action.is_refusal()) { 2 } else { 0 }))
 }
 
 /// Exit codes of `idemgate reconcile`: 0 no anomalies, 2 anomalies found, 1 an error.

@@ -14,6 +14,7 @@
 //! - [`handler`]: the trait business code implements, and the registry.
 //! - [`delivery_log`]: one row per delivery attempt.
 //! - [`reconcile`]: lost, stuck, double-applied, orphan, colliding and late keys in a window; the runs.
+//! - [`replay`]: guarded re-publication of dead letters whose keys are not claimed.
 //! - [`archive`]: old claims to the archive table and old log rows out, in batches, on a schedule.
 //! - [`scratch`]: throwaway databases for benchmarks and tests.
 //! - [`shop`]: the built-in example business (orders, payments, stock).
@@ -44,6 +45,7 @@ pub mod inspect;
 pub mod metrics;
 pub mod produce;
 pub mod reconcile;
+pub mod replay;
 pub mod route;
 pub mod scratch;
 pub mod serve;

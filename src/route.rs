@@ -229,6 +229,28 @@ impl Routes {
         self.routes.iter().map(|r| r.biz_type.clone()).collect()
     }
 
+    /// What a message sent again on `topic`/`tags` must carry for its route to read `biz_id`
+    /// and `execute_time` again: its KEYS and properties (a key read from the body is already
+    /// in the body). `None` when no route covers the topic and tag.
+    pub fn republish(
+        &self,
+        topic: &str,
+        tags: &str,
+        biz_id: &str,
+        execute_time: i64,
+    ) -> Option<(Vec<String>, std::collections::BTreeMap<String, String>)> {
+        let route = self.routes.iter().find(|r| r.topic == topic && r.tags.matches(tags))?;
+        let keys = vec![biz_id.to_owned()];
+        let mut properties = std::collections::BTreeMap::new();
+        if let Source::Property(name) = &route.biz_id {
+            properties.insert(name.clone(), biz_id.to_owned());
+        }
+        if let Some(Source::Property(name)) = &route.execute_time {
+            properties.insert(name.clone(), execute_time.to_string());
+        }
+        Some((keys, properties))
+    }
+
     /// Each biz_type with the handler of its first route: whose business state the trace
     /// page shows for a key of that type.
     pub fn handler_by_biz_type(&self) -> std::collections::BTreeMap<&str, &str> {

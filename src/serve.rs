@@ -38,12 +38,14 @@ pub struct Running {
 
 impl Running {
     /// Binds the HTTP server, builds the gate with metrics on `store`, and starts serving.
+    /// `replay` offers dead-letter replay on the trace page through the configured broker.
     /// `/readyz` answers 503 until [`Running::set_ready`].
     pub async fn start(
         settings: &Settings,
         store: Store,
         handlers: Handlers,
         policy: Policy,
+        replay: bool,
     ) -> anyhow::Result<Self> {
         let server = http::Server::bind(&settings.http.bind).await?;
         let url = format!("http://{}", server.local_addr()?);
@@ -57,7 +59,8 @@ impl Running {
             ui_url: url.clone(),
         };
         let metrics = Arc::new(Metrics::new(&info, &routes.biz_types(), &topics));
-        let web = Arc::new(Web::new(settings, &handlers));
+        let web = Web::new(settings, &handlers);
+        let web = Arc::new(if replay { web.with_replay(settings) } else { web });
         let gate = Arc::new(
             Gate::new(store.clone(), routes, handlers, identity, policy)?.with_metrics(metrics.clone()),
         );
@@ -86,7 +89,7 @@ impl Running {
 /// Runs the service on `store` (opened and migrated) with `handlers` until a shutdown signal.
 pub async fn run(settings: &Settings, store: Store, handlers: Handlers) -> anyhow::Result<()> {
     let checks = handlers.checks(&settings.routes());
-    let mut running = Running::start(settings, store, handlers, settings.policy()).await?;
+    let mut running = Running::start(settings, store, handlers, settings.policy(), true).await?;
     let archiver = ArchiveScheduler::start_for_serve(
         running.store.clone(),
         &settings.archive,

@@ -222,7 +222,7 @@ impl Gate {
                     outcome,
                     verdict: Verdict::Ack,
                     key: Some(key),
-                    cause: layer.map(|_| DuplicateCause::Unknown),
+                    cause: replay_cause(d).or(layer.map(|_| DuplicateCause::Unknown)),
                     layer,
                     payload_match: None,
                     error: None,
@@ -318,7 +318,7 @@ impl Gate {
             biz_id: &key.biz_id,
             execute_time: key.execute_time,
             outcome,
-            cause: layer.map(|_| DuplicateCause::Unknown),
+            cause: replay_cause(d).or(layer.map(|_| DuplicateCause::Unknown)),
             layer,
             payload_match: None,
             payload_hash: Some(payload_hash),
@@ -488,7 +488,7 @@ impl Gate {
             biz_id,
             execute_time,
             outcome: disposition.outcome,
-            cause: disposition.cause,
+            cause: disposition.cause.or(replay_cause(d)),
             layer: disposition.layer,
             payload_match: disposition.payload_match,
             payload_hash,
@@ -534,6 +534,12 @@ impl Gate {
             );
         }
     }
+}
+
+/// `replay` for a delivery re-published by `idemgate replay`, whatever its outcome: the log
+/// then tells a replayed attempt from the original ones.
+fn replay_cause(d: &Delivery) -> Option<DuplicateCause> {
+    d.is_replay().then_some(DuplicateCause::Replay)
 }
 
 /// Epoch milliseconds now.

@@ -31,6 +31,7 @@ use crate::handler::Handlers;
 use crate::inspect::Limits;
 use crate::inspect::trace::TraceContext;
 use crate::metrics::Metrics;
+use crate::replay::Replayer;
 use crate::store::Store;
 
 /// What the handlers share.
@@ -49,6 +50,20 @@ pub struct Web {
     pub trace: TraceContext,
     pub archive: ArchiveSettings,
     pub auth: auth::Auth,
+    /// Replay from the trace page; `None` where this process has no broker (the demo).
+    pub replay: Option<Arc<Replayer>>,
+    /// The per-process secret the replay form's CSRF token is made with.
+    csrf_secret: Secret,
+}
+
+/// Random bytes that `Debug` does not print.
+#[derive(Clone)]
+struct Secret([u8; 32]);
+
+impl std::fmt::Debug for Secret {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("***")
+    }
 }
 
 impl Web {
@@ -64,7 +79,33 @@ impl Web {
             },
             archive: settings.archive.clone(),
             auth: auth::Auth::from_settings(http),
+            replay: None,
+            csrf_secret: Secret(rand::random()),
         }
+    }
+
+    /// Turns on replay from the trace page, through the configured broker.
+    pub fn with_replay(mut self, settings: &Settings) -> Self {
+        self.replay = Some(Arc::new(Replayer::new(
+            &settings.broker.name_server,
+            &settings.broker.producer_group,
+            settings.routes(),
+        )));
+        self
+    }
+
+    /// The CSRF token of the replay form for one key: an HMAC-like digest of the key under
+    /// this process's secret, so a form from elsewhere cannot carry a valid one.
+    pub fn csrf_token(&self, group: &str, biz_type: &str, biz_id: &str, execute_time: i64) -> String {
+        use sha2::{Digest, Sha256};
+        let mut h = Sha256::new();
+        h.update(self.csrf_secret.0);
+        for part in [group, biz_type, biz_id, &execute_time.to_string()] {
+            h.update(part.as_bytes());
+            h.update([0]);
+        }
+        h.update(self.csrf_secret.0);
+        hex::encode(h.finalize())
     }
 }
 

@@ -2,6 +2,7 @@
 
 mod browser;
 mod prometheus;
+mod replay;
 mod support;
 
 use std::time::Duration;

@@ -86,9 +86,27 @@ fn repo_path(rel: &str) -> PathBuf {
 
 /// A plain HTTP/1.1 GET; (status, body).
 pub fn http_get(addr: &str, path: &str) -> Option<(u16, String)> {
+    http_request(addr, "GET", path, None)
+}
+
+/// A form POST, as a browser on the service's own page sends it.
+pub fn http_post_form(addr: &str, path: &str, form: &str) -> Option<(u16, String)> {
+    http_request(addr, "POST", path, Some(form))
+}
+
+fn http_request(addr: &str, method: &str, path: &str, form: Option<&str>) -> Option<(u16, String)> {
     let mut s = TcpStream::connect(addr).ok()?;
-    s.set_read_timeout(Some(Duration::from_secs(10))).ok()?;
-    write!(s, "GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n").ok()?;
+    s.set_read_timeout(Some(Duration::from_secs(30))).ok()?;
+    match form {
+        None => write!(s, "{method} {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n").ok()?,
+        Some(body) => write!(
+            s,
+            "{method} {path} HTTP/1.1\r\nHost: {addr}\r\nOrigin: http://{addr}\r\nConnection: close\r\n\
+             Content-Type: application/x-www-form-urlencoded\r\nContent-Length: {}\r\n\r\n{body}",
+            body.len()
+        )
+        .ok()?,
+    }
     let mut raw = Vec::new();
     s.read_to_end(&mut raw).ok()?;
     let text = String::from_utf8_lossy(&raw).into_owned();

@@ -1,0 +1,154 @@
+//! Guarded dead-letter replay end to end: a real broker, `idemgate serve`, a poison payment that
+//! dead-letters, the cause fixed (its order sent), a replay that makes it processed exactly once
+//! with cause `replay`, and a second replay refused. Once with `idemgate replay`, once with the
+//! trace page's form.
+
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use idemgate::broker::Producer;
+use idemgate::delivery::Delivery;
+use idemgate::shop;
+use idemgate::store::{Backend, Sql, Store};
+use sqlx::Row;
+
+use super::prometheus::{http_get, http_post_form};
+use super::support::*;
+
+fn payment(topic: &str, payment_no: &str, order_no: &str) -> Delivery {
+    Delivery {
+        topic: topic.to_owned(),
+        tags: shop::TAG_PAYMENT_CONFIRM.to_owned(),
+        keys: vec![payment_no.to_owned()],
+        body: serde_json::to_vec(&shop::ConfirmPayment {
+            order_no: order_no.to_owned(),
+            payment_no: payment_no.to_owned(),
+            amount_cents: 990,
+        })
+        .unwrap(),
+        ..Default::default()
+    }
+}
+
+fn order(topic: &str, order_no: &str) -> Delivery {
+    Delivery {
+        topic: topic.to_owned(),
+        tags: shop::TAG_ORDER_CREATE.to_owned(),
+        keys: vec![order_no.to_owned()],
+        body: serde_json::to_vec(&shop::CreateOrder {
+            order_no: order_no.to_owned(),
+            user_id: "u-replay".to_owned(),
+            sku: "SKU-1".to_owned(),
+            quantity: 1,
+            amount_cents: 990,
+        })
+        .unwrap(),
+        ..Default::default()
+    }
+}
+
+static LOG: Sql =
+    Sql::new("SELECT outcome, COALESCE(cause, '') FROM delivery_log WHERE biz_id = ? ORDER BY logged_at_ms, id");
+static STATUS: Sql = Sql::new("SELECT status FROM shop_order WHERE order_no = ?");
+
+async fn log_of(store: &Store, key: &str) -> Vec<String> {
+    let rows = store.query(&LOG).bind(key).fetch_all(store.pool()).await.unwrap();
+    rows.iter().map(|r| format!("{}/{}", r.get::<String, _>(0), r.get::<String, _>(1))).collect()
+}
+
+async fn wait_until(store: &Store, key: &str, what: &str, done: impl Fn(&[String]) -> bool) -> Vec<String> {
+    let started = Instant::now();
+    loop {
+        let seen = log_of(store, key).await;
+        if done(&seen) {
+            return seen;
+        }
+        assert!(started.elapsed() < Duration::from_secs(240), "no {what} for {key} within 240 s: {seen:?}");
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
+}
+
+/// Dead-letters `key` (its order missing), then sends the order: the cause is fixed.
+async fn dead_letter_then_fix(store: &Store, producer: &Producer, topic: &str, key: &str, order_no: &str) {
+    producer.send(&payment(topic, key, order_no)).await.unwrap();
+    wait_until(store, key, "dead letter", |s| s.iter().any(|o| o.starts_with("dead_lettered"))).await;
+    producer.send(&order(topic, order_no)).await.unwrap();
+    wait_until(store, order_no, "order", |s| s.iter().any(|o| o.starts_with("processed"))).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dead_letter_is_replayed_into_exactly_one_effect_and_a_second_replay_is_refused() {
+    let db = database(Backend::Postgres).await;
+    let (topic, group, run) = (unique("replay"), unique("group"), unique("Y").replace('_', ""));
+    let settings = settings(&db.url, &topic, &group, "replayer", 2);
+    let service = Service::start(&settings);
+    let addr = service_addr(&service);
+    let config_dir = tempfile::tempdir().unwrap();
+    let config = config_dir.path().join("idemgate.toml");
+    std::fs::write(&config, toml::to_string(&settings).unwrap()).unwrap();
+    let replay = |args: &[&str]| {
+        let out = Command::new(BIN)
+            .args(["--config", &config.to_string_lossy(), "replay"])
+            .args(args)
+            .env_remove("RUST_LOG")
+            .output()
+            .expect("run idemgate replay");
+        (out.status.code(), String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr))
+    };
+    let producer = Producer::start(broker().name_server(), &unique("pgroup")).await.unwrap();
+
+    // 1. By command.
+    let (key, order_no) = (format!("{run}-PAY-1"), format!("{run}-ORD-1"));
+    dead_letter_then_fix(&db.store, &producer, &topic, &key, &order_no).await;
+    let (code, out) = replay(&["--biz-id", &key, "--dry-run"]);
+    assert_eq!(code, Some(0), "{out}");
+    assert!(out.contains("would be sent (dry run)"), "{out}");
+    assert_eq!(log_of(&db.store, &key).await.len(), 3, "a dry run sends nothing");
+    let (code, out) = replay(&["--biz-id", &key]);
+    assert_eq!(code, Some(0), "{out}");
+    assert!(out.contains("sent again as UNIQ_KEY"), "{out}");
+    let seen = wait_until(&db.store, &key, "replayed delivery", |s| s.iter().any(|o| o.starts_with("processed"))).await;
+    assert_eq!(seen, ["failed/", "failed/", "dead_lettered/", "processed/replay"]);
+    let status = db.store.query(&STATUS).bind(order_no.as_str()).fetch_one(db.store.pool()).await.unwrap();
+    assert_eq!(status.get::<String, _>(0), "PAID");
+    let (code, out) = replay(&["--biz-id", &key]);
+    assert_eq!(code, Some(2), "{out}");
+    assert!(out.contains("refused: already applied (live claim"), "{out}");
+
+    // 2. From the trace page's form, with its CSRF token.
+    let (key, order_no) = (format!("{run}-PAY-2"), format!("{run}-ORD-2"));
+    dead_letter_then_fix(&db.store, &producer, &topic, &key, &order_no).await;
+    let (status, page) = http_get(&addr, &format!("/trace?biz_id={key}")).expect("the trace page");
+    assert_eq!(status, 200);
+    let csrf = page.split("name=\"csrf\" value=\"").nth(1).and_then(|s| s.split('"').next()).expect("a replay form");
+    let form = serde_urlencoded::to_string([
+        ("group", group.as_str()),
+        ("biz_type", shop::PAYMENT_CONFIRM),
+        ("biz_id", key.as_str()),
+        ("execute_time", "0"),
+        ("csrf", csrf),
+    ])
+    .unwrap();
+    let forged = form.replace(csrf, &"0".repeat(64));
+    let (status, _) = http_post_form(&addr, "/replay", &forged).unwrap();
+    assert_eq!(status, 403, "a forged token is refused");
+    let (status, result) = http_post_form(&addr, "/replay", &form).unwrap();
+    assert_eq!(status, 200, "{result}");
+    assert!(result.contains("sent again as UNIQ_KEY"), "{result}");
+    let seen = wait_until(&db.store, &key, "replayed delivery", |s| s.iter().any(|o| o.starts_with("processed"))).await;
+    assert_eq!(seen.iter().filter(|o| o.starts_with("processed")).count(), 1);
+    let (_, again) = http_post_form(&addr, "/replay", &form).unwrap();
+    assert!(again.contains("refused: already applied"), "{again}");
+    let (_, page) = http_get(&addr, &format!("/trace?biz_id={key}")).unwrap();
+    assert!(!page.contains("name=\"csrf\""), "an applied key offers no replay");
+
+    // The replays are on the trace with their cause; nothing was applied twice.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    for n in 1..=2 {
+        let log = log_of(&db.store, &format!("{run}-PAY-{n}")).await;
+        assert_eq!(log.iter().filter(|o| o.starts_with("processed")).count(), 1, "{log:?}");
+    }
+    producer.shutdown().await;
+    assert_eq!(service.terminate().code(), Some(0));
+    db.drop_now().await;
+}
