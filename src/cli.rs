@@ -197,6 +197,13 @@ pub enum BenchCommand {
     /// Trace lookup latency on 1,000,000 claims and 3,000,000 delivery-log rows, against the
     /// naive bizId query on the same data without the trace indexes, per backend.
     Trace(BenchTraceArgs),
+    /// A reconcile run over a 24-hour window of 1,000,000 deliveries on PostgreSQL, against the
+    /// naive script that reads the window into memory.
+    Reconcile {
+        /// Keys to load; each gets three deliveries.
+        #[arg(long, default_value_t = 333_334)]
+        claims: usize,
+    },
     /// What the metrics cost: one observe call, the gate with and without metrics, one scrape
     /// of 10 biz_types × 5 outcomes × 4 causes.
     Metrics {
@@ -303,6 +310,12 @@ pub async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Bench(BenchCommand::Gate(args)) => bench_gate(args).await,
         Command::Bench(BenchCommand::Broker(args)) => bench_broker(args).await,
         Command::Bench(BenchCommand::Archive(args)) => bench_archive(args).await,
+        Command::Bench(BenchCommand::Reconcile { claims }) => {
+            println!("bench reconcile: {claims} keys, {} deliveries over 24 hours, on PostgreSQL", 3 * claims);
+            let report = bench::reconcile::run(claims).await?;
+            println!("\n{}", bench::reconcile::table(&report));
+            Ok(ExitCode::SUCCESS)
+        }
         Command::Bench(BenchCommand::Trace(args)) => {
             let options = bench::trace::Options {
                 backends: args.backends,

@@ -9,6 +9,7 @@ pub mod archive;
 pub mod broker;
 pub mod gate;
 pub mod metrics;
+pub mod reconcile;
 pub mod trace;
 
 use std::time::Duration;

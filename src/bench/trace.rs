@@ -21,7 +21,7 @@ use crate::scratch::ScratchDb;
 use crate::shop;
 use crate::store::{Backend, Sql, Store, StoreOptions};
 
-const GROUP: &str = "bench-trace";
+pub(crate) const GROUP: &str = "bench-trace";
 const DAY_MS: i64 = 86_400_000;
 
 /// What to measure.
@@ -79,7 +79,7 @@ pub async fn run(options: &Options) -> anyhow::Result<Vec<Report>> {
 
 async fn measure(store: &Store, backend: Backend, options: &Options) -> anyhow::Result<Report> {
     let started = Instant::now();
-    load(store, options.claims).await?;
+    load(store, options.claims, 30 * DAY_MS).await?;
     let load = started.elapsed();
     let log_rows = store.query(&COUNT_LOG).fetch_one(store.pool()).await.map(|r| {
         use sqlx::Row;
@@ -259,13 +259,14 @@ const LOG_KINDS: [LogKind; 3] = [
     },
 ];
 
-/// `claims` claims and three log rows per claim, each set in one statement.
-async fn load(store: &Store, claims: usize) -> anyhow::Result<()> {
+/// `claims` claims and three log rows per claim (a failed attempt, the processed delivery and a
+/// producer-resend duplicate), spread over the `span_ms` before now, each set in one statement.
+pub(crate) async fn load(store: &Store, claims: usize, span_ms: i64) -> anyhow::Result<()> {
     create_digits(store).await?;
     let mysql = store.backend() == Backend::MySql;
-    let start = crate::gate::now_ms() - 30 * DAY_MS;
-    // Keys are spread evenly over the 30 days.
-    let step = (30 * DAY_MS / claims as i64).max(1);
+    let start = crate::gate::now_ms() - span_ms;
+    // Keys are spread evenly over the span.
+    let step = (span_ms / claims as i64).max(1);
     let rows = claims as i64;
     store
         .query(if mysql { &CLAIMS_CONCAT } else { &CLAIMS_PIPES })

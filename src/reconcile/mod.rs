@@ -226,6 +226,16 @@ static LATE: Sql = Sql::new(concat!(
     " AND r.archived_at_ms <= d.logged_at_ms))) GROUP BY biz_type, biz_id, execute_time LIMIT ?"
 ));
 
+/// One detecting statement: its kind, its extra parameter (the stuck threshold), where its
+/// window starts, and how a count reads.
+struct Detector {
+    kind: AnomalyKind,
+    sql: &'static Sql,
+    extra: Option<i64>,
+    since: i64,
+    describe: fn(i64) -> String,
+}
+
 /// Runs every detector and check over the window, stores the run and its anomalies, and
 /// reports them. `now_ms` is the clock for `stuck_after` (tests pass their own).
 pub async fn reconcile_once(
@@ -272,30 +282,31 @@ async fn find(
     let biz_type = o.biz_type.as_deref().unwrap_or("");
     let limit = i64::try_from(o.max_per_kind + 1).unwrap_or(i64::MAX);
     let orphan_since = o.since_ms.max(now_ms - o.log_retention_ms);
-    let detectors: [(AnomalyKind, &Sql, Option<i64>, i64, fn(i64) -> String); 7] = [
-        (AnomalyKind::DoubleApplied, &DOUBLE_APPLIED, None, o.since_ms, |n| {
+    let d = |kind, sql, extra, since, describe| Detector { kind, sql, extra, since, describe };
+    let detectors: [Detector; 7] = [
+        d(AnomalyKind::DoubleApplied, &DOUBLE_APPLIED, None, o.since_ms, |n| {
             format!("{n} processed deliveries for one claim key: the effect ran {n} times")
         }),
-        (AnomalyKind::Lost, &LOST, None, o.since_ms, |n| {
+        d(AnomalyKind::Lost, &LOST, None, o.since_ms, |n| {
             format!("dead-lettered ({n}×) and never applied; no claim, nothing pending")
         }),
-        (AnomalyKind::Stuck, &STUCK, Some(now_ms - o.stuck_after_ms), o.since_ms, |n| {
+        d(AnomalyKind::Stuck, &STUCK, Some(now_ms - o.stuck_after_ms), o.since_ms, |n| {
             format!("{n} failed attempts and still not applied")
         }),
-        (AnomalyKind::Orphan, &PROCESSED_WITHOUT_CLAIM, None, o.since_ms, |n| {
+        d(AnomalyKind::Orphan, &PROCESSED_WITHOUT_CLAIM, None, o.since_ms, |n| {
             format!("{n} processed deliveries but no claim, live or archived: the claim was removed")
         }),
-        (AnomalyKind::Orphan, &CLAIM_WITHOUT_DELIVERY, None, orphan_since, |_| {
+        d(AnomalyKind::Orphan, &CLAIM_WITHOUT_DELIVERY, None, orphan_since, |_| {
             "a claim with no processed delivery in the log: it was written around the gate".to_owned()
         }),
-        (AnomalyKind::KeyCollision, &COLLISIONS, None, o.since_ms, |n| {
+        d(AnomalyKind::KeyCollision, &COLLISIONS, None, o.since_ms, |n| {
             format!("{n} duplicates with a different body than the claim's")
         }),
-        (AnomalyKind::LateDuplicate, &LATE, None, o.since_ms, |n| {
+        d(AnomalyKind::LateDuplicate, &LATE, None, o.since_ms, |n| {
             format!("{n} deliveries after the claim was archived")
         }),
     ];
-    for (kind, sql, extra, since, describe) in detectors {
+    for Detector { kind, sql, extra, since, describe } in detectors {
         let mut q = store
             .query(sql)
             .bind(o.consumer_group.as_str())

@@ -64,11 +64,14 @@ impl ReconcileScheduler {
     }
 }
 
+/// One tick. Instances woken by the same tick (cron ticks fall on whole seconds) share it: the
+/// first takes the group's lease, the others find it taken since the tick and skip.
 async fn run_tick(t: &Tick) {
     let now = crate::gate::now_ms();
+    let tick = now - now.rem_euclid(1_000);
     let lease_name = format!("reconcile:{}", t.consumer_group);
     let ttl = 10 * 60_000;
-    let lease = match Lease::acquire(&t.store, &lease_name, &t.instance_id, now, ttl, now).await {
+    let lease = match Lease::acquire(&t.store, &lease_name, &t.instance_id, now, ttl, tick).await {
         Ok(Ok(lease)) => lease,
         Ok(Err(held)) => {
             tracing::debug!(holder = %held.holder, "reconcile tick skipped: another instance runs it");

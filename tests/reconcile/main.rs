@@ -287,3 +287,31 @@ async fn each_anomaly_kind_is_reported_for_exactly_its_keys_on_postgres() {
 async fn each_anomaly_kind_is_reported_for_exactly_its_keys_on_mariadb() {
     cases::each_anomaly_kind_is_reported_for_exactly_its_keys(Backend::MySql).await;
 }
+
+/// The job inside `serve`: two instances on one schedule (every second) make one run per tick,
+/// and the runs are stored with `started_by = schedule`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn the_scheduled_reconciler_runs_once_per_tick_across_instances() {
+    use idemgate::reconcile::{ReconcileScheduler, ReconcileSettings};
+    let db = TestDb::new(Backend::Postgres).await;
+    let settings = ReconcileSettings { schedule: "* * * * * *".to_owned(), ..ReconcileSettings::default() };
+    let mut schedulers = Vec::new();
+    for instance in ["a", "b"] {
+        let s = ReconcileScheduler::start_for_serve(db.store.clone(), &settings, GROUP, instance, 14, vec![STOCK_LEDGER_CHECK])
+            .await
+            .expect("scheduler")
+            .expect("enabled");
+        schedulers.push(s);
+    }
+    tokio::time::sleep(std::time::Duration::from_millis(4_500)).await;
+    for s in schedulers {
+        s.shutdown().await;
+    }
+    let runs = runs::recent(&db.store, 100).await.unwrap();
+    assert!(runs.len() >= 3, "a run about every second: {runs:?}");
+    assert!(runs.iter().all(|r| r.started_by == "schedule" && r.status == "success"), "{runs:?}");
+    let mut ticks: Vec<i64> = runs.iter().map(|r| r.started_at_ms / 1_000).collect();
+    let all = ticks.len();
+    ticks.dedup();
+    assert_eq!(ticks.len(), all, "one run per tick, not one per instance: {runs:?}");
+}
