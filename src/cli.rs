@@ -311,7 +311,10 @@ pub async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Bench(BenchCommand::Broker(args)) => bench_broker(args).await,
         Command::Bench(BenchCommand::Archive(args)) => bench_archive(args).await,
         Command::Bench(BenchCommand::Reconcile { claims }) => {
-            println!("bench reconcile: {claims} keys, {} deliveries over 24 hours, on PostgreSQL", 3 * claims);
+            println!(
+                "bench reconcile: {claims} keys, {} deliveries over 24 hours, on PostgreSQL",
+                3 * claims
+            );
             let report = bench::reconcile::run(claims).await?;
             println!("\n{}", bench::reconcile::table(&report));
             Ok(ExitCode::SUCCESS)
@@ -391,7 +394,10 @@ async fn replay_command(settings: &Settings, args: ReplayArgs) -> anyhow::Result
     let producer = if args.dry_run {
         None
     } else {
-        Some(crate::broker::Producer::start(&settings.broker.name_server, &settings.broker.producer_group).await?)
+        Some(
+            crate::broker::Producer::start(&settings.broker.name_server, &settings.broker.producer_group)
+                .await?,
+        )
     };
     let group = settings.consumer.group.clone();
     let lines = replay::replay(&store, &settings.routes(), &group, &selection, producer.as_ref()).await;
@@ -448,8 +454,13 @@ async fn reconcile_command(settings: &Settings, args: ReconcileArgs) -> anyhow::
 async fn trace_command(settings: &Settings, args: TraceArgs) -> anyhow::Result<ExitCode> {
     use crate::inspect::trace::{self, Answer, SearchBy, TraceQuery};
     let by = SearchBy::parse(&args.by)?;
-    let query =
-        TraceQuery::new(&args.text, by, args.biz_type.as_deref(), args.execute_time.as_deref(), args.group.as_deref())?;
+    let query = TraceQuery::new(
+        &args.text,
+        by,
+        args.biz_type.as_deref(),
+        args.execute_time.as_deref(),
+        args.group.as_deref(),
+    )?;
     let store = open_store(settings).await?;
     let web = crate::http::Web::new(settings, &shop::handlers());
     let answer = trace::trace(&store, &web.trace, &query).await;

@@ -13,10 +13,10 @@ use figment::providers::{Env, Format, Serialized, Toml};
 use serde::{Deserialize, Serialize};
 
 use crate::archive::ArchiveSettings;
-use crate::reconcile::ReconcileSettings;
 use crate::broker::StartFrom;
 use crate::broker::consumer::ConsumerOptions;
 use crate::gate::{Identity, Policy};
+use crate::reconcile::ReconcileSettings;
 use crate::route::{RouteConfig, Routes};
 use crate::shop;
 use crate::store::{Backend, StoreOptions};
@@ -107,7 +107,11 @@ impl HttpSettings {
     /// A copy with the secrets masked, for printing.
     pub fn redacted(&self) -> Self {
         let mask = |s: &str| if s.is_empty() { String::new() } else { "***".to_owned() };
-        Self { auth_token: mask(&self.auth_token), basic_password: mask(&self.basic_password), ..self.clone() }
+        Self {
+            auth_token: mask(&self.auth_token),
+            basic_password: mask(&self.basic_password),
+            ..self.clone()
+        }
     }
 
     fn validate(&self) -> Result<(), ConfigError> {
@@ -121,7 +125,10 @@ impl HttpSettings {
             return Err(invalid("http.auth_token", "contains whitespace or control characters"));
         }
         if self.basic_user.is_empty() != self.basic_password.is_empty() {
-            return Err(invalid("http.basic_user", "basic_user and basic_password are set together or not at all"));
+            return Err(invalid(
+                "http.basic_user",
+                "basic_user and basic_password are set together or not at all",
+            ));
         }
         if self.basic_user.contains(':') {
             return Err(invalid("http.basic_user", "contains ':', which basic auth cannot carry"));

@@ -136,7 +136,14 @@ async fn select(store: &Store, group: &str, selection: &Selection) -> Result<Vec
     let rows = match selection {
         Selection::Key { biz_id, biz_type, .. } => {
             let t = biz_type.as_deref().unwrap_or("");
-            store.query(&BY_KEY).bind(group).bind(biz_id.as_str()).bind(t).bind(t).fetch_all(store.pool()).await?
+            store
+                .query(&BY_KEY)
+                .bind(group)
+                .bind(biz_id.as_str())
+                .bind(t)
+                .bind(t)
+                .fetch_all(store.pool())
+                .await?
         }
         Selection::Since(ms) => store.query(&SINCE).bind(group).bind(*ms).fetch_all(store.pool()).await?,
     };

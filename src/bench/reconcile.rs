@@ -53,7 +53,9 @@ static NAIVE_CLAIM: Sql = Sql::new(
 /// Runs the benchmark with `claims` keys (three deliveries each) on PostgreSQL.
 pub async fn run(claims: usize) -> anyhow::Result<Report> {
     anyhow::ensure!((1..=1_000_000).contains(&claims), "--claims must be from 1 to 1000000");
-    let scratch = ScratchDb::create(Backend::Postgres, &StoreOptions { max_connections: 4, ..Default::default() }).await?;
+    let scratch =
+        ScratchDb::create(Backend::Postgres, &StoreOptions { max_connections: 4, ..Default::default() })
+            .await?;
     let result = measure(&scratch.store, claims).await;
     scratch.drop_now().await;
     result
@@ -118,7 +120,14 @@ async fn measure(store: &Store, claims: usize) -> anyhow::Result<Report> {
 
 static COUNT: Sql = Sql::new("SELECT COUNT(*) FROM delivery_log");
 
-async fn plant(store: &Store, at: i64, msg_id: &str, reconsume: i32, biz_id: &str, outcome: &str) -> Result<(), sqlx::Error> {
+async fn plant(
+    store: &Store,
+    at: i64,
+    msg_id: &str,
+    reconsume: i32,
+    biz_id: &str,
+    outcome: &str,
+) -> Result<(), sqlx::Error> {
     store
         .query(&PLANT_FAILED)
         .bind(at)

@@ -38,7 +38,12 @@ pub struct Options {
 
 impl Default for Options {
     fn default() -> Self {
-        Self { backends: vec![Backend::Postgres, Backend::MySql], claims: 1_000_000, lookups: 2_000, naive_lookups: 10 }
+        Self {
+            backends: vec![Backend::Postgres, Backend::MySql],
+            claims: 1_000_000,
+            lookups: 2_000,
+            naive_lookups: 10,
+        }
     }
 }
 
@@ -127,7 +132,12 @@ async fn measure(store: &Store, backend: Backend, options: &Options) -> anyhow::
         let claim = store.query(&NAIVE_CLAIM).bind(key.as_str()).fetch_all(store.pool()).await?;
         let rows = store.query(&NAIVE_LOG).bind(key.as_str()).fetch_all(store.pool()).await?;
         naive.push(t.elapsed().as_micros() as u64);
-        anyhow::ensure!(claim.len() == 1 && rows.len() == 3, "naive lookup of {key}: {} claims, {} rows", claim.len(), rows.len());
+        anyhow::ensure!(
+            claim.len() == 1 && rows.len() == 3,
+            "naive lookup of {key}: {} claims, {} rows",
+            claim.len(),
+            rows.len()
+        );
     }
     Ok(Report {
         backend,

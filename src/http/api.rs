@@ -59,7 +59,10 @@ async fn overview(State(state): State<AppState>) -> Result<Response, ApiError> {
     Ok(ok(&read_overview(&state).await?))
 }
 
-async fn trace_by_query(State(state): State<AppState>, RawQuery(raw): RawQuery) -> Result<Response, ApiError> {
+async fn trace_by_query(
+    State(state): State<AppState>,
+    RawQuery(raw): RawQuery,
+) -> Result<Response, ApiError> {
     let params = Params::parse(raw.as_deref())?;
     let query = trace_query(&params)?.ok_or_else(|| {
         ApiError(Problem::bad_request("give biz_id, msg_id, uniq_key or q (any of the three)"))
@@ -74,17 +77,28 @@ async fn trace_by_path(
 ) -> Result<Response, ApiError> {
     let params = Params::parse(raw.as_deref())?;
     let by = params.get("by").map(SearchBy::parse).transpose()?.unwrap_or(SearchBy::BizId);
-    let query = TraceQuery::new(&biz_id, by, params.get("biz_type"), params.get("execute_time"), params.get("group"))?;
+    let query = TraceQuery::new(
+        &biz_id,
+        by,
+        params.get("biz_type"),
+        params.get("execute_time"),
+        params.get("group"),
+    )?;
     answer(&state, &query).await
 }
 
 async fn answer(state: &AppState, query: &TraceQuery) -> Result<Response, ApiError> {
     let answer = trace::trace(&state.store, &state.web.trace, query).await?;
-    let status = if matches!(answer, Answer::Nothing { .. }) { StatusCode::NOT_FOUND } else { StatusCode::OK };
+    let status =
+        if matches!(answer, Answer::Nothing { .. }) { StatusCode::NOT_FOUND } else { StatusCode::OK };
     Ok((status, Json(answer)).into_response())
 }
 
-async fn list(kind: ListKind, State(state): State<AppState>, RawQuery(raw): RawQuery) -> Result<Response, ApiError> {
+async fn list(
+    kind: ListKind,
+    State(state): State<AppState>,
+    RawQuery(raw): RawQuery,
+) -> Result<Response, ApiError> {
     let params = Params::parse(raw.as_deref())?;
     let query = list_query(kind, &params)?;
     Ok(ok(&lists::list(&state.store, &state.web.trace.limits, &query).await?))

@@ -21,7 +21,10 @@ pub struct Auth {
 
 impl std::fmt::Debug for Auth {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Auth").field("bearer", &self.bearer.is_some()).field("basic", &self.basic.is_some()).finish()
+        f.debug_struct("Auth")
+            .field("bearer", &self.bearer.is_some())
+            .field("basic", &self.basic.is_some())
+            .finish()
     }
 }
 
@@ -51,7 +54,7 @@ impl Auth {
 }
 
 /// Equal in time that depends on the length only.
-pub(super) fn same(a: &[u8], b: &[u8]) -> bool {
+pub(in crate::http) fn same(a: &[u8], b: &[u8]) -> bool {
     a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
 }
 
@@ -66,11 +69,14 @@ pub(super) async fn require(State(state): State<AppState>, request: Request, nex
     )
         .into_response();
     if state.web.auth.basic.is_some() {
+        response.headers_mut().insert(
+            header::WWW_AUTHENTICATE,
+            HeaderValue::from_static("Basic realm=\"idemgate\", charset=\"UTF-8\""),
+        );
+    } else {
         response
             .headers_mut()
-            .insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Basic realm=\"idemgate\", charset=\"UTF-8\""));
-    } else {
-        response.headers_mut().insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer realm=\"idemgate\""));
+            .insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer realm=\"idemgate\""));
     }
     response
 }

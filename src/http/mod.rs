@@ -126,7 +126,11 @@ async fn security_headers(request: Request, next: Next) -> Response {
 /// A path no route has: a JSON 404 under `/api/`, the 404 page elsewhere.
 async fn not_found(uri: axum::http::Uri) -> Response {
     use axum::response::IntoResponse;
-    if uri.path().starts_with("/api/") { api::not_found().into_response() } else { ui::not_found().into_response() }
+    if uri.path().starts_with("/api/") {
+        api::not_found().into_response()
+    } else {
+        ui::not_found().into_response()
+    }
 }
 
 /// The whole application's routes.

@@ -19,9 +19,9 @@ impl Params {
                 raw.len()
             )));
         }
-        serde_urlencoded::from_str::<Vec<(String, String)>>(raw)
-            .map(Self)
-            .map_err(|e| InspectError::BadRequest(format!("the query string is not valid URL encoding ({e})")))
+        serde_urlencoded::from_str::<Vec<(String, String)>>(raw).map(Self).map_err(|e| {
+            InspectError::BadRequest(format!("the query string is not valid URL encoding ({e})"))
+        })
     }
 
     pub fn get(&self, name: &str) -> Option<&str> {

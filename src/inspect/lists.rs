@@ -245,7 +245,9 @@ mod tests {
     fn cursors_round_trip_and_garbage_is_explained() {
         let c = Cursor { logged_at_ms: 1_764_409_923_000, id: 42 };
         assert_eq!(Cursor::parse(&c.to_string()).unwrap(), c);
-        assert!(Cursor::parse("'; DROP TABLE delivery_log; --").unwrap_err().to_string().contains("page cursor"));
+        assert!(
+            Cursor::parse("'; DROP TABLE delivery_log; --").unwrap_err().to_string().contains("page cursor")
+        );
     }
 
     #[test]
@@ -253,7 +255,16 @@ mod tests {
         let q = ListQuery::new(ListKind::DeadLetters, Some(".*"), Some(""), None, None, Some("10")).unwrap();
         assert_eq!((q.biz_type, q.page_size), (None, 10));
         assert!(ListQuery::new(ListKind::Invalid, None, None, None, None, Some("100000")).is_err());
-        assert!(ListQuery::new(ListKind::Invalid, None, Some("2026-11-29T10:00"), Some("2026-11-28T10:00"), None, None)
-            .is_err());
+        assert!(
+            ListQuery::new(
+                ListKind::Invalid,
+                None,
+                Some("2026-11-29T10:00"),
+                Some("2026-11-28T10:00"),
+                None,
+                None
+            )
+            .is_err()
+        );
     }
 }

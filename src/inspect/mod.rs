@@ -163,7 +163,8 @@ pub fn biz_type_filter(value: Option<&str>) -> Result<Option<String>, InspectErr
 }
 
 /// The longest searchable text: a bizId, msgId or UNIQ_KEY.
-pub const MAX_SEARCH_CHARS: usize = if MAX_BIZ_ID_CHARS > MAX_ID_CHARS { MAX_BIZ_ID_CHARS } else { MAX_ID_CHARS };
+pub const MAX_SEARCH_CHARS: usize =
+    if MAX_BIZ_ID_CHARS > MAX_ID_CHARS { MAX_BIZ_ID_CHARS } else { MAX_ID_CHARS };
 
 /// Epoch milliseconds as `2026-11-29 10:52:03.123 UTC`.
 pub fn format_ms(ms: i64) -> String {

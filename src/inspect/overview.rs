@@ -192,10 +192,13 @@ async fn read(store: &Store, archive: &ArchiveSettings, now_ms: i64) -> Result<O
         runs: runs::recent(store, 6).await?,
     };
 
-    let reconcile = match crate::reconcile::runs::recent(store, 10).await?.into_iter().find(|r| r.status == "success") {
-        Some(run) => Some(ReconcileStatus { counts: crate::reconcile::runs::counts(store, run.id).await?, run }),
-        None => None,
-    };
+    let reconcile =
+        match crate::reconcile::runs::recent(store, 10).await?.into_iter().find(|r| r.status == "success") {
+            Some(run) => {
+                Some(ReconcileStatus { counts: crate::reconcile::runs::counts(store, run.id).await?, run })
+            }
+            None => None,
+        };
 
     Ok(Overview {
         now_ms,

@@ -57,6 +57,13 @@ impl SearchBy {
             Self::UniqKey => "UNIQ_KEY",
         }
     }
+
+    fn label_for_errors(self) -> &'static str {
+        match self {
+            Self::Any => "search text",
+            other => other.label(),
+        }
+    }
 }
 
 /// A search, checked.
@@ -81,9 +88,7 @@ impl TraceQuery {
     ) -> Result<Self, InspectError> {
         let text = checked_text(by.label_for_errors(), text, super::MAX_SEARCH_CHARS)?;
         if text.is_empty() {
-            return Err(InspectError::BadRequest(
-                "type a bizId, msgId or UNIQ_KEY to search for".to_owned(),
-            ));
+            return Err(InspectError::BadRequest("type a bizId, msgId or UNIQ_KEY to search for".to_owned()));
         }
         let execute_time = match execute_time.map(str::trim).filter(|t| !t.is_empty()) {
             None => None,
@@ -110,15 +115,6 @@ impl TraceQuery {
         self.biz_type.as_ref().is_none_or(|t| *t == key.biz_type)
             && self.execute_time.is_none_or(|t| t == key.execute_time)
             && self.consumer_group.as_ref().is_none_or(|g| *g == key.consumer_group)
-    }
-}
-
-impl SearchBy {
-    fn label_for_errors(self) -> &'static str {
-        match self {
-            Self::Any => "search text",
-            other => other.label(),
-        }
     }
 }
 
@@ -342,7 +338,8 @@ async fn answer(store: &Store, ctx: &TraceContext, q: &TraceQuery) -> Result<Ans
         return Ok(match admitted.len() {
             1 if !more => {
                 let key = admitted.into_iter().next().map(|c| c.key).expect("one candidate");
-                let story = story(store, ctx, key, (by != SearchBy::BizId).then_some(q.text.as_str())).await?;
+                let story =
+                    story(store, ctx, key, (by != SearchBy::BizId).then_some(q.text.as_str())).await?;
                 Answer::Story { matched_by: by, story: Box::new(story) }
             }
             0 => Answer::Choice {
@@ -447,7 +444,8 @@ async fn story(
     };
     let now = crate::gate::now_ms();
     let retention_note = ctx.retention.and_then(|r| {
-        let oldest = [claim.as_ref().map(|c| c.claimed_at_ms), summary.first_seen_ms].into_iter().flatten().min()?;
+        let oldest =
+            [claim.as_ref().map(|c| c.claimed_at_ms), summary.first_seen_ms].into_iter().flatten().min()?;
         r.is_beyond(oldest, now).then(|| r.notice(now))
     });
     let grafana_url = ctx.grafana_url.as_deref().and_then(|base| {
@@ -586,7 +584,11 @@ pub fn render_text(answer: &Answer) -> String {
             if let Some(note) = note {
                 let _ = writeln!(out, "{note}");
             }
-            let _ = writeln!(out, "several keys match this {}; pick one with --biz-type/--execute-time/--group:", matched_by.label());
+            let _ = writeln!(
+                out,
+                "several keys match this {}; pick one with --biz-type/--execute-time/--group:",
+                matched_by.label()
+            );
             for c in candidates {
                 let _ = writeln!(
                     out,

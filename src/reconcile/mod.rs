@@ -161,8 +161,16 @@ pub enum ReconcileError {
 macro_rules! claimed {
     ($alias:literal, $table:literal) => {
         concat!(
-            "SELECT 1 FROM ", $table, " r WHERE r.biz_id = ", $alias, ".biz_id AND r.biz_type = ", $alias,
-            ".biz_type AND r.consumer_group = ", $alias, ".consumer_group AND r.execute_time = ", $alias,
+            "SELECT 1 FROM ",
+            $table,
+            " r WHERE r.biz_id = ",
+            $alias,
+            ".biz_id AND r.biz_type = ",
+            $alias,
+            ".biz_type AND r.consumer_group = ",
+            $alias,
+            ".consumer_group AND r.execute_time = ",
+            $alias,
             ".execute_time"
         )
     };

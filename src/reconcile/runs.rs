@@ -78,7 +78,12 @@ pub(crate) async fn start(store: &Store, o: &ReconcileOptions, now_ms: i64) -> R
 }
 
 /// Stores the anomalies and marks the run successful, in one transaction.
-pub(crate) async fn finish(store: &Store, id: i64, anomalies: &[Anomaly], now_ms: i64) -> Result<(), sqlx::Error> {
+pub(crate) async fn finish(
+    store: &Store,
+    id: i64,
+    anomalies: &[Anomaly],
+    now_ms: i64,
+) -> Result<(), sqlx::Error> {
     let mut tx = store.begin().await?;
     for a in anomalies {
         store
@@ -115,7 +120,14 @@ pub async fn get(store: &Store, id: i64) -> Result<Option<RunRecord>, sqlx::Erro
 
 /// The latest successful run of `group`: what `/metrics` and the overview report.
 pub async fn last_success(store: &Store, group: &str) -> Result<Option<RunRecord>, sqlx::Error> {
-    store.query(&LAST_SUCCESS).bind(group).fetch_optional(store.pool()).await?.as_ref().map(record).transpose()
+    store
+        .query(&LAST_SUCCESS)
+        .bind(group)
+        .fetch_optional(store.pool())
+        .await?
+        .as_ref()
+        .map(record)
+        .transpose()
 }
 
 /// A run's anomalies, of `kind` or all, at most `limit`.
@@ -126,7 +138,14 @@ pub async fn anomalies(
     limit: i64,
 ) -> Result<Vec<Anomaly>, sqlx::Error> {
     let kind = kind.map(AnomalyKind::as_str).unwrap_or("");
-    let rows = store.query(&ANOMALIES).bind(run_id).bind(kind).bind(kind).bind(limit).fetch_all(store.pool()).await?;
+    let rows = store
+        .query(&ANOMALIES)
+        .bind(run_id)
+        .bind(kind)
+        .bind(kind)
+        .bind(limit)
+        .fetch_all(store.pool())
+        .await?;
     rows.iter()
         .map(|r| {
             let kind: String = r.try_get(0)?;

@@ -35,7 +35,9 @@ impl ReconcileScheduler {
         checks: Vec<Check>,
     ) -> anyhow::Result<Option<Self>> {
         if !settings.enabled {
-            tracing::info!("reconciling is off (reconcile.enabled = false); `idemgate reconcile` runs it by hand");
+            tracing::info!(
+                "reconciling is off (reconcile.enabled = false); `idemgate reconcile` runs it by hand"
+            );
             return Ok(None);
         }
         let tick = Tick {

@@ -97,7 +97,9 @@ impl Handler for StockDeduct {
             match rows.len() {
                 0 => Fact::new("stock ledger", "not applied: no ledger row"),
                 1 => Fact::new("stock ledger", "applied once"),
-                n => Fact::alarm("stock ledger", format!("APPLIED {n} TIMES: one deduction, {n} ledger rows")),
+                n => {
+                    Fact::alarm("stock ledger", format!("APPLIED {n} TIMES: one deduction, {n} ledger rows"))
+                }
             },
         );
         Ok(facts)

@@ -118,8 +118,9 @@ fn order(topic: &str, order_no: &str) -> Delivery {
     }
 }
 
-static OUTCOMES: Sql =
-    Sql::new("SELECT outcome, COALESCE(cause, '') FROM delivery_log WHERE biz_id = ? ORDER BY logged_at_ms, id");
+static OUTCOMES: Sql = Sql::new(
+    "SELECT outcome, COALESCE(cause, '') FROM delivery_log WHERE biz_id = ? ORDER BY logged_at_ms, id",
+);
 
 /// Waits until the key's log rows satisfy `done`; returns them as `outcome/cause`.
 async fn wait_for(store: &Store, key: &str, what: &str, done: impl Fn(&[String]) -> bool) -> Vec<String> {
@@ -166,7 +167,8 @@ async fn an_engineer_traces_a_key_with_a_resend_a_retry_and_a_dead_letter_in_chr
     producer.send(&payment(&topic, &key, &order_no)).await.expect("resend the payment");
     wait_for(&db.store, &key, "processed resend", |s| s.iter().any(|o| o.starts_with("processed"))).await;
     producer.send(&payment(&topic, &key, &order_no)).await.expect("resend the payment again");
-    let seen = wait_for(&db.store, &key, "duplicate", |s| s.iter().any(|o| o == "duplicate/producer_resend")).await;
+    let seen =
+        wait_for(&db.store, &key, "duplicate", |s| s.iter().any(|o| o == "duplicate/producer_resend")).await;
     producer.shutdown().await;
     assert_eq!(seen, ["failed/", "failed/", "dead_lettered/", "processed/", "duplicate/producer_resend"]);
 
@@ -176,7 +178,10 @@ async fn an_engineer_traces_a_key_with_a_resend_a_retry_and_a_dead_letter_in_chr
 
     // 1. The overview.
     client.goto(&format!("{base}/")).await.expect("open the overview");
-    assert_eq!(client.find(Locator::Css("h1")).await.unwrap().text().await.unwrap().split(' ').next(), Some("Overview"));
+    assert_eq!(
+        client.find(Locator::Css("h1")).await.unwrap().text().await.unwrap().split(' ').next(),
+        Some("Overview")
+    );
     let windows = texts(&client, ".window").await;
     assert_eq!(windows.len(), 2, "two windows: {windows:?}");
     assert!(windows[1].contains("dead letters"), "{windows:?}");
@@ -214,7 +219,10 @@ async fn an_engineer_traces_a_key_with_a_resend_a_retry_and_a_dead_letter_in_chr
     let listed = texts(&client, "table.deliveries tr.row-dead").await;
     let row = listed.iter().find(|r| r.contains(&key)).expect("the key is among the dead letters");
     assert!(row.contains("applied since"), "the resend resolved it: {row}");
-    assert!(listed.iter().any(|r| r.contains("still unapplied")), "the poison ones are not resolved: {listed:?}");
+    assert!(
+        listed.iter().any(|r| r.contains("still unapplied")),
+        "the poison ones are not resolved: {listed:?}"
+    );
     let link = client.find(Locator::LinkText(&key)).await.expect("the key is listed among dead letters");
     link.click().await.unwrap();
     client.wait().for_element(Locator::Css("section.summary")).await.expect("the trace page");

@@ -207,8 +207,16 @@ async fn a_real_prometheus_gets_data_for_every_dashboard_and_rule_expression_and
         .output()
         .expect("run idemgate reconcile");
     let reconcile_out = String::from_utf8_lossy(&reconcile.stdout);
-    assert_eq!(reconcile.status.code(), Some(2), "reconcile: {reconcile_out}{}", String::from_utf8_lossy(&reconcile.stderr));
-    assert!(reconcile_out.contains("double_applied 0") && !reconcile_out.contains("lost 0"), "{reconcile_out}");
+    assert_eq!(
+        reconcile.status.code(),
+        Some(2),
+        "reconcile: {reconcile_out}{}",
+        String::from_utf8_lossy(&reconcile.stderr)
+    );
+    assert!(
+        reconcile_out.contains("double_applied 0") && !reconcile_out.contains("lost 0"),
+        "{reconcile_out}"
+    );
     tokio::time::sleep(Duration::from_secs(17)).await;
 
     let (status, exposition) = http_get(&addr, "/metrics").expect("/metrics answers");
@@ -258,4 +266,3 @@ async fn a_real_prometheus_gets_data_for_every_dashboard_and_rule_expression_and
     assert_eq!(service.terminate().code(), Some(0));
     db.drop_now().await;
 }
-

@@ -47,8 +47,9 @@ fn order(topic: &str, order_no: &str) -> Delivery {
     }
 }
 
-static LOG: Sql =
-    Sql::new("SELECT outcome, COALESCE(cause, '') FROM delivery_log WHERE biz_id = ? ORDER BY logged_at_ms, id");
+static LOG: Sql = Sql::new(
+    "SELECT outcome, COALESCE(cause, '') FROM delivery_log WHERE biz_id = ? ORDER BY logged_at_ms, id",
+);
 static STATUS: Sql = Sql::new("SELECT status FROM shop_order WHERE order_no = ?");
 
 async fn log_of(store: &Store, key: &str) -> Vec<String> {
@@ -93,7 +94,10 @@ async fn a_dead_letter_is_replayed_into_exactly_one_effect_and_a_second_replay_i
             .env_remove("RUST_LOG")
             .output()
             .expect("run idemgate replay");
-        (out.status.code(), String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr))
+        (
+            out.status.code(),
+            String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr),
+        )
     };
     let producer = Producer::start(broker().name_server(), &unique("pgroup")).await.unwrap();
 
@@ -107,7 +111,9 @@ async fn a_dead_letter_is_replayed_into_exactly_one_effect_and_a_second_replay_i
     let (code, out) = replay(&["--biz-id", &key]);
     assert_eq!(code, Some(0), "{out}");
     assert!(out.contains("sent again as UNIQ_KEY"), "{out}");
-    let seen = wait_until(&db.store, &key, "replayed delivery", |s| s.iter().any(|o| o.starts_with("processed"))).await;
+    let seen =
+        wait_until(&db.store, &key, "replayed delivery", |s| s.iter().any(|o| o.starts_with("processed")))
+            .await;
     assert_eq!(seen, ["failed/", "failed/", "dead_lettered/", "processed/replay"]);
     let status = db.store.query(&STATUS).bind(order_no.as_str()).fetch_one(db.store.pool()).await.unwrap();
     assert_eq!(status.get::<String, _>(0), "PAID");
@@ -120,7 +126,8 @@ async fn a_dead_letter_is_replayed_into_exactly_one_effect_and_a_second_replay_i
     dead_letter_then_fix(&db.store, &producer, &topic, &key, &order_no).await;
     let (status, page) = http_get(&addr, &format!("/trace?biz_id={key}")).expect("the trace page");
     assert_eq!(status, 200);
-    let csrf = page.split("name=\"csrf\" value=\"").nth(1).and_then(|s| s.split('"').next()).expect("a replay form");
+    let csrf =
+        page.split("name=\"csrf\" value=\"").nth(1).and_then(|s| s.split('"').next()).expect("a replay form");
     let form = serde_urlencoded::to_string([
         ("group", group.as_str()),
         ("biz_type", shop::PAYMENT_CONFIRM),
@@ -135,7 +142,9 @@ async fn a_dead_letter_is_replayed_into_exactly_one_effect_and_a_second_replay_i
     let (status, result) = http_post_form(&addr, "/replay", &form).unwrap();
     assert_eq!(status, 200, "{result}");
     assert!(result.contains("sent again as UNIQ_KEY"), "{result}");
-    let seen = wait_until(&db.store, &key, "replayed delivery", |s| s.iter().any(|o| o.starts_with("processed"))).await;
+    let seen =
+        wait_until(&db.store, &key, "replayed delivery", |s| s.iter().any(|o| o.starts_with("processed")))
+            .await;
     assert_eq!(seen.iter().filter(|o| o.starts_with("processed")).count(), 1);
     let (_, again) = http_post_form(&addr, "/replay", &form).unwrap();
     assert!(again.contains("refused: already applied"), "{again}");

@@ -17,7 +17,9 @@ use async_trait::async_trait;
 use idemgate::delivery::Delivery;
 use idemgate::gate::{Gate, Outcome, Policy, now_ms};
 use idemgate::handler::{Effect, Handler, HandlerError, Handlers, Work};
-use idemgate::reconcile::{AnomalyKind, ReconcileOptions, ReconcileReport, STOCK_LEDGER_CHECK, reconcile_once, runs};
+use idemgate::reconcile::{
+    AnomalyKind, ReconcileOptions, ReconcileReport, STOCK_LEDGER_CHECK, reconcile_once, runs,
+};
 use idemgate::route::RouteConfig;
 use idemgate::shop;
 use idemgate::store::{Backend, Conn, Sql, Store};
@@ -58,7 +60,12 @@ static LEAK_LEDGER: Sql = Sql::new(
 #[async_trait]
 impl Handler for LeakyDeduct {
     async fn handle(&self, work: &Work<'_>, _conn: &mut Conn) -> Result<Effect, HandlerError> {
-        self.store.query(&LEAK_LEDGER).bind(work.key.biz_id.as_str()).bind(work.now_ms).execute(self.store.pool()).await?;
+        self.store
+            .query(&LEAK_LEDGER)
+            .bind(work.key.biz_id.as_str())
+            .bind(work.now_ms)
+            .execute(self.store.pool())
+            .await?;
         if self.attempts.fetch_add(1, Ordering::SeqCst) == 0 {
             return Err(HandlerError::Retryable("downstream timeout".into()));
         }
@@ -151,8 +158,14 @@ mod cases {
         // Noise that is fine: keys with duplicates of every cause, a payment retried until its order came.
         for i in 0..20 {
             let key = format!("D-OK-{i}");
-            assert_eq!(deliver(stock_deduct(&key, &format!("M{i}"), &format!("U{i}"), "SKU-R", 1)).await, Outcome::Processed);
-            assert_eq!(deliver(stock_deduct(&key, &format!("M{i}b"), &format!("U{i}"), "SKU-R", 1)).await, Outcome::Duplicate);
+            assert_eq!(
+                deliver(stock_deduct(&key, &format!("M{i}"), &format!("U{i}"), "SKU-R", 1)).await,
+                Outcome::Processed
+            );
+            assert_eq!(
+                deliver(stock_deduct(&key, &format!("M{i}b"), &format!("U{i}"), "SKU-R", 1)).await,
+                Outcome::Duplicate
+            );
         }
         assert_eq!(deliver(payment("P-EARLY", "O-EARLY", "MP1", 0)).await, Outcome::Failed);
         assert_eq!(deliver(order("O-EARLY", "MO1")).await, Outcome::Processed);
@@ -163,7 +176,10 @@ mod cases {
         // stuck: failing, and (by the clock handed to the run) for longer than stuck_after.
         assert_eq!(deliver(payment("P-STUCK", "O-NONE-2", "MS1", 0)).await, Outcome::Failed);
         // double_applied: a handler that writes around the gate, retried once.
-        let leak = |m: &str| Delivery { tags: "leaky_deduct".to_owned(), ..stock_deduct("D-LEAK", m, "U-LEAK", "SKU-R", 1) };
+        let leak = |m: &str| Delivery {
+            tags: "leaky_deduct".to_owned(),
+            ..stock_deduct("D-LEAK", m, "U-LEAK", "SKU-R", 1)
+        };
         assert_eq!(deliver(leak("MK1")).await, Outcome::Failed);
         assert_eq!(deliver(leak("MK2")).await, Outcome::Processed);
         // double_applied: a claim deleted by hand, then the message redelivered.
@@ -172,7 +188,10 @@ mod cases {
         assert_eq!(deliver(stock_deduct("D-DEL", "MD2", "U-DEL", "SKU-R", 1)).await, Outcome::Processed);
         // orphan: a claim nobody delivered, and a processed delivery whose claim was deleted.
         store.query(&FORGED_CLAIM).bind(GROUP).bind(now_ms()).execute(store.pool()).await.unwrap();
-        assert_eq!(deliver(stock_deduct("D-ORPHAN-LOG", "MO2", "U-OL", "SKU-R", 1)).await, Outcome::Processed);
+        assert_eq!(
+            deliver(stock_deduct("D-ORPHAN-LOG", "MO2", "U-OL", "SKU-R", 1)).await,
+            Outcome::Processed
+        );
         exec(store, &DELETE_CLAIM, "D-ORPHAN-LOG").await;
         // key_collision: the same key with another body.
         assert_eq!(deliver(stock_deduct("D-COLL", "MC1", "U-C1", "SKU-R", 1)).await, Outcome::Processed);
@@ -184,7 +203,8 @@ mod cases {
         assert_eq!(deliver(stock_deduct("D-LATE", "MT2", "U-T2", "SKU-R", 1)).await, Outcome::Processed);
 
         let clock = now_ms() + 2 * HOUR;
-        let report = reconcile_once(store, &options(started), &[STOCK_LEDGER_CHECK], clock).await.expect("run");
+        let report =
+            reconcile_once(store, &options(started), &[STOCK_LEDGER_CHECK], clock).await.expect("run");
         let expected: BTreeSet<(AnomalyKind, String)> = [
             (AnomalyKind::Lost, "P-LOST"),
             (AnomalyKind::Stuck, "P-STUCK"),
@@ -204,7 +224,11 @@ mod cases {
         let leak = report.anomalies.iter().find(|a| a.biz_id == "D-LEAK").unwrap();
         assert!(leak.detail.contains("stock ledger rows"), "the ledger check found it: {}", leak.detail);
         let deleted = report.anomalies.iter().find(|a| a.biz_id == "D-DEL").unwrap();
-        assert!(deleted.detail.contains("2 processed deliveries") && deleted.detail.contains("ledger"), "{}", deleted.detail);
+        assert!(
+            deleted.detail.contains("2 processed deliveries") && deleted.detail.contains("ledger"),
+            "{}",
+            deleted.detail
+        );
 
         // Without the clock moved on, the failing payment is not stuck yet.
         let early = reconcile_once(store, &options(started), &[STOCK_LEDGER_CHECK], now_ms()).await.unwrap();
@@ -218,7 +242,8 @@ mod cases {
             [(AnomalyKind::Lost, "P-LOST".to_owned()), (AnomalyKind::Stuck, "P-STUCK".to_owned())].into(),
         );
         // A window that ends before everything finds nothing.
-        let before = ReconcileOptions { since_ms: started - 2 * HOUR, until_ms: started - HOUR, ..options(started) };
+        let before =
+            ReconcileOptions { since_ms: started - 2 * HOUR, until_ms: started - HOUR, ..options(started) };
         assert!(reconcile_once(store, &before, &[STOCK_LEDGER_CHECK], clock).await.unwrap().is_clean());
 
         // The run is stored: its counts and anomalies read back.
@@ -233,7 +258,9 @@ mod cases {
     }
 
     /// 10,000 keys with 30% duplicates of both causes, from 8 tasks at once: nothing to report.
-    pub async fn a_clean_run_of_ten_thousand_keys_with_thirty_percent_duplicates_reports_nothing(backend: Backend) {
+    pub async fn a_clean_run_of_ten_thousand_keys_with_thirty_percent_duplicates_reports_nothing(
+        backend: Backend,
+    ) {
         let db = TestDb::new(backend).await;
         shop::seed_stock(&db.store, "SKU-R", 1_000_000_000).await.unwrap();
         let gate = Arc::new(gate(db.store.clone(), identity(GROUP, "r-1"), vec![], Handlers::new()));
@@ -245,12 +272,15 @@ mod cases {
                     let mut outcomes = [0usize; 2];
                     for i in (t..10_000).step_by(8) {
                         let key = format!("D-{i}");
-                        let first = gate.process(&stock_deduct(&key, &format!("M{i}"), &format!("U{i}"), "SKU-R", 1)).await;
+                        let first = gate
+                            .process(&stock_deduct(&key, &format!("M{i}"), &format!("U{i}"), "SKU-R", 1))
+                            .await;
                         outcomes[0] += usize::from(first.outcome == Outcome::Processed);
                         if i % 10 < 3 {
                             // Alternate a broker redelivery (same UNIQ_KEY) and a producer resend.
                             let uniq = if i % 2 == 0 { format!("U{i}") } else { format!("V{i}") };
-                            let copy = gate.process(&stock_deduct(&key, &format!("N{i}"), &uniq, "SKU-R", 1)).await;
+                            let copy =
+                                gate.process(&stock_deduct(&key, &format!("N{i}"), &uniq, "SKU-R", 1)).await;
                             outcomes[1] += usize::from(copy.outcome == Outcome::Duplicate);
                         }
                     }
@@ -297,10 +327,17 @@ async fn the_scheduled_reconciler_runs_once_per_tick_across_instances() {
     let settings = ReconcileSettings { schedule: "* * * * * *".to_owned(), ..ReconcileSettings::default() };
     let mut schedulers = Vec::new();
     for instance in ["a", "b"] {
-        let s = ReconcileScheduler::start_for_serve(db.store.clone(), &settings, GROUP, instance, 14, vec![STOCK_LEDGER_CHECK])
-            .await
-            .expect("scheduler")
-            .expect("enabled");
+        let s = ReconcileScheduler::start_for_serve(
+            db.store.clone(),
+            &settings,
+            GROUP,
+            instance,
+            14,
+            vec![STOCK_LEDGER_CHECK],
+        )
+        .await
+        .expect("scheduler")
+        .expect("enabled");
         schedulers.push(s);
     }
     tokio::time::sleep(std::time::Duration::from_millis(4_500)).await;

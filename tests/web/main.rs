@@ -40,7 +40,8 @@ impl App {
     async fn with_settings(backend: idemgate::store::Backend, settings: Settings) -> Self {
         let db = TestDb::new(backend).await;
         shop::seed_stock(&db.store, "SKU-W", 1_000).await.expect("stock");
-        let gate = gate(db.store.clone(), identity(GROUP, "web-1"), vec![], idemgate::handler::Handlers::new());
+        let gate =
+            gate(db.store.clone(), identity(GROUP, "web-1"), vec![], idemgate::handler::Handlers::new());
         Self { db, gate, settings }
     }
 
@@ -171,7 +172,10 @@ mod cases {
 
         // The same story by msgId and by UNIQ_KEY.
         let (_, by_msg) = app.json("/api/trace?q=M3").await;
-        assert_eq!((by_msg["matched_by"].as_str(), by_msg["story"]["key"]["biz_id"].as_str()), (Some("msg_id"), Some("D-77")));
+        assert_eq!(
+            (by_msg["matched_by"].as_str(), by_msg["story"]["key"]["biz_id"].as_str()),
+            (Some("msg_id"), Some("D-77"))
+        );
         let (_, by_uniq) = app.json("/api/trace?uniq_key=U3").await;
         assert_eq!(by_uniq["story"]["key"]["biz_id"], "D-77");
     }
@@ -343,17 +347,26 @@ mod cases {
             assert_eq!(app.deliver(&d).await, Outcome::DeadLettered);
         }
         // A stock deduction that can never apply is refused for good: dead-lettered at once.
-        assert_eq!(app.deliver(&stock_deduct("D-big", "MB", "UB", "SKU-W", 1_000_000)).await, Outcome::DeadLettered);
+        assert_eq!(
+            app.deliver(&stock_deduct("D-big", "MB", "UB", "SKU-W", 1_000_000)).await,
+            Outcome::DeadLettered
+        );
 
         let (_, first) = app.json("/api/dead-letters?limit=3").await;
         let ids = |page: &Value| -> Vec<String> {
-            page["rows"].as_array().unwrap().iter().map(|r| r["biz_id"].as_str().unwrap().to_owned()).collect()
+            page["rows"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|r| r["biz_id"].as_str().unwrap().to_owned())
+                .collect()
         };
         assert_eq!(ids(&first), ["D-big", "P-6", "P-5"], "newest first");
         let next = first["next"].as_str().expect("a next page").to_owned();
         let (_, second) = app.json(&format!("/api/dead-letters?limit=3&before={next}")).await;
         assert_eq!(ids(&second), ["P-4", "P-3", "P-2"]);
-        let (_, third) = app.json(&format!("/api/dead-letters?limit=3&before={}", second["next"].as_str().unwrap())).await;
+        let (_, third) =
+            app.json(&format!("/api/dead-letters?limit=3&before={}", second["next"].as_str().unwrap())).await;
         assert_eq!(ids(&third), ["P-1", "P-0"]);
         assert_eq!(third["next"], Value::Null);
 
@@ -382,7 +395,14 @@ mod cases {
         );
         let app = App::new(backend).await;
         let forty_days_ago = idemgate::gate::now_ms() - 40 * 86_400_000;
-        app.db.store.query(&OLD_CLAIM).bind(GROUP).bind(forty_days_ago).execute(app.db.store.pool()).await.unwrap();
+        app.db
+            .store
+            .query(&OLD_CLAIM)
+            .bind(GROUP)
+            .bind(forty_days_ago)
+            .execute(app.db.store.pool())
+            .await
+            .unwrap();
         let (status, html, _) = app.get("/trace?biz_id=D-OLD").await;
         assert_eq!(status, StatusCode::OK, "{html}");
         assert!(html.contains("The delivery log keeps 14 days"), "{html}");
@@ -415,7 +435,8 @@ mod cases {
             instance_id: "web-1".to_owned(),
             started_by: "command".to_owned(),
         };
-        let report = idemgate::reconcile::reconcile_once(&app.db.store, &options, &[], now).await.expect("run");
+        let report =
+            idemgate::reconcile::reconcile_once(&app.db.store, &options, &[], now).await.expect("run");
         assert_eq!(report.anomalies.len(), 2, "{report:?}");
 
         let (status, html, _) = app.get("/anomalies").await;
@@ -459,8 +480,16 @@ mod cases {
                 Request::get(guarded).header(header::AUTHORIZATION, value).body(Body::empty()).unwrap()
             };
             // Admitted: whatever the page answers then, it is not a demand for credentials.
-            assert_ne!(app.request(with("Bearer tok-0123456789abcdef")).await.0, StatusCode::UNAUTHORIZED, "{guarded}");
-            assert_ne!(app.request(with("Basic b3BzOnBhNTU=")).await.0, StatusCode::UNAUTHORIZED, "{guarded}");
+            assert_ne!(
+                app.request(with("Bearer tok-0123456789abcdef")).await.0,
+                StatusCode::UNAUTHORIZED,
+                "{guarded}"
+            );
+            assert_ne!(
+                app.request(with("Basic b3BzOnBhNTU=")).await.0,
+                StatusCode::UNAUTHORIZED,
+                "{guarded}"
+            );
             assert_eq!(app.request(with("Bearer wrong")).await.0, StatusCode::UNAUTHORIZED);
         }
     }
@@ -487,8 +516,14 @@ async fn the_trace_command_prints_the_story_and_exits_by_what_it_found() {
     let store = idemgate::store::Store::open(&url, &Default::default()).await.expect("store");
     shop::seed_stock(&store, "SKU-W", 100).await.expect("stock");
     let gate = gate(store.clone(), identity(GROUP, "cli-1"), vec![], idemgate::handler::Handlers::new());
-    assert_eq!(gate.process(&stock_deduct("D-CLI", "M1", "U1", "SKU-W", 3)).await.outcome, Outcome::Processed);
-    assert_eq!(gate.process(&stock_deduct("D-CLI", "M2", "U2", "SKU-W", 3)).await.outcome, Outcome::Duplicate);
+    assert_eq!(
+        gate.process(&stock_deduct("D-CLI", "M1", "U1", "SKU-W", 3)).await.outcome,
+        Outcome::Processed
+    );
+    assert_eq!(
+        gate.process(&stock_deduct("D-CLI", "M2", "U2", "SKU-W", 3)).await.outcome,
+        Outcome::Duplicate
+    );
     assert_eq!(gate.process(&order("D-CLI", "M3")).await.outcome, Outcome::Processed);
     store.close().await;
 
@@ -500,7 +535,11 @@ async fn the_trace_command_prints_the_story_and_exits_by_what_it_found() {
             .env_remove("RUST_LOG")
             .output()
             .expect("run idemgate trace");
-        (out.status.code(), String::from_utf8_lossy(&out.stdout).into_owned(), String::from_utf8_lossy(&out.stderr).into_owned())
+        (
+            out.status.code(),
+            String::from_utf8_lossy(&out.stdout).into_owned(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
     };
     let (code, text, err) = run(&["D-CLI", "--biz-type", "stock.deduct"]);
     assert_eq!(code, Some(0), "{text}{err}");
@@ -517,7 +556,10 @@ async fn the_trace_command_prints_the_story_and_exits_by_what_it_found() {
     let (code, text, _) = run(&["M2", "--format", "json"]);
     assert_eq!(code, Some(0));
     let json: Value = serde_json::from_str(&text).expect("JSON");
-    assert_eq!((json["matched_by"].as_str(), json["story"]["key"]["biz_id"].as_str()), (Some("msg_id"), Some("D-CLI")));
+    assert_eq!(
+        (json["matched_by"].as_str(), json["story"]["key"]["biz_id"].as_str()),
+        (Some("msg_id"), Some("D-CLI"))
+    );
 
     let (code, text, _) = run(&["NOPE-1"]);
     assert_eq!(code, Some(3), "{text}");

@@ -1,0 +1,106 @@
+//! `/dead-letters`, `/invalid`, `/collisions` and `/archive`.
+
+use askama::Template;
+use axum::extract::{RawQuery, State};
+use axum::response::Response;
+
+use super::{Problem, RowView, RunView, href, render};
+use crate::http::AppState;
+use crate::http::params::Params;
+use crate::inspect::lists::{self, ListKind, ListQuery};
+use crate::inspect::{InspectError, format_ms};
+
+/// Reads a list request from the query string: `biz_type`, `since`, `until`, `before`, `limit`.
+pub(in crate::http) fn list_query(kind: ListKind, p: &Params) -> Result<ListQuery, InspectError> {
+    ListQuery::new(kind, p.get("biz_type"), p.get("since"), p.get("until"), p.get("before"), p.get("limit"))
+}
+
+#[derive(Template)]
+#[template(path = "list.html")]
+struct ListPage<'a> {
+    title: String,
+    search: &'a str,
+    slug: &'static str,
+    explanation: &'static str,
+    biz_type: String,
+    since: String,
+    until: String,
+    rows: Vec<RowView>,
+    older: String,
+    newest: String,
+    json_href: String,
+}
+
+pub(super) async fn list_page(
+    kind: ListKind,
+    State(state): State<AppState>,
+    RawQuery(raw): RawQuery,
+) -> Result<Response, Problem> {
+    let params = Params::parse(raw.as_deref())?;
+    let query = list_query(kind, &params)?;
+    let page = lists::list(&state.store, &state.web.trace.limits, &query).await?;
+    let mut keep: Vec<(&str, String)> = Vec::new();
+    for name in ["biz_type", "since", "until", "limit"] {
+        if let Some(v) = params.get(name).filter(|v| !v.trim().is_empty()) {
+            keep.push((name, v.to_owned()));
+        }
+    }
+    let path = format!("/{}", kind.slug());
+    let older = page
+        .next
+        .as_ref()
+        .map(|cursor| {
+            let mut pairs = keep.clone();
+            pairs.push(("before", cursor.clone()));
+            href(&path, &pairs)
+        })
+        .unwrap_or_default();
+    let mut api_pairs = keep.clone();
+    if let Some(cursor) = query.before {
+        api_pairs.push(("before", cursor.to_string()));
+    }
+    let view = ListPage {
+        title: kind.title().to_owned(),
+        search: "",
+        slug: kind.slug(),
+        explanation: kind.explanation(),
+        biz_type: query.biz_type.clone().unwrap_or_default(),
+        since: params.get("since").unwrap_or("").to_owned(),
+        until: params.get("until").unwrap_or("").to_owned(),
+        rows: page.rows.iter().map(RowView::new).collect(),
+        older,
+        newest: if query.before.is_some() { href(&path, &keep) } else { String::new() },
+        json_href: href(&format!("/api/{}", kind.slug()), &api_pairs),
+    };
+    Ok(render(&view))
+}
+
+#[derive(Template)]
+#[template(path = "archive.html")]
+struct ArchivePage<'a> {
+    title: String,
+    search: &'a str,
+    enabled: bool,
+    schedule: String,
+    next: String,
+    dedup_days: u32,
+    log_days: u32,
+    runs: Vec<RunView>,
+}
+
+pub(super) async fn archive_page(State(state): State<AppState>) -> Result<Response, Problem> {
+    let runs = state.web.trace.limits.run(crate::archive::runs::recent(&state.store, 50)).await?;
+    let a = &state.web.archive;
+    let next = a.next_run_after(crate::gate::now_ms());
+    let page = ArchivePage {
+        title: "Archive".to_owned(),
+        search: "",
+        enabled: a.enabled,
+        schedule: a.schedule.clone(),
+        next: next.map(format_ms).unwrap_or_else(|| "not scheduled".to_owned()),
+        dedup_days: a.dedup_retention_days,
+        log_days: a.log_retention_days,
+        runs: runs.iter().map(RunView::new).collect(),
+    };
+    Ok(render(&page))
+}

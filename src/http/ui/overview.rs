@@ -1,0 +1,163 @@
+//! `/`: the ops overview.
+
+use askama::Template;
+use axum::extract::State;
+use axum::response::Response;
+
+use super::{Problem, RowView, RunView, href, render};
+use crate::http::AppState;
+use crate::inspect::overview::{self, Minute, Overview, Window};
+use crate::inspect::{InspectError, LogRow, format_ms};
+
+/// One window's figures, formatted.
+struct WindowView {
+    label: &'static str,
+    deliveries: i64,
+    throughput: String,
+    conflicts: String,
+    duplicate_ratio: String,
+    duplicates: i64,
+    retries: i64,
+    dead_letters: i64,
+    invalid: i64,
+    collisions: i64,
+}
+
+impl WindowView {
+    fn new(w: &Window) -> Self {
+        Self {
+            label: w.label,
+            deliveries: w.deliveries,
+            throughput: format!("{:.1}/s", w.deliveries_per_second),
+            conflicts: format!("{:.2}/s", w.conflicts_per_second),
+            duplicate_ratio: format!("{:.1}%", w.duplicate_ratio * 100.0),
+            duplicates: w.duplicates,
+            retries: w.retries,
+            dead_letters: w.dead_letters,
+            invalid: w.invalid,
+            collisions: w.collisions,
+        }
+    }
+}
+
+/// A bar of the per-minute chart: SVG coordinates, drawn on the server.
+struct Bar {
+    x: i64,
+    /// Top and height of the whole bar (all deliveries), of its duplicate part and of its
+    /// retry and dead-letter part.
+    y: i64,
+    h: i64,
+    dup_y: i64,
+    dup_h: i64,
+    bad_y: i64,
+    bad_h: i64,
+    title: String,
+}
+
+const CHART_HEIGHT: i64 = 90;
+const BAR_WIDTH: i64 = 10;
+
+fn bars(minutes: &[Minute]) -> (Vec<Bar>, i64) {
+    let peak = minutes.iter().map(|m| m.deliveries).max().unwrap_or(0).max(1);
+    let scale = |n: i64| if n == 0 { 0 } else { (n * CHART_HEIGHT / peak).max(1) };
+    let bars = minutes
+        .iter()
+        .enumerate()
+        .map(|(i, m)| {
+            let h = scale(m.deliveries);
+            let dup_h = scale(m.duplicates).min(h);
+            let bad_h = scale(m.retries + m.dead_letters).min(h - dup_h);
+            let time = chrono::DateTime::from_timestamp_millis(m.start_ms)
+                .map(|t| t.format("%H:%M").to_string())
+                .unwrap_or_default();
+            Bar {
+                x: i as i64 * BAR_WIDTH,
+                y: CHART_HEIGHT - h,
+                h,
+                dup_y: CHART_HEIGHT - dup_h,
+                dup_h,
+                bad_y: CHART_HEIGHT - dup_h - bad_h,
+                bad_h,
+                title: format!(
+                    "{time} UTC: {} deliveries, {} duplicates, {} retries, {} dead letters",
+                    m.deliveries, m.duplicates, m.retries, m.dead_letters
+                ),
+            }
+        })
+        .collect();
+    (bars, peak)
+}
+
+#[derive(Template)]
+#[template(path = "overview.html")]
+struct OverviewPage<'a> {
+    title: String,
+    search: &'a str,
+    now: String,
+    windows: Vec<WindowView>,
+    bars: Vec<Bar>,
+    peak: i64,
+    chart_width: i64,
+    chart_height: i64,
+    top_conflicts: Vec<(String, i64)>,
+    dead_letters: Vec<RowView>,
+    collisions: Vec<RowView>,
+    invalid: Vec<RowView>,
+    archive_enabled: bool,
+    archive_schedule: String,
+    archive_next: String,
+    archive_runs: Vec<RunView>,
+    /// The latest reconcile run: when, and (kind, count, link) per kind; empty before any run.
+    reconcile_when: String,
+    reconcile_counts: Vec<(String, i64, String)>,
+}
+
+pub(super) async fn overview_page(State(state): State<AppState>) -> Result<Response, Problem> {
+    let o = read_overview(&state).await?;
+    let (bars, peak) = bars(&o.minutes);
+    let rows = |rows: &[LogRow]| rows.iter().map(RowView::new).collect::<Vec<_>>();
+    let page = OverviewPage {
+        title: "Overview".to_owned(),
+        search: "",
+        now: format_ms(o.now_ms),
+        windows: vec![WindowView::new(&o.last_5_minutes), WindowView::new(&o.last_hour)],
+        chart_width: bars.len() as i64 * BAR_WIDTH,
+        chart_height: CHART_HEIGHT,
+        bars,
+        peak,
+        top_conflicts: o.top_conflicts.iter().map(|c| (c.biz_type.clone(), c.duplicates)).collect(),
+        dead_letters: rows(&o.latest_dead_letters),
+        collisions: rows(&o.latest_collisions),
+        invalid: rows(&o.latest_invalid),
+        archive_enabled: o.archive.enabled,
+        archive_schedule: o.archive.schedule.clone(),
+        archive_next: o.archive.next_run_ms.map(format_ms).unwrap_or_else(|| "not scheduled".to_owned()),
+        archive_runs: o.archive.runs.iter().take(4).map(RunView::new).collect(),
+        reconcile_when: o
+            .reconcile
+            .as_ref()
+            .map(|r| format_ms(r.run.finished_at_ms.unwrap_or(r.run.started_at_ms)))
+            .unwrap_or_default(),
+        reconcile_counts: o
+            .reconcile
+            .as_ref()
+            .map(|r| {
+                r.counts
+                    .iter()
+                    .map(|(k, n)| {
+                        (
+                            k.as_str().replace('_', " "),
+                            *n,
+                            href("/anomalies", &[("kind", k.as_str().to_owned())]),
+                        )
+                    })
+                    .collect()
+            })
+            .unwrap_or_default(),
+    };
+    Ok(render(&page))
+}
+
+pub(in crate::http) async fn read_overview(state: &AppState) -> Result<Overview, InspectError> {
+    overview::overview(&state.store, &state.web.trace.limits, &state.web.archive, crate::gate::now_ms()).await
+}

@@ -1,0 +1,94 @@
+//! `POST /replay`: the trace page's Replay button.
+
+use askama::Template;
+use axum::extract::State;
+use axum::http::{StatusCode, header};
+use axum::response::Response;
+
+use super::{Problem, render, trace_href};
+use crate::http::AppState;
+use crate::http::params::Params;
+use crate::inspect::format_ms;
+
+struct ReplayLineView {
+    key: String,
+    dead_letter: String,
+    result: String,
+    sent: bool,
+}
+
+#[derive(Template)]
+#[template(path = "replay.html")]
+struct ReplayPage<'a> {
+    title: String,
+    search: &'a str,
+    lines: Vec<ReplayLineView>,
+    trace: String,
+}
+
+/// `POST /replay`: re-publishes one key's latest dead letter. It needs the form's CSRF token
+/// for that very key, a same-origin request (when the browser says where it came from) and,
+/// where credentials are configured, those.
+pub(super) async fn replay_action(
+    State(state): State<AppState>,
+    headers: axum::http::HeaderMap,
+    body: String,
+) -> Result<Response, Problem> {
+    let Some(replayer) = state.web.replay.clone() else {
+        return Err(Problem {
+            status: StatusCode::FORBIDDEN,
+            message: "replay is not available here: this process has no broker".to_owned(),
+        });
+    };
+    if let (Some(origin), Some(host)) = (headers.get(header::ORIGIN), headers.get(header::HOST))
+        && origin.as_bytes() != format!("http://{}", host.to_str().unwrap_or("")).as_bytes()
+        && origin.as_bytes() != format!("https://{}", host.to_str().unwrap_or("")).as_bytes()
+    {
+        return Err(Problem {
+            status: StatusCode::FORBIDDEN,
+            message: "a replay must come from this site's own trace page".to_owned(),
+        });
+    }
+    let form = Params::parse(Some(&body))?;
+    let field = |name: &str, max: usize| -> Result<String, Problem> {
+        let v = form.get(name).ok_or_else(|| Problem::bad_request(format!("the form has no {name}")))?;
+        Ok(crate::inspect::checked_text(name, v, max)?)
+    };
+    let group = field("group", crate::route::MAX_ID_CHARS)?;
+    let biz_type = field("biz_type", crate::route::MAX_BIZ_TYPE_CHARS)?;
+    let biz_id = field("biz_id", crate::route::MAX_BIZ_ID_CHARS)?;
+    let execute_time: i64 = field("execute_time", 20)?
+        .parse()
+        .map_err(|_| Problem::bad_request("execute_time must be epoch milliseconds"))?;
+    let csrf = field("csrf", 64)?;
+    let expected = state.web.csrf_token(&group, &biz_type, &biz_id, execute_time);
+    if !crate::http::auth::same(csrf.as_bytes(), expected.as_bytes()) {
+        return Err(Problem {
+            status: StatusCode::FORBIDDEN,
+            message: "the form's token is not valid for this key; open the trace page again".to_owned(),
+        });
+    }
+    let lines =
+        replayer.replay_key(&state.store, &group, &biz_type, &biz_id, execute_time).await.map_err(|e| {
+            tracing::error!(error = %e, "replay from the web UI failed");
+            Problem {
+                status: StatusCode::SERVICE_UNAVAILABLE,
+                message: "the replay could not be sent; see the service log".to_owned(),
+            }
+        })?;
+    let page = ReplayPage {
+        title: format!("Replay {biz_id}"),
+        search: "",
+        lines: lines
+            .iter()
+            .map(|l| ReplayLineView {
+                key: format!("{} {}", l.biz_type, l.biz_id),
+                dead_letter: format!("{} of {}", l.dead_letter_msg_id, format_ms(l.dead_lettered_at_ms)),
+                result: l.action.describe(&l.topic, false),
+                sent: matches!(l.action, crate::replay::Action::Sent { .. }),
+            })
+            .collect(),
+        trace: trace_href(&biz_id, &biz_type, execute_time, &group),
+    };
+    Ok(render(&page))
+}

@@ -1,0 +1,237 @@
+//! `/trace`: a key's story, or the choice of keys a search matched.
+
+use askama::Template;
+use axum::extract::{RawQuery, State};
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+
+use super::{Problem, RowView, href, render, trace_href};
+use crate::handler::Fact;
+use crate::http::AppState;
+use crate::http::params::Params;
+use crate::inspect::trace::{self, Answer, Candidate, ClaimRecord, SearchBy, Story, TraceQuery};
+use crate::inspect::{InspectError, format_ms};
+
+/// Reads a trace search from the query string: `q` (or `biz_id`, `msg_id`, `uniq_key`), `by`,
+/// `biz_type`, `execute_time`, `group`.
+pub(in crate::http) fn trace_query(p: &Params) -> Result<Option<TraceQuery>, InspectError> {
+    let (text, implied) = if let Some(t) = p.get("biz_id") {
+        (t, SearchBy::BizId)
+    } else if let Some(t) = p.get("msg_id") {
+        (t, SearchBy::MsgId)
+    } else if let Some(t) = p.get("uniq_key") {
+        (t, SearchBy::UniqKey)
+    } else if let Some(t) = p.get("q") {
+        (t, SearchBy::Any)
+    } else {
+        return Ok(None);
+    };
+    if text.trim().is_empty() {
+        return Ok(None);
+    }
+    let by = match p.get("by") {
+        Some(b) => SearchBy::parse(b)?,
+        None => implied,
+    };
+    TraceQuery::new(text, by, p.get("biz_type"), p.get("execute_time"), p.get("group")).map(Some)
+}
+
+struct ClaimView {
+    state: &'static str,
+    claimed: String,
+    msg_id: String,
+    uniq_key: String,
+    instance: String,
+    payload_hash: String,
+    archived: String,
+}
+
+impl ClaimView {
+    fn new(c: &ClaimRecord) -> Self {
+        Self {
+            state: c.state,
+            claimed: format_ms(c.claimed_at_ms),
+            msg_id: c.msg_id.clone(),
+            uniq_key: c.uniq_key.clone(),
+            instance: c.instance_id.clone(),
+            payload_hash: c.payload_hash.clone(),
+            archived: c.archived_at_ms.map(format_ms).unwrap_or_default(),
+        }
+    }
+}
+
+struct CandidateView {
+    href: String,
+    biz_type: String,
+    biz_id: String,
+    execute_time: String,
+    group: String,
+    deliveries: i64,
+    claim: &'static str,
+    first: String,
+    last: String,
+}
+
+impl CandidateView {
+    fn new(c: &Candidate) -> Self {
+        let k = &c.key;
+        Self {
+            href: trace_href(&k.biz_id, &k.biz_type, k.execute_time, &k.consumer_group),
+            biz_type: k.biz_type.clone(),
+            biz_id: k.biz_id.clone(),
+            execute_time: if k.execute_time == 0 { "-".to_owned() } else { format_ms(k.execute_time) },
+            group: k.consumer_group.clone(),
+            deliveries: c.deliveries,
+            claim: c.claim,
+            first: c.first_seen_ms.map(format_ms).unwrap_or_default(),
+            last: c.last_seen_ms.map(format_ms).unwrap_or_default(),
+        }
+    }
+}
+
+struct StoryView {
+    biz_id: String,
+    biz_type: String,
+    execute_time: String,
+    group: String,
+    matched_by: &'static str,
+    state: &'static str,
+    trouble: bool,
+    first_seen: String,
+    processed_at: String,
+    deliveries: usize,
+    duplicates: Vec<(String, usize)>,
+    collisions: usize,
+    retries: usize,
+    dead_letters: usize,
+    invalid: usize,
+    claim: Option<ClaimView>,
+    earlier_claims: Vec<ClaimView>,
+    business: Vec<Fact>,
+    timeline: Vec<RowView>,
+    truncated: bool,
+    max_rows: usize,
+    retention_note: String,
+    grafana_url: String,
+    json_href: String,
+    /// The replay form's CSRF token, when the key can be replayed here: dead-lettered, not
+    /// claimed, and this process has a broker.
+    replay_csrf: String,
+    execute_time_ms: i64,
+}
+
+impl StoryView {
+    fn new(s: &Story, matched_by: SearchBy, web: &crate::http::Web) -> Self {
+        let m = &s.summary;
+        let k = &s.key;
+        let mut json_pairs = vec![("biz_type", k.biz_type.clone()), ("group", k.consumer_group.clone())];
+        if k.execute_time != 0 {
+            json_pairs.push(("execute_time", k.execute_time.to_string()));
+        }
+        Self {
+            biz_id: k.biz_id.clone(),
+            biz_type: k.biz_type.clone(),
+            execute_time: if k.execute_time == 0 { String::new() } else { format_ms(k.execute_time) },
+            group: k.consumer_group.clone(),
+            matched_by: matched_by.label(),
+            state: m.final_state_text,
+            trouble: m.final_state.is_trouble(),
+            first_seen: m.first_seen_ms.map(format_ms).unwrap_or_else(|| "-".to_owned()),
+            processed_at: m.processed_at_ms.map(format_ms).unwrap_or_else(|| "never".to_owned()),
+            deliveries: m.deliveries,
+            duplicates: m.duplicates.iter().map(|(c, n)| (c.replace('_', " "), *n)).collect(),
+            collisions: m.collisions,
+            retries: m.retries,
+            dead_letters: m.dead_letters,
+            invalid: m.invalid,
+            claim: s.claim.as_ref().map(ClaimView::new),
+            earlier_claims: s.earlier_claims.iter().map(ClaimView::new).collect(),
+            business: s.business.clone(),
+            timeline: s.deliveries.iter().map(RowView::new).collect(),
+            truncated: s.truncated,
+            max_rows: trace::MAX_DELIVERIES,
+            retention_note: s.retention_note.clone().unwrap_or_default(),
+            grafana_url: s.grafana_url.clone().unwrap_or_default(),
+            json_href: href(&format!("/api/trace/{}", path_segment(&k.biz_id)), &json_pairs),
+            replay_csrf: if web.replay.is_some() && s.claim.is_none() && m.dead_letters > 0 {
+                web.csrf_token(&k.consumer_group, &k.biz_type, &k.biz_id, k.execute_time)
+            } else {
+                String::new()
+            },
+            execute_time_ms: k.execute_time,
+        }
+    }
+}
+
+/// Percent-encodes a path segment.
+fn path_segment(text: &str) -> String {
+    serde_urlencoded::to_string([("", text)]).map(|s| s[1..].replace('+', "%20")).unwrap_or_default()
+}
+
+#[derive(Template)]
+#[template(path = "trace.html")]
+struct TracePage<'a> {
+    title: String,
+    search: &'a str,
+    by: &'a str,
+    nothing: String,
+    note: String,
+    candidates: Vec<CandidateView>,
+    more: bool,
+    story: Option<StoryView>,
+}
+
+pub(super) async fn trace_page(
+    State(state): State<AppState>,
+    RawQuery(raw): RawQuery,
+) -> Result<Response, Problem> {
+    let params = Params::parse(raw.as_deref())?;
+    let by_text = params.get("by").unwrap_or("any");
+    let Some(query) = trace_query(&params)? else {
+        let page = TracePage {
+            title: "Trace".to_owned(),
+            search: "",
+            by: by_text,
+            nothing: String::new(),
+            note: String::new(),
+            candidates: Vec::new(),
+            more: false,
+            story: None,
+        };
+        return Ok(render(&page));
+    };
+    let answer = trace::trace(&state.store, &state.web.trace, &query).await?;
+    let mut page = TracePage {
+        title: format!("Trace {}", query.text),
+        search: &query.text,
+        by: by_text,
+        nothing: String::new(),
+        note: String::new(),
+        candidates: Vec::new(),
+        more: false,
+        story: None,
+    };
+    let status = match &answer {
+        Answer::Nothing { searched } => {
+            page.nothing = format!(
+                "Nothing found for {:?} (searched as {searched}). The delivery log keeps {} days; \
+                 a key older than that is found only by its bizId, in the dedup table or its archive.",
+                query.text, state.web.archive.log_retention_days
+            );
+            StatusCode::NOT_FOUND
+        }
+        Answer::Choice { candidates, more, note, matched_by } => {
+            page.candidates = candidates.iter().map(CandidateView::new).collect();
+            page.more = *more;
+            page.note = note.clone().unwrap_or_else(|| {
+                format!("This {} matches {} keys; choose one.", matched_by.label(), candidates.len())
+            });
+            StatusCode::OK
+        }
+        Answer::Story { matched_by, story } => {
+            page.story = Some(StoryView::new(story, *matched_by, &state.web));
+            StatusCode::OK
+        }
+    };
+    Ok((status, render(&page)).into_response())
+}
