@@ -181,6 +181,22 @@ struct TracePage<'a> {
     story: Option<StoryView>,
 }
 
+impl<'a> TracePage<'a> {
+    /// The page with nothing found yet: the search form only.
+    fn empty(title: String, search: &'a str, by: &'a str) -> Self {
+        Self {
+            title,
+            search,
+            by,
+            nothing: String::new(),
+            note: String::new(),
+            candidates: Vec::new(),
+            more: false,
+            story: None,
+        }
+    }
+}
+
 pub(super) async fn trace_page(
     State(state): State<AppState>,
     RawQuery(raw): RawQuery,
@@ -188,29 +204,10 @@ pub(super) async fn trace_page(
     let params = Params::parse(raw.as_deref())?;
     let by_text = params.get("by").unwrap_or("any");
     let Some(query) = trace_query(&params)? else {
-        let page = TracePage {
-            title: "Trace".to_owned(),
-            search: "",
-            by: by_text,
-            nothing: String::new(),
-            note: String::new(),
-            candidates: Vec::new(),
-            more: false,
-            story: None,
-        };
-        return Ok(render(&page));
+        return Ok(render(&TracePage::empty("Trace".to_owned(), "", by_text)));
     };
     let answer = trace::trace(&state.store, &state.web.trace, &query).await?;
-    let mut page = TracePage {
-        title: format!("Trace {}", query.text),
-        search: &query.text,
-        by: by_text,
-        nothing: String::new(),
-        note: String::new(),
-        candidates: Vec::new(),
-        more: false,
-        story: None,
-    };
+    let mut page = TracePage::empty(format!("Trace {}", query.text), &query.text, by_text);
     let status = match &answer {
         Answer::Nothing { searched } => {
             page.nothing = format!(
