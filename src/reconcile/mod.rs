@@ -50,7 +50,9 @@ impl AnomalyKind {
     /// What an engineer should do about it.
     pub fn advice(self) -> &'static str {
         match self {
-            Self::Lost => "never applied: fix the cause, then `idemgate replay` the dead letter",
+            Self::Lost => {
+                "never applied: fix the cause, then replay the dead letter (its trace page, or idemgate replay)"
+            }
             Self::Stuck => "still retrying: look at the error on its trace",
             Self::DoubleApplied => "the effect was applied more than once: correct the business data",
             Self::Orphan => "claims and processed deliveries disagree: something wrote around the gate",

@@ -1,15 +1,21 @@
 //! Guarded dead-letter replay end to end: a real broker, `idemgate serve`, a poison payment that
 //! dead-letters, the cause fixed (its order sent), a replay that makes it processed exactly once
 //! with cause `replay`, and a second replay refused. Once with `idemgate replay`, once with the
-//! trace page's form.
+//! trace page's form, and once with a broken handler that is then fixed.
 
 use std::process::Command;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
-use idemgate::broker::Producer;
+use idemgate::broker::{Consumer, Producer};
 use idemgate::delivery::Delivery;
+use idemgate::gate::Gate;
+use idemgate::handler::{Effect, Handler, HandlerError, Handlers, Work};
+use idemgate::replay::{self, Action, Selection};
+use idemgate::route::RouteConfig;
 use idemgate::shop;
-use idemgate::store::{Backend, Sql, Store};
+use idemgate::store::{Backend, Conn, Sql, Store, query};
 use sqlx::Row;
 
 use super::prometheus::{http_get, http_post_form};
@@ -159,5 +165,93 @@ async fn a_dead_letter_is_replayed_into_exactly_one_effect_and_a_second_replay_i
     }
     producer.shutdown().await;
     assert_eq!(service.terminate().code(), Some(0));
+    db.drop_now().await;
+}
+
+/// A handler that fails until its switch is turned: the broken release, then the fix.
+struct Fragile {
+    fixed: Arc<AtomicBool>,
+}
+
+static FRAGILE_EFFECT: Sql = Sql::new(
+    "INSERT INTO shop_stock_ledger (deduction_id, sku, quantity, applied_at_ms) VALUES (?, 'FRAGILE', 1, ?)",
+);
+static FRAGILE_EFFECTS: Sql = Sql::new("SELECT COUNT(*) FROM shop_stock_ledger WHERE deduction_id = ?");
+
+#[async_trait::async_trait]
+impl Handler for Fragile {
+    async fn handle(&self, work: &Work<'_>, conn: &mut Conn) -> Result<Effect, HandlerError> {
+        if !self.fixed.load(Ordering::SeqCst) {
+            return Err(HandlerError::Retryable("the handler is broken (its test switch is off)".into()));
+        }
+        query(work.backend, &FRAGILE_EFFECT)
+            .bind(work.key.biz_id.as_str())
+            .bind(work.now_ms)
+            .execute(&mut *conn)
+            .await?;
+        Ok(Effect::Applied)
+    }
+}
+
+/// The consumer in this process, so that its handler can be switched from broken to fixed:
+/// a message dead-letters while it is broken; after the fix, one replay applies it once and a
+/// second is refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn after_the_handler_is_fixed_a_replay_applies_the_dead_letter_exactly_once() {
+    let db = database(Backend::Postgres).await;
+    let (topic, group, run) = (unique("fragile"), unique("group"), unique("F").replace('_', ""));
+    let mut settings = settings(&db.url, &topic, &group, "fragile", 2);
+    settings.routes = vec![RouteConfig {
+        topic: topic.clone(),
+        tags: "fragile".to_owned(),
+        biz_type: "fragile.apply".to_owned(),
+        biz_id: "keys".to_owned(),
+        execute_time: None,
+        handler: Some("fragile".to_owned()),
+    }];
+    let fixed = Arc::new(AtomicBool::new(false));
+    let routes = settings.routes();
+    let handlers = Handlers::new().with("fragile", Fragile { fixed: fixed.clone() });
+    let gate = Gate::new(db.store.clone(), routes.clone(), handlers, settings.identity(), settings.policy())
+        .expect("gate");
+    let consumer = Consumer::start(Arc::new(gate), &settings.consumer_options()).await.expect("consumer");
+    let producer = Producer::start(broker().name_server(), &unique("pgroup")).await.unwrap();
+
+    let key = format!("{run}-FRAGILE-1");
+    let message = Delivery {
+        topic: topic.clone(),
+        tags: "fragile".to_owned(),
+        keys: vec![key.clone()],
+        body: b"{}".to_vec(),
+        ..Default::default()
+    };
+    producer.send(&message).await.unwrap();
+    let seen =
+        wait_until(&db.store, &key, "dead letter", |s| s.iter().any(|o| o.starts_with("dead_lettered")))
+            .await;
+    assert_eq!(seen, ["failed/", "failed/", "dead_lettered/"]);
+
+    fixed.store(true, Ordering::SeqCst);
+    let selection = Selection::Key { biz_id: key.clone(), biz_type: None, execute_time: None };
+    let lines = replay::replay(&db.store, &routes, &group, &selection, Some(&producer)).await.unwrap();
+    assert!(matches!(lines.as_slice(), [l] if matches!(l.action, Action::Sent { .. })), "{lines:?}");
+    let seen =
+        wait_until(&db.store, &key, "replayed delivery", |s| s.iter().any(|o| o.starts_with("processed")))
+            .await;
+    assert_eq!(seen, ["failed/", "failed/", "dead_lettered/", "processed/replay"]);
+
+    let again = replay::replay(&db.store, &routes, &group, &selection, Some(&producer)).await.unwrap();
+    assert!(
+        matches!(again.as_slice(), [l] if matches!(l.action, Action::RefusedClaimed { state: "live", .. })),
+        "{again:?}"
+    );
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let effects: i64 =
+        db.store.query(&FRAGILE_EFFECTS).bind(key.as_str()).fetch_one(db.store.pool()).await.unwrap().get(0);
+    assert_eq!(effects, 1, "applied exactly once");
+    assert_eq!(log_of(&db.store, &key).await.len(), 4, "nothing arrived after the refused replay");
+
+    producer.shutdown().await;
+    consumer.shutdown().await;
     db.drop_now().await;
 }
