@@ -15,6 +15,7 @@ use sqlx::any::AnyRow;
 
 use crate::broker::Producer;
 use crate::delivery::{Delivery, REPLAY_PROPERTY};
+use crate::inspect::trace::{ClaimRecord, KeyRef, claims};
 use crate::route::Routes;
 use crate::store::{Sql, Store};
 
@@ -95,15 +96,6 @@ static SINCE: Sql = Sql::new(
      FROM delivery_log WHERE outcome = 'dead_lettered' AND consumer_group = ? AND logged_at_ms >= ? \
      ORDER BY logged_at_ms DESC, id DESC LIMIT 10000",
 );
-static LIVE_CLAIM: Sql = Sql::new(
-    "SELECT claimed_at_ms, msg_id FROM idempotent_record \
-     WHERE consumer_group = ? AND biz_type = ? AND biz_id = ? AND execute_time = ?",
-);
-static ARCHIVED_CLAIM: Sql = Sql::new(
-    "SELECT claimed_at_ms, msg_id FROM idempotent_record_archive \
-     WHERE biz_id = ? AND biz_type = ? AND consumer_group = ? AND execute_time = ? ORDER BY claimed_at_ms DESC LIMIT 1",
-);
-
 /// A dead letter chosen for replay.
 struct Candidate {
     line: Line,
@@ -168,28 +160,15 @@ async fn select(store: &Store, group: &str, selection: &Selection) -> Result<Vec
     Ok(out)
 }
 
-/// The claim holding a key, if any: `(state, claimed_at_ms, msg_id)`.
-async fn claim_of(store: &Store, l: &Line) -> Result<Option<(&'static str, i64, String)>, sqlx::Error> {
-    let live = store
-        .query(&LIVE_CLAIM)
-        .bind(l.consumer_group.as_str())
-        .bind(l.biz_type.as_str())
-        .bind(l.biz_id.as_str())
-        .bind(l.execute_time)
-        .fetch_optional(store.pool())
-        .await?;
-    if let Some(r) = live {
-        return Ok(Some(("live", r.try_get(0)?, r.try_get(1)?)));
-    }
-    let archived = store
-        .query(&ARCHIVED_CLAIM)
-        .bind(l.biz_id.as_str())
-        .bind(l.biz_type.as_str())
-        .bind(l.consumer_group.as_str())
-        .bind(l.execute_time)
-        .fetch_optional(store.pool())
-        .await?;
-    archived.map(|r| Ok(("archived", r.try_get(0)?, r.try_get(1)?))).transpose()
+/// The claim holding a key, live or else archived, as the trace page reads it.
+async fn claim_of(store: &Store, l: &Line) -> Result<Option<ClaimRecord>, sqlx::Error> {
+    let key = KeyRef {
+        consumer_group: l.consumer_group.clone(),
+        biz_type: l.biz_type.clone(),
+        biz_id: l.biz_id.clone(),
+        execute_time: l.execute_time,
+    };
+    Ok(claims(store, &key).await?.0)
 }
 
 /// Replays the selected dead letters of `group`: each key's latest dead letter is checked
@@ -204,8 +183,12 @@ pub async fn replay(
     let mut lines = Vec::new();
     for c in select(store, group, selection).await? {
         let mut line = c.line;
-        line.action = if let Some((state, claimed_at_ms, msg_id)) = claim_of(store, &line).await? {
-            Action::RefusedClaimed { state, claimed_at_ms, msg_id }
+        line.action = if let Some(claim) = claim_of(store, &line).await? {
+            Action::RefusedClaimed {
+                state: claim.state,
+                claimed_at_ms: claim.claimed_at_ms,
+                msg_id: claim.msg_id,
+            }
         } else if c.cut || c.payload.is_none() {
             Action::RefusedNoBody
         } else if let Some((keys, mut properties)) =

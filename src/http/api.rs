@@ -13,7 +13,9 @@ use serde_json::json;
 
 use super::AppState;
 use super::params::Params;
-use super::ui::{Problem, anomalies_query, list_query, read_anomalies, read_overview, trace_query};
+use super::ui::{
+    Problem, anomalies_query, list_query, read_anomalies, read_archive, read_overview, trace_query,
+};
 use crate::inspect::InspectError;
 use crate::inspect::lists::{self, ListKind};
 use crate::inspect::trace::{self, Answer, SearchBy, TraceQuery};
@@ -105,17 +107,7 @@ async fn list(
 }
 
 async fn archive(State(state): State<AppState>) -> Result<Response, ApiError> {
-    let runs = state.web.trace.limits.run(crate::archive::runs::recent(&state.store, 50)).await?;
-    let a = &state.web.archive;
-    let next = a.next_run_after(crate::gate::now_ms());
-    Ok(ok(&json!({
-        "enabled": a.enabled,
-        "schedule": a.schedule,
-        "next_run_ms": next,
-        "dedup_retention_days": a.dedup_retention_days,
-        "log_retention_days": a.log_retention_days,
-        "runs": runs,
-    })))
+    Ok(ok(&read_archive(&state).await?))
 }
 
 async fn anomalies(State(state): State<AppState>, RawQuery(raw): RawQuery) -> Result<Response, ApiError> {

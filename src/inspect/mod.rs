@@ -154,11 +154,18 @@ pub fn checked_text(name: &str, value: &str, max: usize) -> Result<String, Inspe
     Ok(value.to_owned())
 }
 
-/// A biz_type filter: empty and `.*` (Grafana's "All") mean every biz_type.
+/// True for a filter that selects everything: absent, empty, or what Grafana's "All" sends
+/// (`.*`, `$__all`).
+pub fn means_all(value: Option<&str>) -> bool {
+    matches!(value.map(str::trim), None | Some("") | Some(".*") | Some("$__all"))
+}
+
+/// A biz_type filter; [`means_all`] values mean every biz_type.
 pub fn biz_type_filter(value: Option<&str>) -> Result<Option<String>, InspectError> {
     match value.map(str::trim) {
-        None | Some("") | Some(".*") | Some("$__all") => Ok(None),
+        v if means_all(v) => Ok(None),
         Some(v) => checked_text("biz_type", v, MAX_BIZ_TYPE_CHARS).map(Some),
+        None => Ok(None),
     }
 }
 

@@ -91,6 +91,24 @@ pub struct ArchiveStatus {
     pub runs: Vec<RunRecord>,
 }
 
+/// The archive job's settings, its next run after `now_ms` and its latest `runs` passes: the
+/// overview's box, the archive page and its JSON.
+pub(crate) async fn archive_status(
+    store: &Store,
+    archive: &ArchiveSettings,
+    now_ms: i64,
+    runs: i64,
+) -> Result<ArchiveStatus, sqlx::Error> {
+    Ok(ArchiveStatus {
+        enabled: archive.enabled,
+        schedule: archive.schedule.clone(),
+        next_run_ms: archive.next_run_after(now_ms),
+        dedup_retention_days: archive.dedup_retention_days,
+        log_retention_days: archive.log_retention_days,
+        runs: runs::recent(store, runs).await?,
+    })
+}
+
 /// The whole overview.
 #[derive(Debug, Clone, Serialize)]
 pub struct Overview {
@@ -183,14 +201,7 @@ async fn read(store: &Store, archive: &ArchiveSettings, now_ms: i64) -> Result<O
     let latest_collisions = latest(ListKind::Collisions).await?;
     let latest_invalid = latest(ListKind::Invalid).await?;
 
-    let archive = ArchiveStatus {
-        enabled: archive.enabled,
-        schedule: archive.schedule.clone(),
-        next_run_ms: archive.next_run_after(now_ms),
-        dedup_retention_days: archive.dedup_retention_days,
-        log_retention_days: archive.log_retention_days,
-        runs: runs::recent(store, 6).await?,
-    };
+    let archive = archive_status(store, archive, now_ms, 6).await?;
 
     let reconcile =
         match crate::reconcile::runs::recent(store, 10).await?.into_iter().find(|r| r.status == "success") {

@@ -467,7 +467,10 @@ async fn story(
 }
 
 /// The live claim (else the latest archived one) and the other archived ones.
-async fn claims(store: &Store, key: &KeyRef) -> Result<(Option<ClaimRecord>, Vec<ClaimRecord>), sqlx::Error> {
+pub(crate) async fn claims(
+    store: &Store,
+    key: &KeyRef,
+) -> Result<(Option<ClaimRecord>, Vec<ClaimRecord>), sqlx::Error> {
     let live = store
         .query(&LIVE_CLAIM)
         .bind(key.consumer_group.as_str())

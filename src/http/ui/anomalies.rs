@@ -15,7 +15,8 @@ pub(in crate::http) fn anomalies_query(
     p: &Params,
 ) -> Result<(Option<AnomalyKind>, Option<i64>), InspectError> {
     let kind = match p.get("kind").map(str::trim) {
-        None | Some("") | Some(".*") | Some("$__all") => None,
+        k if crate::inspect::means_all(k) => None,
+        None => None,
         Some(k) => Some(AnomalyKind::parse(k).ok_or_else(|| {
             InspectError::BadRequest(format!(
                 "kind={:?} is not one of {}",

@@ -8,6 +8,7 @@ use super::{Problem, RowView, RunView, href, render};
 use crate::http::AppState;
 use crate::http::params::Params;
 use crate::inspect::lists::{self, ListKind, ListQuery};
+use crate::inspect::overview::{ArchiveStatus, archive_status};
 use crate::inspect::{InspectError, format_ms};
 
 /// Reads a list request from the query string: `biz_type`, `since`, `until`, `before`, `limit`.
@@ -88,19 +89,23 @@ struct ArchivePage<'a> {
     runs: Vec<RunView>,
 }
 
+/// The archive job with its last 50 passes, for the page and its JSON.
+pub(in crate::http) async fn read_archive(state: &AppState) -> Result<ArchiveStatus, InspectError> {
+    let now = crate::gate::now_ms();
+    state.web.trace.limits.run(archive_status(&state.store, &state.web.archive, now, 50)).await
+}
+
 pub(super) async fn archive_page(State(state): State<AppState>) -> Result<Response, Problem> {
-    let runs = state.web.trace.limits.run(crate::archive::runs::recent(&state.store, 50)).await?;
-    let a = &state.web.archive;
-    let next = a.next_run_after(crate::gate::now_ms());
+    let a = read_archive(&state).await?;
     let page = ArchivePage {
         title: "Archive".to_owned(),
         search: "",
         enabled: a.enabled,
         schedule: a.schedule.clone(),
-        next: next.map(format_ms).unwrap_or_else(|| "not scheduled".to_owned()),
+        next: a.next_run_ms.map(format_ms).unwrap_or_else(|| "not scheduled".to_owned()),
         dedup_days: a.dedup_retention_days,
         log_days: a.log_retention_days,
-        runs: runs.iter().map(RunView::new).collect(),
+        runs: a.runs.iter().map(RunView::new).collect(),
     };
     Ok(render(&page))
 }

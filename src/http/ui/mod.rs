@@ -129,7 +129,7 @@ mod replay;
 mod trace;
 
 pub(in crate::http) use anomalies::{anomalies_query, read_anomalies};
-pub(in crate::http) use lists::list_query;
+pub(in crate::http) use lists::{list_query, read_archive};
 pub(in crate::http) use overview::read_overview;
 pub(in crate::http) use trace::trace_query;
 
