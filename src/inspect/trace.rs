@@ -162,6 +162,22 @@ pub struct ClaimRecord {
     pub archived_at_ms: Option<i64>,
 }
 
+impl ClaimRecord {
+    /// A claim from a row of `msg_id, uniq_key, payload_hash, instance_id, claimed_at_ms`, and
+    /// `archived_at_ms` after them when the row comes from the archive.
+    fn from_row(r: &AnyRow, state: &'static str) -> Result<Self, sqlx::Error> {
+        Ok(Self {
+            state,
+            msg_id: r.try_get(0)?,
+            uniq_key: r.try_get(1)?,
+            payload_hash: r.try_get(2)?,
+            instance_id: r.try_get(3)?,
+            claimed_at_ms: r.try_get(4)?,
+            archived_at_ms: if r.len() > 5 { r.try_get(5)? } else { None },
+        })
+    }
+}
+
 /// Where the key stands now.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "snake_case")]
@@ -479,19 +495,7 @@ pub(crate) async fn claims(
         .bind(key.execute_time)
         .fetch_optional(store.pool())
         .await?;
-    let live = live
-        .map(|r| -> Result<_, sqlx::Error> {
-            Ok(ClaimRecord {
-                state: "live",
-                msg_id: r.try_get(0)?,
-                uniq_key: r.try_get(1)?,
-                payload_hash: r.try_get(2)?,
-                instance_id: r.try_get(3)?,
-                claimed_at_ms: r.try_get(4)?,
-                archived_at_ms: None,
-            })
-        })
-        .transpose()?;
+    let live = live.as_ref().map(|r| ClaimRecord::from_row(r, "live")).transpose()?;
     let mut archived = store
         .query(&ARCHIVED_CLAIMS)
         .bind(key.biz_id.as_str())
@@ -501,17 +505,7 @@ pub(crate) async fn claims(
         .fetch_all(store.pool())
         .await?
         .iter()
-        .map(|r| {
-            Ok(ClaimRecord {
-                state: "archived",
-                msg_id: r.try_get(0)?,
-                uniq_key: r.try_get(1)?,
-                payload_hash: r.try_get(2)?,
-                instance_id: r.try_get(3)?,
-                claimed_at_ms: r.try_get(4)?,
-                archived_at_ms: r.try_get(5)?,
-            })
-        })
+        .map(|r| ClaimRecord::from_row(r, "archived"))
         .collect::<Result<Vec<_>, sqlx::Error>>()?;
     Ok(match live {
         Some(live) => (Some(live), archived),

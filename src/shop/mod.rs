@@ -19,6 +19,7 @@ pub use order::{CreateOrder, OrderCreate};
 pub use payment::{ConfirmPayment, PaymentConfirm};
 pub use stock::{DeductStock, StockDeduct, ensure_stock, seed_stock};
 
+use crate::delivery::Delivery;
 use crate::handler::{HandlerError, Handlers};
 use crate::route::RouteConfig;
 
@@ -57,6 +58,26 @@ pub fn routes(topic: &str) -> Vec<RouteConfig> {
         handler: None,
     })
     .collect()
+}
+
+/// An `order.create` message for `order` on `topic`: its order number is the KEY.
+pub fn order_message(topic: &str, order: &CreateOrder) -> Delivery {
+    example_message(topic, TAG_ORDER_CREATE, &order.order_no, serde_json::to_vec(order))
+}
+
+/// A `payment.confirm` message for `payment` on `topic`: its payment number is the KEY.
+pub fn payment_message(topic: &str, payment: &ConfirmPayment) -> Delivery {
+    example_message(topic, TAG_PAYMENT_CONFIRM, &payment.payment_no, serde_json::to_vec(payment))
+}
+
+fn example_message(topic: &str, tag: &str, key: &str, body: serde_json::Result<Vec<u8>>) -> Delivery {
+    Delivery {
+        topic: topic.to_owned(),
+        tags: tag.to_owned(),
+        keys: vec![key.to_owned()],
+        body: body.expect("the example bodies always serialize"),
+        ..Default::default()
+    }
 }
 
 /// The stock every example SKU starts with when `serve` or the demo first meets it.

@@ -15,10 +15,7 @@ use std::time::{Duration, Instant};
 
 use fantoccini::{Client, ClientBuilder, Locator};
 use idemgate::broker::Producer;
-use idemgate::delivery::Delivery;
-use idemgate::shop;
-use idemgate::store::{Backend, Sql, Store};
-use sqlx::Row;
+use idemgate::store::Backend;
 
 use super::support::*;
 
@@ -86,57 +83,6 @@ fn artifacts() -> PathBuf {
     dir
 }
 
-fn payment(topic: &str, payment_no: &str, order_no: &str) -> Delivery {
-    Delivery {
-        topic: topic.to_owned(),
-        tags: shop::TAG_PAYMENT_CONFIRM.to_owned(),
-        keys: vec![payment_no.to_owned()],
-        body: serde_json::to_vec(&shop::ConfirmPayment {
-            order_no: order_no.to_owned(),
-            payment_no: payment_no.to_owned(),
-            amount_cents: 1_250,
-        })
-        .expect("json"),
-        ..Default::default()
-    }
-}
-
-fn order(topic: &str, order_no: &str) -> Delivery {
-    Delivery {
-        topic: topic.to_owned(),
-        tags: shop::TAG_ORDER_CREATE.to_owned(),
-        keys: vec![order_no.to_owned()],
-        body: serde_json::to_vec(&shop::CreateOrder {
-            order_no: order_no.to_owned(),
-            user_id: "u-browser".to_owned(),
-            sku: "SKU-1".to_owned(),
-            quantity: 1,
-            amount_cents: 1_250,
-        })
-        .expect("json"),
-        ..Default::default()
-    }
-}
-
-static OUTCOMES: Sql = Sql::new(
-    "SELECT outcome, COALESCE(cause, '') FROM delivery_log WHERE biz_id = ? ORDER BY logged_at_ms, id",
-);
-
-/// Waits until the key's log rows satisfy `done`; returns them as `outcome/cause`.
-async fn wait_for(store: &Store, key: &str, what: &str, done: impl Fn(&[String]) -> bool) -> Vec<String> {
-    let started = Instant::now();
-    loop {
-        let rows = store.query(&OUTCOMES).bind(key).fetch_all(store.pool()).await.expect("log rows");
-        let seen: Vec<String> =
-            rows.iter().map(|r| format!("{}/{}", r.get::<String, _>(0), r.get::<String, _>(1))).collect();
-        if done(&seen) {
-            return seen;
-        }
-        assert!(started.elapsed() < Duration::from_secs(240), "no {what} for {key} within 240 s: {seen:?}");
-        tokio::time::sleep(Duration::from_millis(300)).await;
-    }
-}
-
 async fn texts(client: &Client, css: &str) -> Vec<String> {
     let mut out = Vec::new();
     for e in client.find_all(Locator::Css(css)).await.expect("find") {
@@ -160,15 +106,17 @@ async fn an_engineer_traces_a_key_with_a_resend_a_retry_and_a_dead_letter_in_chr
     let key = format!("{run}-PAY-TRACE");
     let order_no = format!("{run}-ORD-TRACE");
     let producer = Producer::start(broker().name_server(), &unique("pgroup")).await.expect("producer");
-    producer.send(&payment(&topic, &key, &order_no)).await.expect("send the payment");
-    wait_for(&db.store, &key, "dead letter", |s| s.iter().any(|o| o.starts_with("dead_lettered"))).await;
-    producer.send(&order(&topic, &order_no)).await.expect("send the order");
-    wait_for(&db.store, &order_no, "processed order", |s| s.iter().any(|o| o.starts_with("processed"))).await;
-    producer.send(&payment(&topic, &key, &order_no)).await.expect("resend the payment");
-    wait_for(&db.store, &key, "processed resend", |s| s.iter().any(|o| o.starts_with("processed"))).await;
-    producer.send(&payment(&topic, &key, &order_no)).await.expect("resend the payment again");
+    producer.send(&payment(&topic, &key, &order_no, 1_250)).await.expect("send the payment");
+    wait_for_log(&db.store, &key, "dead letter", |s| s.iter().any(|o| o.starts_with("dead_lettered"))).await;
+    producer.send(&order(&topic, &order_no, 1_250)).await.expect("send the order");
+    wait_for_log(&db.store, &order_no, "processed order", |s| s.iter().any(|o| o.starts_with("processed")))
+        .await;
+    producer.send(&payment(&topic, &key, &order_no, 1_250)).await.expect("resend the payment");
+    wait_for_log(&db.store, &key, "processed resend", |s| s.iter().any(|o| o.starts_with("processed"))).await;
+    producer.send(&payment(&topic, &key, &order_no, 1_250)).await.expect("resend the payment again");
     let seen =
-        wait_for(&db.store, &key, "duplicate", |s| s.iter().any(|o| o == "duplicate/producer_resend")).await;
+        wait_for_log(&db.store, &key, "duplicate", |s| s.iter().any(|o| o == "duplicate/producer_resend"))
+            .await;
     producer.shutdown().await;
     assert_eq!(seen, ["failed/", "failed/", "dead_lettered/", "processed/", "duplicate/producer_resend"]);
 

@@ -6,7 +6,7 @@
 use std::process::Command;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use idemgate::broker::{Consumer, Producer};
 use idemgate::delivery::Delivery;
@@ -21,66 +21,14 @@ use sqlx::Row;
 use super::prometheus::{http_get, http_post_form};
 use super::support::*;
 
-fn payment(topic: &str, payment_no: &str, order_no: &str) -> Delivery {
-    Delivery {
-        topic: topic.to_owned(),
-        tags: shop::TAG_PAYMENT_CONFIRM.to_owned(),
-        keys: vec![payment_no.to_owned()],
-        body: serde_json::to_vec(&shop::ConfirmPayment {
-            order_no: order_no.to_owned(),
-            payment_no: payment_no.to_owned(),
-            amount_cents: 990,
-        })
-        .unwrap(),
-        ..Default::default()
-    }
-}
-
-fn order(topic: &str, order_no: &str) -> Delivery {
-    Delivery {
-        topic: topic.to_owned(),
-        tags: shop::TAG_ORDER_CREATE.to_owned(),
-        keys: vec![order_no.to_owned()],
-        body: serde_json::to_vec(&shop::CreateOrder {
-            order_no: order_no.to_owned(),
-            user_id: "u-replay".to_owned(),
-            sku: "SKU-1".to_owned(),
-            quantity: 1,
-            amount_cents: 990,
-        })
-        .unwrap(),
-        ..Default::default()
-    }
-}
-
-static LOG: Sql = Sql::new(
-    "SELECT outcome, COALESCE(cause, '') FROM delivery_log WHERE biz_id = ? ORDER BY logged_at_ms, id",
-);
 static STATUS: Sql = Sql::new("SELECT status FROM shop_order WHERE order_no = ?");
-
-async fn log_of(store: &Store, key: &str) -> Vec<String> {
-    let rows = store.query(&LOG).bind(key).fetch_all(store.pool()).await.unwrap();
-    rows.iter().map(|r| format!("{}/{}", r.get::<String, _>(0), r.get::<String, _>(1))).collect()
-}
-
-async fn wait_until(store: &Store, key: &str, what: &str, done: impl Fn(&[String]) -> bool) -> Vec<String> {
-    let started = Instant::now();
-    loop {
-        let seen = log_of(store, key).await;
-        if done(&seen) {
-            return seen;
-        }
-        assert!(started.elapsed() < Duration::from_secs(240), "no {what} for {key} within 240 s: {seen:?}");
-        tokio::time::sleep(Duration::from_millis(300)).await;
-    }
-}
 
 /// Dead-letters `key` (its order missing), then sends the order: the cause is fixed.
 async fn dead_letter_then_fix(store: &Store, producer: &Producer, topic: &str, key: &str, order_no: &str) {
-    producer.send(&payment(topic, key, order_no)).await.unwrap();
-    wait_until(store, key, "dead letter", |s| s.iter().any(|o| o.starts_with("dead_lettered"))).await;
-    producer.send(&order(topic, order_no)).await.unwrap();
-    wait_until(store, order_no, "order", |s| s.iter().any(|o| o.starts_with("processed"))).await;
+    producer.send(&payment(topic, key, order_no, 990)).await.unwrap();
+    wait_for_log(store, key, "dead letter", |s| s.iter().any(|o| o.starts_with("dead_lettered"))).await;
+    producer.send(&order(topic, order_no, 990)).await.unwrap();
+    wait_for_log(store, order_no, "order", |s| s.iter().any(|o| o.starts_with("processed"))).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -118,7 +66,7 @@ async fn a_dead_letter_is_replayed_into_exactly_one_effect_and_a_second_replay_i
     assert_eq!(code, Some(0), "{out}");
     assert!(out.contains("sent again as UNIQ_KEY"), "{out}");
     let seen =
-        wait_until(&db.store, &key, "replayed delivery", |s| s.iter().any(|o| o.starts_with("processed")))
+        wait_for_log(&db.store, &key, "replayed delivery", |s| s.iter().any(|o| o.starts_with("processed")))
             .await;
     assert_eq!(seen, ["failed/", "failed/", "dead_lettered/", "processed/replay"]);
     let status = db.store.query(&STATUS).bind(order_no.as_str()).fetch_one(db.store.pool()).await.unwrap();
@@ -149,7 +97,7 @@ async fn a_dead_letter_is_replayed_into_exactly_one_effect_and_a_second_replay_i
     assert_eq!(status, 200, "{result}");
     assert!(result.contains("sent again as UNIQ_KEY"), "{result}");
     let seen =
-        wait_until(&db.store, &key, "replayed delivery", |s| s.iter().any(|o| o.starts_with("processed")))
+        wait_for_log(&db.store, &key, "replayed delivery", |s| s.iter().any(|o| o.starts_with("processed")))
             .await;
     assert_eq!(seen.iter().filter(|o| o.starts_with("processed")).count(), 1);
     let (_, again) = http_post_form(&addr, "/replay", &form).unwrap();
@@ -227,7 +175,7 @@ async fn after_the_handler_is_fixed_a_replay_applies_the_dead_letter_exactly_onc
     };
     producer.send(&message).await.unwrap();
     let seen =
-        wait_until(&db.store, &key, "dead letter", |s| s.iter().any(|o| o.starts_with("dead_lettered")))
+        wait_for_log(&db.store, &key, "dead letter", |s| s.iter().any(|o| o.starts_with("dead_lettered")))
             .await;
     assert_eq!(seen, ["failed/", "failed/", "dead_lettered/"]);
 
@@ -236,7 +184,7 @@ async fn after_the_handler_is_fixed_a_replay_applies_the_dead_letter_exactly_onc
     let lines = replay::replay(&db.store, &routes, &group, &selection, Some(&producer)).await.unwrap();
     assert!(matches!(lines.as_slice(), [l] if matches!(l.action, Action::Sent { .. })), "{lines:?}");
     let seen =
-        wait_until(&db.store, &key, "replayed delivery", |s| s.iter().any(|o| o.starts_with("processed")))
+        wait_for_log(&db.store, &key, "replayed delivery", |s| s.iter().any(|o| o.starts_with("processed")))
             .await;
     assert_eq!(seen, ["failed/", "failed/", "dead_lettered/", "processed/replay"]);
 

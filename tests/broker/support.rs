@@ -11,6 +11,7 @@ use std::time::{Duration, Instant};
 
 use idemgate::broker::local::LocalBroker;
 use idemgate::config::Settings;
+use idemgate::delivery::Delivery;
 use idemgate::produce::ProduceReport;
 use idemgate::scratch::ScratchDb;
 use idemgate::shop;
@@ -359,4 +360,58 @@ pub fn service_addr(service: &Service) -> String {
     let at =
         log.find("http=http://").expect("the start-up line names the HTTP address") + "http=http://".len();
     log[at..].chars().take_while(|c| c.is_ascii_digit() || *c == '.' || *c == ':').collect()
+}
+
+/// A `payment.confirm` of `amount_cents` for `order_no`, to send to `topic`.
+pub fn payment(topic: &str, payment_no: &str, order_no: &str, amount_cents: i64) -> Delivery {
+    shop::payment_message(
+        topic,
+        &shop::ConfirmPayment {
+            order_no: order_no.to_owned(),
+            payment_no: payment_no.to_owned(),
+            amount_cents,
+        },
+    )
+}
+
+/// An `order.create` of one SKU-1 for `amount_cents`, to send to `topic`.
+pub fn order(topic: &str, order_no: &str, amount_cents: i64) -> Delivery {
+    shop::order_message(
+        topic,
+        &shop::CreateOrder {
+            order_no: order_no.to_owned(),
+            user_id: "u-test".to_owned(),
+            sku: "SKU-1".to_owned(),
+            quantity: 1,
+            amount_cents,
+        },
+    )
+}
+
+static OUTCOMES: Sql = Sql::new(
+    "SELECT outcome, COALESCE(cause, '') FROM delivery_log WHERE biz_id = ? ORDER BY logged_at_ms, id",
+);
+
+/// A key's delivery-log rows, oldest first, as `outcome/cause`.
+pub async fn log_of(store: &Store, key: &str) -> Vec<String> {
+    let rows = store.query(&OUTCOMES).bind(key).fetch_all(store.pool()).await.expect("log rows");
+    rows.iter().map(|r| format!("{}/{}", r.get::<String, _>(0), r.get::<String, _>(1))).collect()
+}
+
+/// Waits (up to 240 s) until the key's log rows satisfy `done`; returns them.
+pub async fn wait_for_log(
+    store: &Store,
+    key: &str,
+    what: &str,
+    done: impl Fn(&[String]) -> bool,
+) -> Vec<String> {
+    let started = Instant::now();
+    loop {
+        let seen = log_of(store, key).await;
+        if done(&seen) {
+            return seen;
+        }
+        assert!(started.elapsed() < Duration::from_secs(240), "no {what} for {key} within 240 s: {seen:?}");
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
 }

@@ -76,6 +76,45 @@ pub fn stock_deduct(biz_id: &str, msg_id: &str, uniq_key: &str, sku: &str, quant
     }
 }
 
+/// A `payment.confirm` of `amount_cents` for `order_no`, as delivered with `msg_id` and
+/// `uniq_key` after `reconsume` failures.
+pub fn payment(
+    payment_no: &str,
+    order_no: &str,
+    amount_cents: i64,
+    msg_id: &str,
+    uniq_key: &str,
+    reconsume: i32,
+) -> Delivery {
+    let body = shop::ConfirmPayment {
+        order_no: order_no.to_owned(),
+        payment_no: payment_no.to_owned(),
+        amount_cents,
+    };
+    Delivery {
+        msg_id: msg_id.to_owned(),
+        uniq_key: uniq_key.to_owned(),
+        reconsume_times: reconsume,
+        ..shop::payment_message(shop::TOPIC, &body)
+    }
+}
+
+/// An `order.create` of one `sku` for `amount_cents`, as delivered with `msg_id` and `uniq_key`.
+pub fn order(order_no: &str, sku: &str, amount_cents: i64, msg_id: &str, uniq_key: &str) -> Delivery {
+    let body = shop::CreateOrder {
+        order_no: order_no.to_owned(),
+        user_id: "u-1".to_owned(),
+        sku: sku.to_owned(),
+        quantity: 1,
+        amount_cents,
+    };
+    Delivery {
+        msg_id: msg_id.to_owned(),
+        uniq_key: uniq_key.to_owned(),
+        ..shop::order_message(shop::TOPIC, &body)
+    }
+}
+
 /// Runs each `cases::$case(backend)` as a test on SQLite, PostgreSQL and MariaDB.
 macro_rules! on_every_backend {
     ($($case:ident),* $(,)?) => {

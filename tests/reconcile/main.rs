@@ -86,41 +86,14 @@ fn leaky(store: &Store) -> (Vec<RouteConfig>, Handlers) {
     (vec![route], Handlers::new().with("leaky", handler))
 }
 
+/// A payment of 700 cents; its UNIQ_KEY stays the same across redeliveries.
 fn payment(payment_no: &str, order_no: &str, msg_id: &str, reconsume: i32) -> Delivery {
-    Delivery {
-        msg_id: msg_id.to_owned(),
-        uniq_key: format!("U-{payment_no}"),
-        topic: shop::TOPIC.to_owned(),
-        tags: shop::TAG_PAYMENT_CONFIRM.to_owned(),
-        keys: vec![payment_no.to_owned()],
-        body: serde_json::to_vec(&shop::ConfirmPayment {
-            order_no: order_no.to_owned(),
-            payment_no: payment_no.to_owned(),
-            amount_cents: 700,
-        })
-        .unwrap(),
-        reconsume_times: reconsume,
-        ..Default::default()
-    }
+    support::payment(payment_no, order_no, 700, msg_id, &format!("U-{payment_no}"), reconsume)
 }
 
+/// An order of SKU-R for 700 cents.
 fn order(order_no: &str, msg_id: &str) -> Delivery {
-    Delivery {
-        msg_id: msg_id.to_owned(),
-        uniq_key: format!("U-{order_no}"),
-        topic: shop::TOPIC.to_owned(),
-        tags: shop::TAG_ORDER_CREATE.to_owned(),
-        keys: vec![order_no.to_owned()],
-        body: serde_json::to_vec(&shop::CreateOrder {
-            order_no: order_no.to_owned(),
-            user_id: "u".to_owned(),
-            sku: "SKU-R".to_owned(),
-            quantity: 1,
-            amount_cents: 700,
-        })
-        .unwrap(),
-        ..Default::default()
-    }
+    support::order(order_no, "SKU-R", 700, msg_id, &format!("U-{order_no}"))
 }
 
 static DELETE_CLAIM: Sql = Sql::new("DELETE FROM idempotent_record WHERE biz_id = ?");

@@ -88,41 +88,14 @@ impl App {
     }
 }
 
+/// A payment of 500 cents, as these tests send them.
 fn payment(payment_no: &str, order_no: &str, msg_id: &str, uniq_key: &str, reconsume: i32) -> Delivery {
-    Delivery {
-        msg_id: msg_id.to_owned(),
-        uniq_key: uniq_key.to_owned(),
-        topic: shop::TOPIC.to_owned(),
-        tags: shop::TAG_PAYMENT_CONFIRM.to_owned(),
-        keys: vec![payment_no.to_owned()],
-        body: serde_json::to_vec(&shop::ConfirmPayment {
-            order_no: order_no.to_owned(),
-            payment_no: payment_no.to_owned(),
-            amount_cents: 500,
-        })
-        .expect("json"),
-        reconsume_times: reconsume,
-        ..Default::default()
-    }
+    support::payment(payment_no, order_no, 500, msg_id, uniq_key, reconsume)
 }
 
+/// An order of SKU-W for 500 cents.
 fn order(order_no: &str, msg_id: &str) -> Delivery {
-    Delivery {
-        msg_id: msg_id.to_owned(),
-        uniq_key: format!("U-{msg_id}"),
-        topic: shop::TOPIC.to_owned(),
-        tags: shop::TAG_ORDER_CREATE.to_owned(),
-        keys: vec![order_no.to_owned()],
-        body: serde_json::to_vec(&shop::CreateOrder {
-            order_no: order_no.to_owned(),
-            user_id: "u-1".to_owned(),
-            sku: "SKU-W".to_owned(),
-            quantity: 1,
-            amount_cents: 500,
-        })
-        .expect("json"),
-        ..Default::default()
-    }
+    support::order(order_no, "SKU-W", 500, msg_id, &format!("U-{msg_id}"))
 }
 
 fn count(html: &str, needle: &str) -> usize {
