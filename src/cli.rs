@@ -304,6 +304,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             let mut shown = settings.clone();
             shown.database.url = redact_url(&shown.database.url);
             shown.http = shown.http.redacted();
+            shown.redis = shown.redis.redacted();
             print!("{}", toml::to_string_pretty(&shown).context("rendering the configuration")?);
             Ok(ExitCode::SUCCESS)
         }

@@ -16,6 +16,7 @@ use crate::archive::ArchiveSettings;
 use crate::broker::StartFrom;
 use crate::broker::consumer::ConsumerOptions;
 use crate::gate::{Identity, Policy};
+use crate::prefilter::RedisSettings;
 use crate::reconcile::ReconcileSettings;
 use crate::route::{RouteConfig, Routes};
 use crate::shop;
@@ -39,6 +40,20 @@ pub struct Settings {
     /// `[reconcile]`: the scheduled reconciler; each field names its `IDEMGATE_RECONCILE__…`
     /// variable ([`ReconcileSettings`]).
     pub reconcile: ReconcileSettings,
+    /// `[redis]`: the optional Redis pre-filter in front of the claim; each field names its
+    /// `IDEMGATE_REDIS__…` variable ([`RedisSettings`]).
+    pub redis: RedisSettings,
+    pub dedup: DedupSettings,
+}
+
+/// `[dedup]`: how the claims are laid out.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DedupSettings {
+    /// `IDEMGATE_DEDUP__SHARDS`: 0 keeps every claim in `idempotent_record`; 2 to 100 splits
+    /// them over `idempotent_record_00 …` by a stable hash of the key. Fixed when the first
+    /// process runs on a database: a later start with another value is refused.
+    pub shards: u16,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -231,6 +246,8 @@ impl Default for Settings {
             log: LogSettings { filter: DEFAULT_LOG_FILTER.to_owned(), format: LogFormat::Text },
             archive: ArchiveSettings::default(),
             reconcile: ReconcileSettings::default(),
+            redis: RedisSettings::default(),
+            dedup: DedupSettings { shards: 0 },
         }
     }
 }
@@ -328,6 +345,13 @@ impl Settings {
         Routes::new(&self.routes).map_err(|e| invalid(&e.field, e.message))?;
         self.archive.validate().map_err(|e| invalid(e.key, e.message))?;
         self.reconcile.validate().map_err(|e| invalid(e.key, e.message))?;
+        self.redis.validate().map_err(|e| invalid(e.key, e.message))?;
+        if self.dedup.shards == 1 || self.dedup.shards > crate::layout::MAX_SHARDS {
+            return Err(invalid(
+                "dedup.shards",
+                format!("is {}; use 0 (one table) or 2 to {}", self.dedup.shards, crate::layout::MAX_SHARDS),
+            ));
+        }
         Ok(())
     }
 
@@ -468,6 +492,12 @@ mod tests {
             ("[archive]\nbatch_size = 0", "configuration key archive.batch_size"),
             ("[reconcile]\nwindow_hours = 0", "configuration key reconcile.window_hours"),
             ("[reconcile]\nschedule = \"often\"", "configuration key reconcile.schedule"),
+            ("[redis]\nurl = \"localhost:6379\"", "configuration key redis.url: must start with redis://"),
+            ("[redis]\nurl = \"redis://h\"\ntimeout_ms = 0", "configuration key redis.timeout_ms"),
+            ("[redis]\nbiz_types = [\"<x>\"]", "configuration key redis.biz_types"),
+            ("[dedup]\nshards = 1", "configuration key dedup.shards: is 1; use 0 (one table) or 2 to 100"),
+            ("[dedup]\nshards = 101", "configuration key dedup.shards"),
+            ("[dedup]\nshards = -1", "key dedup.shards"),
             ("this is not toml", "configuration"),
         ];
         for (text, expected) in cases {

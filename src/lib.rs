@@ -11,6 +11,8 @@
 //! - [`delivery`]: one message as delivered, broker-neutral.
 //! - [`route`]: which business key a delivery claims, per topic and tag; the key rules.
 //! - [`gate`]: claim, handler and log row in one transaction; duplicate causes.
+//! - [`layout`]: the claim tables: one, or N shards by a stable hash; the readers' view.
+//! - [`prefilter`]: the optional Redis `SET NX EX` in front of the claim, with fallback.
 //! - [`handler`]: the trait business code implements, and the registry.
 //! - [`delivery_log`]: one row per delivery attempt.
 //! - [`reconcile`]: lost, stuck, double-applied, orphan, colliding and late keys in a window; the runs.
@@ -42,7 +44,9 @@ pub mod gate;
 pub mod handler;
 pub mod http;
 pub mod inspect;
+pub mod layout;
 pub mod metrics;
+pub mod prefilter;
 pub mod produce;
 pub mod reconcile;
 pub mod replay;

@@ -19,6 +19,7 @@ use sqlx::Row;
 
 use crate::delivery::Delivery;
 use crate::gate::{Disposition, DuplicateCause, Layer, Outcome, now_ms};
+use crate::prefilter::{FallbackCause, Settled, Step};
 use crate::reconcile::AnomalyKind;
 use crate::store::{Backend, Sql, Store};
 
@@ -53,6 +54,9 @@ pub struct Metrics {
     archive_last_duration: GaugeVec,
     reconcile_anomalies: IntGaugeVec,
     reconcile_last_run: GaugeVec,
+    prefilter: IntCounterVec,
+    prefilter_fallbacks: IntCounterVec,
+    prefilter_settled: IntCounterVec,
     windows: Mutex<BTreeMap<String, Window>>,
     from_database: tokio::sync::Mutex<Option<(Instant, FromDatabase)>>,
 }
@@ -193,6 +197,21 @@ impl Metrics {
                 "When the latest successful reconcile run of the group finished (Unix time).",
                 &["consumer_group"],
             ),
+            prefilter: counter(
+                "idemgate_prefilter_total",
+                "Deliveries through the Redis pre-filter, by what it said (claimed, duplicate, in_flight, fallback).",
+                &["biz_type", "consumer_group", "step"],
+            ),
+            prefilter_fallbacks: counter(
+                "idemgate_prefilter_fallbacks_total",
+                "Deliveries the database alone decided because Redis failed, was too slow, or was skipped after a failure (timeout, error, circuit_open).",
+                &["consumer_group", "cause"],
+            ),
+            prefilter_settled: counter(
+                "idemgate_prefilter_settled_total",
+                "Redis keys owned by a delivery, by their end (done, released after a rollback, not_owner: left to the delivery that holds it now, failed).",
+                &["consumer_group", "result"],
+            ),
             windows: Mutex::new(BTreeMap::new()),
             from_database: tokio::sync::Mutex::new(None),
             group: info.consumer_group.clone(),
@@ -230,6 +249,9 @@ impl Metrics {
                 }
             }
             self.key_collisions.with_label_values(&[biz_type, g]);
+            for step in Step::ALL {
+                self.prefilter.with_label_values(&[biz_type, g, step.as_str()]);
+            }
             for window in ["1m", "5m"] {
                 self.duplicate_ratio.with_label_values(&[biz_type, g, window]);
                 self.conflicts_per_second.with_label_values(&[biz_type, g, window]);
@@ -240,6 +262,12 @@ impl Metrics {
             self.deliveries.with_label_values(&["", topic, g, Outcome::Invalid.as_str()]);
         }
         self.unlogged.with_label_values(&[g]);
+        for cause in FallbackCause::ALL {
+            self.prefilter_fallbacks.with_label_values(&[g, cause.as_str()]);
+        }
+        for settled in Settled::ALL {
+            self.prefilter_settled.with_label_values(&[g, settled.as_str()]);
+        }
         for table in ["live", "archive"] {
             self.dedup_rows.with_label_values(&[table]);
         }
@@ -271,6 +299,15 @@ impl Metrics {
         }
         if !r.logged {
             self.unlogged.with_label_values(&[g]).inc();
+        }
+        if let Some(p) = &r.prefilter {
+            self.prefilter.with_label_values(&[biz_type, g, p.step.as_str()]).inc();
+            if let Some(cause) = p.fallback {
+                self.prefilter_fallbacks.with_label_values(&[g, cause.as_str()]).inc();
+            }
+            if let Some(settled) = p.settled {
+                self.prefilter_settled.with_label_values(&[g, settled.as_str()]).inc();
+            }
         }
         if r.phases.handler_us > 0 {
             self.handler_seconds.with_label_values(&[biz_type, g]).observe(r.phases.handler_us as f64 / 1e6);
@@ -403,7 +440,7 @@ static PG_ROWS: Sql = Sql::new(
 static MYSQL_ROWS: Sql = Sql::new(
     "SELECT CAST(TABLE_ROWS AS SIGNED) FROM information_schema.TABLES WHERE TABLE_SCHEMA = DATABASE() AND TABLE_NAME = ?",
 );
-static SQLITE_LIVE_ROWS: Sql = Sql::new("SELECT COUNT(*) FROM idempotent_record");
+static SQLITE_LIVE_ROWS: Sql = Sql::new("SELECT COUNT(*) FROM idempotent_record_all");
 static SQLITE_ARCHIVE_ROWS: Sql = Sql::new("SELECT COUNT(*) FROM idempotent_record_archive");
 
 static ARCHIVE_PASSES: Sql = Sql::new(
@@ -435,20 +472,29 @@ async fn read_database(store: &Store, group: &str) -> Result<FromDatabase, sqlx:
     Ok(read)
 }
 
+/// Live claims (every claim table of the layout) and archived ones.
 async fn table_sizes(store: &Store) -> Result<[i64; 2], sqlx::Error> {
+    let live = crate::layout::current(store).await?.tables();
+    let archive = vec!["idempotent_record_archive".to_owned()];
     let mut sizes = [0; 2];
-    for (i, table) in ["idempotent_record", "idempotent_record_archive"].into_iter().enumerate() {
-        let q = match store.backend() {
-            Backend::Postgres => store.query(&PG_ROWS).bind(table),
-            Backend::MySql => store.query(&MYSQL_ROWS).bind(table),
-            Backend::Sqlite if i == 0 => store.query(&SQLITE_LIVE_ROWS),
-            Backend::Sqlite => store.query(&SQLITE_ARCHIVE_ROWS),
-        };
-        let row = q.fetch_optional(store.pool()).await?;
-        sizes[i] = match row {
-            Some(r) => r.try_get::<Option<i64>, _>(0)?.unwrap_or(0),
-            None => 0,
-        };
+    for (i, tables) in [live, archive].into_iter().enumerate() {
+        for table in tables {
+            let q = match store.backend() {
+                Backend::Postgres => store.query(&PG_ROWS).bind(table),
+                Backend::MySql => store.query(&MYSQL_ROWS).bind(table),
+                // The view counts every shard at once.
+                Backend::Sqlite if i == 0 => store.query(&SQLITE_LIVE_ROWS),
+                Backend::Sqlite => store.query(&SQLITE_ARCHIVE_ROWS),
+            };
+            let row = q.fetch_optional(store.pool()).await?;
+            sizes[i] += match row {
+                Some(r) => r.try_get::<Option<i64>, _>(0)?.unwrap_or(0),
+                None => 0,
+            };
+            if store.backend() == Backend::Sqlite {
+                break;
+            }
+        }
     }
     Ok(sizes)
 }

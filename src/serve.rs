@@ -22,6 +22,7 @@ use crate::gate::{Gate, Policy};
 use crate::handler::Handlers;
 use crate::http::{self, AppState, Web};
 use crate::metrics::{BuildInfo, Metrics};
+use crate::prefilter::Prefilter;
 use crate::reconcile::ReconcileScheduler;
 use crate::store::{Store, redact_url};
 
@@ -61,9 +62,22 @@ impl Running {
         let metrics = Arc::new(Metrics::new(&info, &routes.biz_types(), &topics));
         let web = Web::new(settings, &handlers);
         let web = Arc::new(if replay { web.with_replay(settings) } else { web });
-        let gate = Arc::new(
-            Gate::new(store.clone(), routes, handlers, identity, policy)?.with_metrics(metrics.clone()),
-        );
+        let layout = crate::layout::ensure(&store, settings.dedup.shards, &identity.instance_id).await?;
+        let mut gate = Gate::new(store.clone(), routes, handlers, identity, policy)?
+            .with_metrics(metrics.clone())
+            .with_layout(layout);
+        if settings.redis.enabled() {
+            let prefilter = Prefilter::new(&settings.redis)
+                .with_context(|| format!("redis.url {}", redact_url(&settings.redis.url)))?;
+            if prefilter.warm_up().await {
+                tracing::info!(
+                    redis = %redact_url(&settings.redis.url), biz_types = ?settings.redis.biz_types,
+                    "the Redis pre-filter is on"
+                );
+            }
+            gate = gate.with_prefilter(Arc::new(prefilter));
+        }
+        let gate = Arc::new(gate);
         let ready = Arc::new(AtomicBool::new(false));
         let state = AppState { store: store.clone(), consumer_ready: ready.clone(), metrics, web };
         let (stop_http, http_stopped) = oneshot::channel::<()>();

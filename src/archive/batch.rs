@@ -9,6 +9,9 @@
 //!
 //! This module owns these statements. It must not take the lease or record runs.
 
+use std::collections::HashMap;
+use std::sync::{Mutex, OnceLock};
+
 use sqlx::any::AnyRow;
 use sqlx::{AssertSqlSafe, Row};
 
@@ -21,45 +24,18 @@ use super::RunKind;
 /// id among the rows expired within this much before the newest expired one.
 const ID_DISORDER_MS: i64 = 10 * 60 * 1_000;
 
-/// The table and time column of a pass.
-struct Target {
+/// One table a pass walks, with its statements: `delivery_log` for the log pass, each claim
+/// table of the layout ([`crate::layout`]) for the dedup pass.
+pub(crate) struct Target {
+    pub table: &'static str,
+    kind: RunKind,
     newest_expired: Sql,
     highest_id: Sql,
     next_range: Sql,
     count_expired: Sql,
-}
-
-static DEDUP: Target = Target {
-    newest_expired: Sql::new(
-        "SELECT claimed_at_ms FROM idempotent_record WHERE claimed_at_ms < ? ORDER BY claimed_at_ms DESC LIMIT 1",
-    ),
-    highest_id: Sql::new(
-        "SELECT MAX(id) FROM idempotent_record WHERE claimed_at_ms < ? AND claimed_at_ms >= ?",
-    ),
-    next_range: Sql::new(
-        "SELECT MIN(id), MAX(id), COUNT(*) FROM (SELECT id FROM idempotent_record \
-         WHERE id > ? AND id <= ? AND claimed_at_ms < ? ORDER BY id LIMIT ?) expired",
-    ),
-    count_expired: Sql::new("SELECT COUNT(*) FROM idempotent_record WHERE claimed_at_ms < ?"),
-};
-
-static LOG: Target = Target {
-    newest_expired: Sql::new(
-        "SELECT logged_at_ms FROM delivery_log WHERE logged_at_ms < ? ORDER BY logged_at_ms DESC LIMIT 1",
-    ),
-    highest_id: Sql::new("SELECT MAX(id) FROM delivery_log WHERE logged_at_ms < ? AND logged_at_ms >= ?"),
-    next_range: Sql::new(
-        "SELECT MIN(id), MAX(id), COUNT(*) FROM (SELECT id FROM delivery_log \
-         WHERE id > ? AND id <= ? AND logged_at_ms < ? ORDER BY id LIMIT ?) expired",
-    ),
-    count_expired: Sql::new("SELECT COUNT(*) FROM delivery_log WHERE logged_at_ms < ?"),
-};
-
-fn target(kind: RunKind) -> &'static Target {
-    match kind {
-        RunKind::Dedup => &DEDUP,
-        RunKind::Log => &LOG,
-    }
+    /// Claims only: the copy to the archive (PostgreSQL and SQLite, MySQL/MariaDB).
+    copy: Option<(Sql, Sql)>,
+    delete: Sql,
 }
 
 // Copying a claim the archive already holds (by its id) must neither fail the batch nor store
@@ -68,24 +44,73 @@ fn target(kind: RunKind) -> &'static Target {
 // and other errors).
 const ARCHIVE_COLUMNS: &str = "id, consumer_group, biz_type, biz_id, execute_time, msg_id, uniq_key, \
                                payload_hash, instance_id, claimed_at_ms";
-static COPY_TO_ARCHIVE: Sql = Sql::new(
-    "INSERT INTO idempotent_record_archive (id, consumer_group, biz_type, biz_id, execute_time, msg_id, \
-     uniq_key, payload_hash, instance_id, claimed_at_ms, archived_at_ms) \
-     SELECT id, consumer_group, biz_type, biz_id, execute_time, msg_id, uniq_key, payload_hash, instance_id, \
-     claimed_at_ms, ? FROM idempotent_record WHERE id >= ? AND id <= ? AND claimed_at_ms < ? \
-     ON CONFLICT (id) DO NOTHING",
-);
-static COPY_TO_ARCHIVE_MYSQL: Sql = Sql::new(
-    "INSERT INTO idempotent_record_archive (id, consumer_group, biz_type, biz_id, execute_time, msg_id, \
-     uniq_key, payload_hash, instance_id, claimed_at_ms, archived_at_ms) \
-     SELECT id, consumer_group, biz_type, biz_id, execute_time, msg_id, uniq_key, payload_hash, instance_id, \
-     claimed_at_ms, ? FROM idempotent_record WHERE id >= ? AND id <= ? AND claimed_at_ms < ? \
-     ON DUPLICATE KEY UPDATE idempotent_record_archive.id = idempotent_record_archive.id",
-);
-static DELETE_CLAIMS: Sql =
-    Sql::new("DELETE FROM idempotent_record WHERE id >= ? AND id <= ? AND claimed_at_ms < ?");
-static DELETE_LOG_ROWS: Sql =
-    Sql::new("DELETE FROM delivery_log WHERE id >= ? AND id <= ? AND logged_at_ms < ?");
+
+impl Target {
+    /// The statements for `table`, made once per process and table (the crate's statements are
+    /// static; a layout has at most [`crate::layout::MAX_SHARDS`] tables).
+    fn of(kind: RunKind, table: &str) -> &'static Target {
+        static TARGETS: OnceLock<Mutex<HashMap<String, &'static Target>>> = OnceLock::new();
+        let mut targets = TARGETS.get_or_init(Default::default).lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(t) = targets.get(table) {
+            return t;
+        }
+        let sql = |text: String| Sql::new(Box::leak(text.into_boxed_str()));
+        let time = match kind {
+            RunKind::Dedup => "claimed_at_ms",
+            RunKind::Log => "logged_at_ms",
+        };
+        let copy = (kind == RunKind::Dedup).then(|| {
+            let insert = format!(
+                "INSERT INTO idempotent_record_archive ({ARCHIVE_COLUMNS}, archived_at_ms) \
+                 SELECT {ARCHIVE_COLUMNS}, ? FROM {table} WHERE id >= ? AND id <= ? AND claimed_at_ms < ?"
+            );
+            (
+                sql(format!("{insert} ON CONFLICT (id) DO NOTHING")),
+                sql(format!(
+                    "{insert} ON DUPLICATE KEY UPDATE idempotent_record_archive.id = idempotent_record_archive.id"
+                )),
+            )
+        });
+        let made: &'static Target = Box::leak(Box::new(Target {
+            table: Box::leak(table.to_owned().into_boxed_str()),
+            kind,
+            newest_expired: sql(format!(
+                "SELECT {time} FROM {table} WHERE {time} < ? ORDER BY {time} DESC LIMIT 1"
+            )),
+            highest_id: sql(format!("SELECT MAX(id) FROM {table} WHERE {time} < ? AND {time} >= ?")),
+            next_range: sql(format!(
+                "SELECT MIN(id), MAX(id), COUNT(*) FROM (SELECT id FROM {table} \
+                 WHERE id > ? AND id <= ? AND {time} < ? ORDER BY id LIMIT ?) expired"
+            )),
+            count_expired: sql(format!("SELECT COUNT(*) FROM {table} WHERE {time} < ?")),
+            copy,
+            delete: sql(format!("DELETE FROM {table} WHERE id >= ? AND id <= ? AND {time} < ?")),
+        }));
+        targets.insert(table.to_owned(), made);
+        made
+    }
+
+    pub fn kind(&self) -> RunKind {
+        self.kind
+    }
+
+    fn copy(&self, backend: Backend) -> Option<&Sql> {
+        self.copy.as_ref().map(|(portable, mysql)| match backend {
+            Backend::MySql => mysql,
+            Backend::Postgres | Backend::Sqlite => portable,
+        })
+    }
+}
+
+/// The tables a pass of `kind` walks, in order.
+pub(crate) async fn targets(store: &Store, kind: RunKind) -> Result<Vec<&'static Target>, sqlx::Error> {
+    Ok(match kind {
+        RunKind::Log => vec![Target::of(kind, "delivery_log")],
+        RunKind::Dedup => {
+            crate::layout::current(store).await?.tables().iter().map(|t| Target::of(kind, t)).collect()
+        }
+    })
+}
 
 /// A pass's walk: ids above `after` up to `through`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -95,8 +120,7 @@ pub(crate) struct Walk {
 }
 
 /// The highest id a pass visits, or `None` when nothing is expired.
-pub(crate) async fn bound(store: &Store, kind: RunKind, cutoff_ms: i64) -> Result<Option<Walk>, sqlx::Error> {
-    let t = target(kind);
+pub(crate) async fn bound(store: &Store, t: &Target, cutoff_ms: i64) -> Result<Option<Walk>, sqlx::Error> {
     let newest = store.query(&t.newest_expired).bind(cutoff_ms).fetch_optional(store.pool()).await?;
     let Some(newest) = newest else { return Ok(None) };
     let newest: i64 = newest.try_get(0)?;
@@ -111,8 +135,8 @@ pub(crate) async fn bound(store: &Store, kind: RunKind, cutoff_ms: i64) -> Resul
 }
 
 /// How many rows are expired now: the estimate a progress bar needs. An index range count.
-pub(crate) async fn count_expired(store: &Store, kind: RunKind, cutoff_ms: i64) -> Result<i64, sqlx::Error> {
-    store.query(&target(kind).count_expired).bind(cutoff_ms).fetch_one(store.pool()).await?.try_get(0)
+pub(crate) async fn count_expired(store: &Store, t: &Target, cutoff_ms: i64) -> Result<i64, sqlx::Error> {
+    store.query(&t.count_expired).bind(cutoff_ms).fetch_one(store.pool()).await?.try_get(0)
 }
 
 /// What one batch did.
@@ -142,7 +166,7 @@ pub(crate) struct Interrupted;
 /// transaction. `None` when none are left. Transient conflicts are retried a few times.
 pub(crate) async fn run(
     store: &Store,
-    kind: RunKind,
+    t: &Target,
     cutoff_ms: i64,
     walk: Walk,
     limit: u32,
@@ -151,7 +175,7 @@ pub(crate) async fn run(
 ) -> Result<Result<Option<Batch>, Interrupted>, sqlx::Error> {
     let mut tries = 0;
     loop {
-        match once(store, kind, cutoff_ms, walk, limit, now_ms, interrupt).await {
+        match once(store, t, cutoff_ms, walk, limit, now_ms, interrupt).await {
             Err(e) if is_transient(&e) && tries < 5 => {
                 tries += 1;
                 tracing::debug!(error = %e, tries, "archive batch conflicted with a consumer; retrying");
@@ -164,17 +188,17 @@ pub(crate) async fn run(
 
 async fn once(
     store: &Store,
-    kind: RunKind,
+    t: &Target,
     cutoff_ms: i64,
     walk: Walk,
     limit: u32,
     now_ms: i64,
     interrupt: Interrupt,
 ) -> Result<Result<Option<Batch>, Interrupted>, sqlx::Error> {
-    let backend = store.backend();
+    let (backend, kind) = (store.backend(), t.kind);
     let mut tx = store.begin().await?;
     let range = store
-        .query(&target(kind).next_range)
+        .query(&t.next_range)
         .bind(walk.after)
         .bind(walk.through)
         .bind(cutoff_ms)
@@ -188,11 +212,7 @@ async fn once(
         return Ok(Ok(None));
     };
     let mut copied = 0;
-    if kind == RunKind::Dedup {
-        let copy = match backend {
-            Backend::MySql => &COPY_TO_ARCHIVE_MYSQL,
-            Backend::Postgres | Backend::Sqlite => &COPY_TO_ARCHIVE,
-        };
+    if let Some(copy) = t.copy(backend) {
         copied = store
             .query(copy)
             .bind(now_ms)
@@ -208,12 +228,8 @@ async fn once(
         drop(tx);
         return Ok(Err(Interrupted));
     }
-    let delete = match kind {
-        RunKind::Dedup => &DELETE_CLAIMS,
-        RunKind::Log => &DELETE_LOG_ROWS,
-    };
     let deleted = store
-        .query(delete)
+        .query(&t.delete)
         .bind(first_id)
         .bind(last_id)
         .bind(cutoff_ms)
@@ -226,8 +242,9 @@ async fn once(
     if deleted != count as u64 || copied > deleted {
         tx.rollback().await?;
         return Err(sqlx::Error::Protocol(format!(
-            "{kind} batch {first_id}..={last_id}: read {count} rows, copied {copied}, deleted {deleted}; \
-             another process changed them, the batch was rolled back"
+            "{kind} batch {first_id}..={last_id} of {}: read {count} rows, copied {copied}, deleted {deleted}; \
+             another process changed them, the batch was rolled back",
+            t.table
         )));
     }
     tx.commit().await?;
@@ -241,22 +258,17 @@ async fn once(
 /// The statements a pass would run, with the database's plan for each (EXPLAIN), for a dry run.
 pub(crate) async fn explain(
     store: &Store,
-    kind: RunKind,
+    t: &Target,
     cutoff_ms: i64,
     walk: Walk,
     limit: u32,
 ) -> Result<Vec<(String, Vec<String>)>, sqlx::Error> {
     let backend = store.backend();
-    let t = target(kind);
-    let delete = match kind {
-        RunKind::Dedup => &DELETE_CLAIMS,
-        RunKind::Log => &DELETE_LOG_ROWS,
-    };
     let mut out = Vec::new();
     for (sql, binds) in [
         (&t.newest_expired, vec![cutoff_ms]),
         (&t.next_range, vec![walk.after, walk.through, cutoff_ms, i64::from(limit)]),
-        (delete, vec![walk.after + 1, walk.through, cutoff_ms]),
+        (&t.delete, vec![walk.after + 1, walk.through, cutoff_ms]),
     ] {
         let text = sql.text(backend);
         // Each backend has its own EXPLAIN: PostgreSQL's text plan, MySQL/MariaDB's JSON (the
@@ -274,11 +286,7 @@ pub(crate) async fn explain(
         let plan = rows.iter().map(|r| plan_line(backend, r)).collect::<Vec<_>>();
         out.push((text.as_str().to_owned(), plan));
     }
-    if kind == RunKind::Dedup {
-        let copy = match backend {
-            Backend::MySql => &COPY_TO_ARCHIVE_MYSQL,
-            Backend::Postgres | Backend::Sqlite => &COPY_TO_ARCHIVE,
-        };
+    if let Some(copy) = t.copy(backend) {
         out.push((
             copy.text(backend).as_str().to_owned(),
             vec![format!("reads the same id range and rows ({ARCHIVE_COLUMNS}) as the DELETE")],

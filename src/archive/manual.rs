@@ -171,6 +171,11 @@ pub fn render_dry_run(plan: &DryRun, now_ms: i64) -> String {
             human(now_ms - p.cutoff_ms)
         ));
         match p.ids {
+            Some((after, through)) if p.tables > 1 => out.push_str(&format!(
+                "  batches walk the {} claim shards, ids {after} < id <= {through} (each shard its own range); \
+                 the plans below are the first shard's\n",
+                p.tables
+            )),
             Some((after, through)) => {
                 out.push_str(&format!("  batches walk ids {after} < id <= {through}\n"))
             }

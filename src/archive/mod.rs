@@ -333,15 +333,33 @@ impl Run<'_> {
         report: &mut PassReport,
         observe: &mut (dyn FnMut(Progress) + Send),
     ) -> Result<(), ArchiveError> {
-        let (store, o) = (self.store, self.options);
         let db = |source| ArchiveError::Database { kind, source };
-        let Some(mut walk) = batch::bound(store, kind, cutoff_ms).await.map_err(db)? else {
-            return Ok(());
+        for target in batch::targets(self.store, kind).await.map_err(db)? {
+            if !self.table(target, cutoff_ms, report, observe).await? {
+                return Ok(());
+            }
+        }
+        Ok(())
+    }
+
+    /// The batches of one table. False when the run must stop (its time budget is spent).
+    async fn table(
+        &self,
+        target: &batch::Target,
+        cutoff_ms: i64,
+        report: &mut PassReport,
+        observe: &mut (dyn FnMut(Progress) + Send),
+    ) -> Result<bool, ArchiveError> {
+        let (store, o) = (self.store, self.options);
+        let kind = target.kind();
+        let db = |source| ArchiveError::Database { kind, source };
+        let Some(mut walk) = batch::bound(store, target, cutoff_ms).await.map_err(db)? else {
+            return Ok(true);
         };
         loop {
             if self.started.elapsed() >= o.time_budget {
                 report.budget_exhausted = true;
-                return Ok(());
+                return Ok(false);
             }
             if report.batches > 0 && !o.pause.is_zero() {
                 tokio::time::sleep(o.pause).await;
@@ -358,11 +376,11 @@ impl Run<'_> {
                 Fault::DieInsideBatch(n) if kind == RunKind::Dedup && n == next => Interrupt::AfterCopy,
                 _ => Interrupt::None,
             };
-            let done = batch::run(store, kind, cutoff_ms, walk, o.batch_size, self.clock.now(), interrupt)
+            let done = batch::run(store, target, cutoff_ms, walk, o.batch_size, self.clock.now(), interrupt)
                 .await
                 .map_err(db)?;
             let Some(b) = done.map_err(|_| ArchiveError::Crashed)? else {
-                return Ok(());
+                return Ok(true);
             };
             walk.after = b.last_id;
             report.rows += b.rows;
@@ -376,7 +394,7 @@ impl Run<'_> {
                 return Err(ArchiveError::Crashed);
             }
             if walk.after >= walk.through {
-                return Ok(());
+                return Ok(true);
             }
         }
     }
@@ -396,8 +414,10 @@ pub struct PassPlan {
     pub cutoff_ms: i64,
     /// Rows older than the cutoff now.
     pub rows: i64,
-    /// The id range the batches would walk, if any row is expired.
+    /// The id range the batches would walk, if any row is expired (over every table).
     pub ids: Option<(i64, i64)>,
+    /// The tables the pass walks: 1, or the number of claim shards.
+    pub tables: usize,
     /// Each statement with the database's plan for it.
     pub statements: Vec<(String, Vec<String>)>,
 }
@@ -411,12 +431,24 @@ pub async fn dry_run(store: &Store, options: &ArchiveOptions, now_ms: i64) -> Re
         let Some(window) = window else { continue };
         let db = |source| ArchiveError::Database { kind, source };
         let cutoff_ms = now_ms - window;
-        let rows = batch::count_expired(store, kind, cutoff_ms).await.map_err(db)?;
-        let walk = batch::bound(store, kind, cutoff_ms).await.map_err(db)?;
-        let explained = walk.unwrap_or(Walk { after: 0, through: 0 });
-        let statements =
-            batch::explain(store, kind, cutoff_ms, explained, options.batch_size).await.map_err(db)?;
-        passes.push(PassPlan { kind, cutoff_ms, rows, ids: walk.map(|w| (w.after, w.through)), statements });
+        let targets = batch::targets(store, kind).await.map_err(db)?;
+        let (mut rows, mut ids, mut statements) = (0, None, Vec::new());
+        for (i, target) in targets.iter().enumerate() {
+            rows += batch::count_expired(store, target, cutoff_ms).await.map_err(db)?;
+            let walk = batch::bound(store, target, cutoff_ms).await.map_err(db)?;
+            if let Some(w) = walk {
+                let (after, through) = ids.unwrap_or((w.after, w.through));
+                ids = Some((after.min(w.after), through.max(w.through)));
+            }
+            // The tables of one pass share their statements' shape: the first one's plans stand
+            // for all of them.
+            if i == 0 {
+                let explained = walk.unwrap_or(Walk { after: 0, through: 0 });
+                statements =
+                    batch::explain(store, target, cutoff_ms, explained, options.batch_size).await.map_err(db)?;
+            }
+        }
+        passes.push(PassPlan { kind, cutoff_ms, rows, ids, statements, tables: targets.len() });
     }
     Ok(DryRun { passes })
 }
@@ -428,10 +460,11 @@ pub async fn estimate(store: &Store, options: &ArchiveOptions, now_ms: i64) -> R
         [(RunKind::Dedup, Some(options.dedup_retention_ms)), (RunKind::Log, options.log_retention_ms)];
     for (kind, window) in windows {
         let Some(window) = window else { continue };
-        let n = batch::count_expired(store, kind, now_ms - window)
-            .await
-            .map_err(|source| ArchiveError::Database { kind, source })?;
-        total += u64::try_from(n).unwrap_or(0);
+        let db = |source| ArchiveError::Database { kind, source };
+        for target in batch::targets(store, kind).await.map_err(db)? {
+            let n = batch::count_expired(store, target, now_ms - window).await.map_err(db)?;
+            total += u64::try_from(n).unwrap_or(0);
+        }
     }
     Ok(total)
 }

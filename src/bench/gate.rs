@@ -230,6 +230,7 @@ async fn run_one(
             log_us: p.log_us / n,
             commit_us: p.commit_us / n,
             lookup_us: p.lookup_us / n,
+            redis_us: p.redis_us / n,
             transient_retries: p.transient_retries,
         }
     });

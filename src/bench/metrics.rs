@@ -66,6 +66,7 @@ pub async fn run(messages: usize) -> anyhow::Result<Report> {
                 latency: Duration::from_micros(700),
                 logged: true,
                 phases: Phases { handler_us: 90, ..Phases::default() },
+                prefilter: None,
             };
             (d, r)
         })

@@ -1,4 +1,4 @@
-//! The claim: inserting the business key into `idempotent_record` inside the business
+//! The claim: inserting the business key into its claim table ([`crate::layout`]) inside the business
 //! transaction, and reading an earlier claim back to explain a duplicate.
 //!
 //! Insert first, never select first: a select-then-insert lets two deliveries both see "absent"
@@ -7,21 +7,9 @@
 
 use crate::delivery::Delivery;
 use crate::gate::DuplicateCause;
-use crate::insert_if_absent;
 use crate::route::BizKey;
-use crate::store::{Backend, Conn, InsertIfAbsent, Sql, query};
-
-static CLAIM: InsertIfAbsent = insert_if_absent!(
-    "INSERT INTO idempotent_record (consumer_group, biz_type, biz_id, execute_time, msg_id, \
-     uniq_key, payload_hash, instance_id, claimed_at_ms) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
-    conflict = "(consumer_group, biz_type, biz_id, execute_time)",
-    index = "idempotent_record_claim_key"
-);
-
-static FIND: Sql = Sql::new(
-    "SELECT msg_id, uniq_key, payload_hash FROM idempotent_record \
-     WHERE consumer_group = ? AND biz_type = ? AND biz_id = ? AND execute_time = ?",
-);
+use crate::layout::ClaimTable;
+use crate::store::{Backend, Conn, query};
 
 /// Who claimed a key first.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -53,13 +41,15 @@ pub(crate) struct Claimant<'a> {
 pub(crate) async fn claim(
     conn: &mut Conn,
     backend: Backend,
+    table: &ClaimTable,
     who: &Claimant<'_>,
     key: &BizKey,
     d: &Delivery,
     payload_hash: &str,
     now_ms: i64,
 ) -> Result<bool, sqlx::Error> {
-    CLAIM
+    table
+        .claim
         .execute(conn, backend, |q| {
             q.bind(who.consumer_group)
                 .bind(key.biz_type.as_str())
@@ -74,14 +64,15 @@ pub(crate) async fn claim(
         .await
 }
 
-/// Reads the claim that holds `key` for `consumer_group`.
+/// Reads the claim that holds `key` for `consumer_group` in `table`.
 pub(crate) async fn find(
     conn: &mut Conn,
     backend: Backend,
+    table: &ClaimTable,
     consumer_group: &str,
     key: &BizKey,
 ) -> Result<Option<Claim>, sqlx::Error> {
-    let row = query(backend, &FIND)
+    let row = query(backend, &table.find)
         .bind(consumer_group)
         .bind(key.biz_type.as_str())
         .bind(key.biz_id.as_str())

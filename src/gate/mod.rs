@@ -30,7 +30,9 @@ pub use outcome::{Disposition, DuplicateCause, Layer, Outcome, Phases, Verdict};
 use crate::delivery::Delivery;
 use crate::delivery_log::{self, Entry};
 use crate::handler::{Effect, HandlerError, Handlers, Work};
+use crate::layout::Layout;
 use crate::metrics::Metrics;
+use crate::prefilter::{Check, Prefilter, PrefilterReport, Settle};
 use crate::route::{BizKey, MAX_ID_CHARS, Rejection, Routes, check_key_text, excerpt};
 use crate::store::{Store, is_transient};
 use crate::throttle::{Permit, Throttle};
@@ -97,6 +99,10 @@ pub struct Gate {
     metrics: Option<Arc<Metrics>>,
     /// See [`Gate::with_late_duplicate_guard`].
     late_duplicate_guard: bool,
+    /// See [`Gate::with_prefilter`].
+    prefilter: Option<Arc<Prefilter>>,
+    /// The claim tables, read from the database on first use ([`crate::layout::recorded`]).
+    layout: tokio::sync::OnceCell<Layout>,
 }
 
 impl std::fmt::Debug for Gate {
@@ -114,7 +120,7 @@ enum Attempt {
     Committed {
         effect: Effect,
     },
-    Taken,
+    Taken(&'static crate::layout::ClaimTable),
     /// Claimed afresh, but the archive holds the key: a duplicate older than the retention.
     Archived(Claim),
     Refused(HandlerError),
@@ -152,6 +158,8 @@ impl Gate {
             duplicate_warnings,
             metrics: None,
             late_duplicate_guard: false,
+            prefilter: None,
+            layout: tokio::sync::OnceCell::new(),
         })
     }
 
@@ -165,6 +173,19 @@ impl Gate {
     /// counted as a duplicate at the `late_duplicate` layer ([`crate::archive::guard`]).
     pub fn with_late_duplicate_guard(mut self, on: bool) -> Self {
         self.late_duplicate_guard = on;
+        self
+    }
+
+    /// Asks Redis first for the biz_types `prefilter` covers ([`crate::prefilter`]).
+    pub fn with_prefilter(mut self, prefilter: Arc<Prefilter>) -> Self {
+        self.prefilter = Some(prefilter);
+        self
+    }
+
+    /// Uses `layout` (as [`crate::layout::ensure`] returned it) instead of reading it from the
+    /// database on first use.
+    pub fn with_layout(self, layout: Layout) -> Self {
+        let _ = self.layout.set(layout);
         self
     }
 
@@ -202,8 +223,51 @@ impl Gate {
         };
         let payload_hash = d.payload_hash();
         let mut phases = Phases::default();
+        let prefilter = self.prefilter.as_deref().filter(|p| p.covers(&key.biz_type));
+        let mut token = None;
+        let mut report = None;
+        if let Some(p) = prefilter {
+            let asked = Instant::now();
+            let check = p.check(&self.identity.consumer_group, &key).await;
+            phases.redis_us += micros(asked.elapsed());
+            report = Some(PrefilterReport::of(&check));
+            match check {
+                Check::Owned(t) => token = Some(t),
+                Check::Duplicate(earlier) => {
+                    let found = Found::Redis(earlier);
+                    let (mut r, _) = self.duplicate(d, key, &payload_hash, found, started, phases).await;
+                    r.prefilter = report;
+                    return r;
+                }
+                Check::InFlight | Check::Fallback(_) => {}
+            }
+        }
+        let (mut r, settle) = self.conclude(d, key, &payload_hash, started, phases).await;
+        if let (Some(p), Some(token)) = (prefilter, token) {
+            let settling = Instant::now();
+            let settled = p.settle(token, settle.as_ref().map_or(Settle::Release, Settle::Done)).await;
+            r.phases.redis_us += micros(settling.elapsed());
+            r.latency = started.elapsed();
+            if let Some(report) = report.as_mut() {
+                report.settled = Some(settled);
+            }
+        }
+        r.prefilter = report;
+        r
+    }
+
+    /// The database's part: the claim (with retries of transient conflicts) and its outcome.
+    /// Also returns the claim that now holds the key, if any, for the pre-filter to remember.
+    async fn conclude(
+        &self,
+        d: &Delivery,
+        key: BizKey,
+        payload_hash: &str,
+        started: Instant,
+        mut phases: Phases,
+    ) -> (Disposition, Option<Claim>) {
         let attempt = loop {
-            match self.attempt(d, &key, &payload_hash, started, &mut phases).await {
+            match self.attempt(d, &key, payload_hash, started, &mut phases).await {
                 Err(e) if is_transient(&e) && phases.transient_retries < self.policy.transient_retries => {
                     phases.transient_retries += 1;
                     let jitter = rand::random_range(0..=5u64 << phases.transient_retries);
@@ -214,11 +278,12 @@ impl Gate {
         };
         match attempt {
             Ok(Attempt::Committed { effect }) => {
+                let claim = crate::prefilter::claim_of(d, payload_hash);
                 let (outcome, layer) = match effect {
                     Effect::Applied => (Outcome::Processed, None),
                     Effect::AlreadyApplied { layer, .. } => (Outcome::Duplicate, Some(layer)),
                 };
-                Disposition {
+                let r = Disposition {
                     outcome,
                     verdict: Verdict::Ack,
                     key: Some(key),
@@ -229,18 +294,25 @@ impl Gate {
                     latency: started.elapsed(),
                     logged: true,
                     phases,
-                }
+                    prefilter: None,
+                };
+                (r, Some(claim))
             }
-            Ok(Attempt::Taken) => self.duplicate(d, key, &payload_hash, None, started, phases).await,
+            Ok(Attempt::Taken(table)) => self.duplicate(d, key, payload_hash, Found::Db(table), started, phases).await,
             Ok(Attempt::Archived(claim)) => {
-                self.duplicate(d, key, &payload_hash, Some(claim), started, phases).await
+                self.duplicate(d, key, payload_hash, Found::Archive(claim), started, phases).await
             }
-            Ok(Attempt::Refused(why)) => self.refused(d, key, &payload_hash, why, started, phases).await,
+            Ok(Attempt::Refused(why)) => (self.refused(d, key, payload_hash, why, started, phases).await, None),
             Err(e) => {
                 let why = HandlerError::Retryable(format!("database error: {e}"));
-                self.refused(d, key, &payload_hash, why, started, phases).await
+                (self.refused(d, key, payload_hash, why, started, phases).await, None)
             }
         }
+    }
+
+    /// The gate's claim tables.
+    async fn layout(&self) -> Result<Layout, sqlx::Error> {
+        self.layout.get_or_try_init(|| crate::layout::recorded(&self.store)).await.copied()
     }
 
     /// One transaction: claim, handler, log row, commit.
@@ -264,10 +336,11 @@ impl Gate {
             clock = now;
         };
 
+        let table = self.layout().await?.table_for(who.consumer_group, &key.biz_type, &key.biz_id, key.execute_time);
         let mut tx = self.store.begin().await?;
         lap(&mut phases.begin_us);
         let now_ms = now_ms();
-        let claimed = claim::claim(&mut tx, backend, &who, key, d, payload_hash, now_ms).await?;
+        let claimed = claim::claim(&mut tx, backend, table, &who, key, d, payload_hash, now_ms).await?;
         let archived = if claimed && self.late_duplicate_guard {
             crate::archive::guard::archived_claim(&mut tx, backend, who.consumer_group, key).await?
         } else {
@@ -276,7 +349,7 @@ impl Gate {
         lap(&mut phases.claim_us);
         if !claimed {
             tx.rollback().await?;
-            return Ok(Attempt::Taken);
+            return Ok(Attempt::Taken(table));
         }
         if let Some(archived) = archived {
             tx.rollback().await?;
@@ -333,25 +406,26 @@ impl Gate {
         Ok(Attempt::Committed { effect })
     }
 
-    /// The key was taken (or, with `archived`, found in the archive): name the cause, log the
-    /// duplicate, acknowledge.
+    /// The key was taken where `found` says: name the cause, log the duplicate, acknowledge.
+    /// Also returns the earlier claim, when it could be read.
     async fn duplicate(
         &self,
         d: &Delivery,
         key: BizKey,
         payload_hash: &str,
-        archived: Option<Claim>,
+        found: Found,
         started: Instant,
         mut phases: Phases,
-    ) -> Disposition {
+    ) -> (Disposition, Option<Claim>) {
         let backend = self.store.backend();
-        let (layer, earlier) = match archived {
-            Some(claim) => (Layer::LateDuplicate, Some(claim)),
-            None => {
+        let (layer, earlier) = match found {
+            Found::Archive(claim) => (Layer::LateDuplicate, Some(claim)),
+            Found::Redis(claim) => (Layer::Redis, claim),
+            Found::Db(table) => {
                 let lookup_started = Instant::now();
                 let earlier = match self.store.pool().acquire().await {
                     Ok(mut conn) => {
-                        claim::find(&mut conn, backend, &self.identity.consumer_group, &key).await
+                        claim::find(&mut conn, backend, table, &self.identity.consumer_group, &key).await
                     }
                     Err(e) => Err(e),
                 };
@@ -385,8 +459,9 @@ impl Gate {
             logged: false,
             phases,
             key: None,
+            prefilter: None,
         };
-        self.record(d, Some(key), Some(payload_hash), disposition, started).await
+        (self.record(d, Some(key), Some(payload_hash), disposition, started).await, earlier)
     }
 
     /// The handler or the database said no: retry, dead-letter or invalid.
@@ -432,6 +507,7 @@ impl Gate {
             latency: Duration::ZERO,
             logged: false,
             phases,
+            prefilter: None,
         };
         self.record(d, Some(key), Some(payload_hash), disposition, started).await
     }
@@ -453,6 +529,7 @@ impl Gate {
             latency: Duration::ZERO,
             logged: false,
             phases: Phases::default(),
+            prefilter: None,
         };
         let key = BizKey {
             biz_type: rejection.biz_type,
@@ -534,6 +611,16 @@ impl Gate {
             );
         }
     }
+}
+
+/// Where the claim of a duplicate was found.
+enum Found {
+    /// The unique index of this claim table refused the insert.
+    Db(&'static crate::layout::ClaimTable),
+    /// The archive held it (the late-duplicate guard).
+    Archive(Claim),
+    /// Redis remembered it as done, with its claim when the value was readable.
+    Redis(Option<Claim>),
 }
 
 /// `replay` for a delivery re-published by `idemgate replay`, whatever its outcome: the log

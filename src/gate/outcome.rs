@@ -130,6 +130,8 @@ pub struct Phases {
     pub commit_us: u64,
     /// Reading the earlier claim of a duplicate, to name its cause.
     pub lookup_us: u64,
+    /// Asking the Redis pre-filter and settling its key.
+    pub redis_us: u64,
     /// Transient conflicts (deadlock, busy file) retried inside the gate.
     pub transient_retries: u32,
 }
@@ -142,6 +144,7 @@ impl Phases {
         self.log_us += other.log_us;
         self.commit_us += other.commit_us;
         self.lookup_us += other.lookup_us;
+        self.redis_us += other.redis_us;
         self.transient_retries += other.transient_retries;
     }
 }
@@ -163,4 +166,6 @@ pub struct Disposition {
     /// never acknowledged.
     pub logged: bool,
     pub phases: Phases,
+    /// What the Redis pre-filter did, for deliveries of a biz_type it covers.
+    pub prefilter: Option<crate::prefilter::PrefilterReport>,
 }

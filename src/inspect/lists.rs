@@ -175,7 +175,7 @@ pub struct ListPage {
 /// The row key's claim time, if it is claimed now: one lookup on the claim's unique index.
 macro_rules! claimed_now {
     () => {
-        "(SELECT r.claimed_at_ms FROM idempotent_record r WHERE r.consumer_group = delivery_log.consumer_group \
+        "(SELECT r.claimed_at_ms FROM idempotent_record_all r WHERE r.consumer_group = delivery_log.consumer_group \
          AND r.biz_type = delivery_log.biz_type AND r.biz_id = delivery_log.biz_id \
          AND r.execute_time = delivery_log.execute_time)"
     };

@@ -152,7 +152,7 @@ pub struct Candidate {
 /// The dedup record of a key.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct ClaimRecord {
-    /// `live` (in `idempotent_record`) or `archived`.
+    /// `live` (in a claim table, see [`crate::layout`]) or `archived`.
     pub state: &'static str,
     pub msg_id: String,
     pub uniq_key: String,
@@ -302,7 +302,7 @@ static LOG_KEYS_BY_UNIQ_KEY: Sql = Sql::new(
      FROM delivery_log WHERE uniq_key = ? GROUP BY consumer_group, biz_type, biz_id, execute_time LIMIT 51",
 );
 static LIVE_KEYS_BY_BIZ_ID: Sql = Sql::new(
-    "SELECT consumer_group, biz_type, biz_id, execute_time, claimed_at_ms FROM idempotent_record \
+    "SELECT consumer_group, biz_type, biz_id, execute_time, claimed_at_ms FROM idempotent_record_all \
      WHERE biz_id = ? LIMIT 51",
 );
 static ARCHIVED_KEYS_BY_BIZ_ID: Sql = Sql::new(
@@ -310,7 +310,7 @@ static ARCHIVED_KEYS_BY_BIZ_ID: Sql = Sql::new(
      WHERE biz_id = ? GROUP BY consumer_group, biz_type, biz_id, execute_time LIMIT 51",
 );
 static LIVE_CLAIM: Sql = Sql::new(
-    "SELECT msg_id, uniq_key, payload_hash, instance_id, claimed_at_ms FROM idempotent_record \
+    "SELECT msg_id, uniq_key, payload_hash, instance_id, claimed_at_ms FROM idempotent_record_all \
      WHERE consumer_group = ? AND biz_type = ? AND biz_id = ? AND execute_time = ?",
 );
 static ARCHIVED_CLAIMS: Sql = Sql::new(

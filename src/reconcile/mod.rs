@@ -196,7 +196,7 @@ static DOUBLE_APPLIED: Sql = Sql::new(concat!(
 static LOST: Sql = Sql::new(concat!(
     detector!("outcome = 'dead_lettered' AND biz_id <> ''"),
     " AND NOT EXISTS (",
-    claimed!("d", "idempotent_record"),
+    claimed!("d", "idempotent_record_all"),
     ") AND NOT EXISTS (",
     claimed!("d", "idempotent_record_archive"),
     ") GROUP BY biz_type, biz_id, execute_time LIMIT ?"
@@ -204,7 +204,7 @@ static LOST: Sql = Sql::new(concat!(
 static STUCK: Sql = Sql::new(concat!(
     detector!("outcome = 'failed' AND biz_id <> ''"),
     " AND NOT EXISTS (",
-    claimed!("d", "idempotent_record"),
+    claimed!("d", "idempotent_record_all"),
     ") AND NOT EXISTS (",
     claimed!("d", "idempotent_record_archive"),
     ") AND NOT EXISTS (SELECT 1 FROM delivery_log x WHERE x.biz_id = d.biz_id AND x.biz_type = d.biz_type \
@@ -214,13 +214,13 @@ static STUCK: Sql = Sql::new(concat!(
 static PROCESSED_WITHOUT_CLAIM: Sql = Sql::new(concat!(
     detector!("outcome = 'processed'"),
     " AND NOT EXISTS (",
-    claimed!("d", "idempotent_record"),
+    claimed!("d", "idempotent_record_all"),
     ") AND NOT EXISTS (",
     claimed!("d", "idempotent_record_archive"),
     ") GROUP BY biz_type, biz_id, execute_time LIMIT ?"
 ));
 static CLAIM_WITHOUT_DELIVERY: Sql = Sql::new(
-    "SELECT biz_type, biz_id, execute_time, claimed_at_ms, claimed_at_ms, 1 FROM idempotent_record c \
+    "SELECT biz_type, biz_id, execute_time, claimed_at_ms, claimed_at_ms, 1 FROM idempotent_record_all c \
      WHERE consumer_group = ? AND claimed_at_ms >= ? AND claimed_at_ms < ? AND (? = '' OR biz_type = ?) \
      AND NOT EXISTS (SELECT 1 FROM delivery_log d WHERE d.biz_id = c.biz_id AND d.msg_id = c.msg_id \
      AND d.biz_type = c.biz_type AND d.consumer_group = c.consumer_group AND d.execute_time = c.execute_time \

@@ -1,0 +1,349 @@
+//! Where the claims live: the single table `idempotent_record`, or N shard tables
+//! `idempotent_record_00` … `idempotent_record_{N-1}` chosen by a stable hash of the key.
+//!
+//! The layout is fixed when the first process runs on a database and recorded in
+//! `dedup_layout`; a later start that asks for another N is refused, because a key would then
+//! be claimed in another table than its earlier claim and the unique index would no longer see
+//! the duplicate. Readers (trace, lists, reconcile, metrics) never pick a shard: they read the
+//! view `idempotent_record_all`, the UNION ALL of every claim table. The archive walks each
+//! table in turn ([`Layout::tables`]).
+//!
+//! Each shard has the same columns and indexes as `idempotent_record`, and ids that never meet
+//! another table's, so that the archive (keyed by the live row's id) can hold claims of every
+//! shard: PostgreSQL shards share the main table's sequence, MySQL/MariaDB and SQLite shards
+//! count from `(k + 1) · 10^15`.
+//!
+//! This module owns the layout, its DDL and the per-table claim statements. It must not claim.
+
+use std::collections::HashMap;
+use std::sync::{Mutex, OnceLock};
+
+use sqlx::{AssertSqlSafe, Executor, Row};
+
+use crate::store::{Backend, InsertIfAbsent, Sql, Store};
+
+/// The most shards a layout may have (two-digit table suffixes).
+pub const MAX_SHARDS: u16 = 100;
+/// The unsharded claim table.
+pub const MAIN_TABLE: &str = "idempotent_record";
+/// The view of every live claim, for readers.
+pub const ALL_CLAIMS_VIEW: &str = "idempotent_record_all";
+/// The first id of shard `k` on MySQL/MariaDB and SQLite is `(k + 1) * SHARD_ID_SPAN + 1`.
+const SHARD_ID_SPAN: i64 = 1_000_000_000_000_000;
+const LAYOUT_ROW: &str = "idempotent_record";
+
+/// How the claims of one database are laid out.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Layout {
+    shards: u16,
+}
+
+impl Layout {
+    /// The single table `idempotent_record`.
+    pub const SINGLE: Layout = Layout { shards: 0 };
+
+    /// `shards` tables; 0 is the single table. Checked against [`MAX_SHARDS`] by the settings.
+    pub fn sharded(shards: u16) -> Self {
+        Self { shards }
+    }
+
+    pub fn shards(self) -> u16 {
+        self.shards
+    }
+
+    /// The claim tables, in shard order.
+    pub fn tables(self) -> Vec<String> {
+        if self.shards == 0 {
+            return vec![MAIN_TABLE.to_owned()];
+        }
+        (0..self.shards).map(shard_name).collect()
+    }
+
+    /// The statements of the table that holds `key`'s claim.
+    pub fn table_for(self, consumer_group: &str, biz_type: &str, biz_id: &str, execute_time: i64) -> &'static ClaimTable {
+        if self.shards == 0 {
+            return claim_table(MAIN_TABLE);
+        }
+        let shard = shard_of(consumer_group, biz_type, biz_id, execute_time, self.shards);
+        claim_table(&shard_name(shard))
+    }
+}
+
+impl std::fmt::Display for Layout {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self.shards {
+            0 => f.write_str("the single table idempotent_record"),
+            n => write!(f, "{n} shards (idempotent_record_00 … {})", shard_name(n - 1)),
+        }
+    }
+}
+
+fn shard_name(k: u16) -> String {
+    format!("{MAIN_TABLE}_{k:02}")
+}
+
+/// The shard of a key: FNV-1a (64 bit) over the group, biz_type, biz_id and execute_time,
+/// separated by 0x1F, modulo `shards`. Stable across versions and platforms: a claim's shard
+/// is a fact stored in the data, so this function must never change.
+pub fn shard_of(consumer_group: &str, biz_type: &str, biz_id: &str, execute_time: i64, shards: u16) -> u16 {
+    const OFFSET: u64 = 0xcbf2_9ce4_8422_2325;
+    const PRIME: u64 = 0x0000_0100_0000_01b3;
+    let mut h = OFFSET;
+    let mut eat = |bytes: &[u8]| {
+        for b in bytes {
+            h ^= u64::from(*b);
+            h = h.wrapping_mul(PRIME);
+        }
+    };
+    eat(consumer_group.as_bytes());
+    eat(&[0x1f]);
+    eat(biz_type.as_bytes());
+    eat(&[0x1f]);
+    eat(biz_id.as_bytes());
+    eat(&[0x1f]);
+    eat(execute_time.to_string().as_bytes());
+    (h % u64::from(shards.max(1))) as u16
+}
+
+/// The claim statements of one table.
+pub struct ClaimTable {
+    pub name: &'static str,
+    pub claim: InsertIfAbsent,
+    pub find: Sql,
+}
+
+/// The statements of `table`, made once per process (a table's statements live as long as the
+/// process, like the crate's static ones; there are at most [`MAX_SHARDS`] + 1 tables).
+fn claim_table(table: &str) -> &'static ClaimTable {
+    static TABLES: OnceLock<Mutex<HashMap<String, &'static ClaimTable>>> = OnceLock::new();
+    let mut tables = TABLES.get_or_init(Default::default).lock().unwrap_or_else(|p| p.into_inner());
+    if let Some(t) = tables.get(table) {
+        return t;
+    }
+    let leak = |s: String| -> &'static str { Box::leak(s.into_boxed_str()) };
+    let insert = format!(
+        "INSERT INTO {table} (consumer_group, biz_type, biz_id, execute_time, msg_id, uniq_key, \
+         payload_hash, instance_id, claimed_at_ms) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)"
+    );
+    let on_conflict = format!("{insert} ON CONFLICT (consumer_group, biz_type, biz_id, execute_time) DO NOTHING");
+    let made: &'static ClaimTable = Box::leak(Box::new(ClaimTable {
+        name: leak(table.to_owned()),
+        claim: InsertIfAbsent::new(leak(insert), leak(on_conflict), "idempotent_record_claim_key"),
+        find: Sql::new(leak(format!(
+            "SELECT msg_id, uniq_key, payload_hash FROM {table} \
+             WHERE consumer_group = ? AND biz_type = ? AND biz_id = ? AND execute_time = ?"
+        ))),
+    }));
+    tables.insert(table.to_owned(), made);
+    made
+}
+
+/// The recorded layout disagrees with the configured one, or cannot be set up.
+#[derive(Debug, thiserror::Error)]
+pub enum LayoutError {
+    #[error(
+        "configuration key dedup.shards: this database's claims are laid out in {recorded} (recorded at {at} by {by}); \
+         dedup.shards = {wanted} would claim keys in other tables than their earlier claims and let duplicates \
+         through. Set dedup.shards = {} or use another database",
+        recorded.shards()
+    )]
+    Mismatch { recorded: Layout, wanted: u16, at: String, by: String },
+    #[error(
+        "configuration key dedup.shards: idempotent_record already holds claims, so this database cannot be \
+         sharded (the existing claims would not be seen by the shards); keep dedup.shards = 0 or start the \
+         sharded layout on a new database"
+    )]
+    NotEmpty,
+    #[error("setting up the claim tables failed")]
+    Database(#[from] sqlx::Error),
+}
+
+static READ_LAYOUT: Sql = Sql::new("SELECT shards, created_at_ms, created_by FROM dedup_layout WHERE name = ?");
+static RECORD_LAYOUT: InsertIfAbsent = crate::insert_if_absent!(
+    "INSERT INTO dedup_layout (name, shards, created_at_ms, created_by) VALUES (?, ?, ?, ?)",
+    conflict = "(name)",
+    index = "PRIMARY"
+);
+static ANY_MAIN_CLAIM: Sql = Sql::new("SELECT 1 FROM idempotent_record LIMIT 1");
+
+struct Recorded {
+    layout: Layout,
+    at_ms: i64,
+    by: String,
+}
+
+async fn read(store: &Store) -> Result<Option<Recorded>, sqlx::Error> {
+    let row = store.query(&READ_LAYOUT).bind(LAYOUT_ROW).fetch_optional(store.pool()).await?;
+    row.map(|r| {
+        let shards: i32 = r.try_get(0)?;
+        Ok(Recorded {
+            layout: Layout { shards: u16::try_from(shards).unwrap_or(0) },
+            at_ms: r.try_get(1)?,
+            by: r.try_get(2)?,
+        })
+    })
+    .transpose()
+}
+
+/// The layout recorded for this database, read only: the single table when none is recorded
+/// yet. For readers that must not write (the metrics).
+pub async fn current(store: &Store) -> Result<Layout, sqlx::Error> {
+    Ok(read(store).await?.map_or(Layout::SINGLE, |r| r.layout))
+}
+
+/// The layout recorded for this database; a database that has none yet is recorded as the
+/// single table (the layout every database had before sharding existed).
+pub async fn recorded(store: &Store) -> Result<Layout, sqlx::Error> {
+    if let Some(r) = read(store).await? {
+        return Ok(r.layout);
+    }
+    match ensure(store, 0, "gate").await {
+        Ok(layout) => Ok(layout),
+        Err(LayoutError::Database(e)) => Err(e),
+        // Another process recorded a sharded layout meanwhile: that one holds.
+        Err(LayoutError::Mismatch { recorded, .. }) => Ok(recorded),
+        Err(LayoutError::NotEmpty) => Ok(Layout::SINGLE),
+    }
+}
+
+/// Makes sure the database's claims are laid out in `wanted` shards (0: the single table):
+/// records the layout on first use, creating the shard tables and the readers' view, and
+/// refuses a database already laid out otherwise.
+pub async fn ensure(store: &Store, wanted: u16, by: &str) -> Result<Layout, LayoutError> {
+    let mismatch = |r: Recorded| LayoutError::Mismatch {
+        recorded: r.layout,
+        wanted,
+        at: crate::inspect::format_ms(r.at_ms),
+        by: r.by,
+    };
+    if let Some(r) = read(store).await? {
+        if r.layout.shards != wanted {
+            return Err(mismatch(r));
+        }
+        if wanted > 0 {
+            // Also finishes a set-up that a crash interrupted after the row was written.
+            create_shards(store, wanted).await?;
+        }
+        return Ok(r.layout);
+    }
+    if wanted > 0 {
+        if store.query(&ANY_MAIN_CLAIM).fetch_optional(store.pool()).await?.is_some() {
+            return Err(LayoutError::NotEmpty);
+        }
+        create_shards(store, wanted).await?;
+    }
+    let mut conn = store.pool().acquire().await?;
+    RECORD_LAYOUT
+        .execute(&mut conn, store.backend(), |q| {
+            q.bind(LAYOUT_ROW).bind(i32::from(wanted)).bind(crate::gate::now_ms()).bind(by.to_owned())
+        })
+        .await?;
+    drop(conn);
+    match read(store).await? {
+        Some(r) if r.layout.shards == wanted => Ok(r.layout),
+        Some(r) => Err(mismatch(r)),
+        None => Err(LayoutError::Database(sqlx::Error::RowNotFound)),
+    }
+}
+
+const COLUMNS: &str =
+    "id, consumer_group, biz_type, biz_id, execute_time, msg_id, uniq_key, payload_hash, instance_id, claimed_at_ms";
+
+/// Creates the shard tables that are missing and points the view at all of them.
+async fn create_shards(store: &Store, shards: u16) -> Result<(), sqlx::Error> {
+    let backend = store.backend();
+    let pool = store.pool();
+    for k in 0..shards {
+        let table = shard_name(k);
+        let first_id = (i64::from(k) + 1) * SHARD_ID_SPAN;
+        match backend {
+            // LIKE … INCLUDING ALL copies the columns, the unique key, the indexes and the id's
+            // default, so every shard draws its ids from idempotent_record's sequence.
+            Backend::Postgres => {
+                pool.execute(AssertSqlSafe(format!(
+                    "CREATE TABLE IF NOT EXISTS {table} (LIKE {MAIN_TABLE} INCLUDING ALL)"
+                )))
+                .await?;
+            }
+            Backend::MySql => {
+                pool.execute(AssertSqlSafe(format!("CREATE TABLE IF NOT EXISTS {table} LIKE {MAIN_TABLE}")))
+                    .await?;
+                // Raises the counter only; a table whose ids are already higher keeps them.
+                pool.execute(AssertSqlSafe(format!("ALTER TABLE {table} AUTO_INCREMENT = {}", first_id + 1)))
+                    .await?;
+            }
+            Backend::Sqlite => {
+                pool.execute(AssertSqlSafe(format!(
+                    "CREATE TABLE IF NOT EXISTS {table} (
+                        id             INTEGER      PRIMARY KEY AUTOINCREMENT,
+                        consumer_group VARCHAR(128) NOT NULL,
+                        biz_type       VARCHAR(64)  NOT NULL,
+                        biz_id         VARCHAR(128) NOT NULL,
+                        execute_time   BIGINT       NOT NULL DEFAULT 0,
+                        msg_id         VARCHAR(128) NOT NULL,
+                        uniq_key       VARCHAR(128) NOT NULL DEFAULT '',
+                        payload_hash   VARCHAR(64)  NOT NULL,
+                        instance_id    VARCHAR(128) NOT NULL,
+                        claimed_at_ms  BIGINT       NOT NULL,
+                        CONSTRAINT {table}_claim_key UNIQUE (consumer_group, biz_type, biz_id, execute_time)
+                    );
+                    CREATE INDEX IF NOT EXISTS {table}_biz_id ON {table} (biz_id);
+                    CREATE INDEX IF NOT EXISTS {table}_claimed_at ON {table} (claimed_at_ms);
+                    INSERT INTO sqlite_sequence (name, seq)
+                        SELECT '{table}', {first_id} WHERE NOT EXISTS (SELECT 1 FROM sqlite_sequence WHERE name = '{table}');"
+                )))
+                .await?;
+            }
+        }
+    }
+    let union = std::iter::once(MAIN_TABLE.to_owned())
+        .chain((0..shards).map(shard_name))
+        .map(|t| format!("SELECT {COLUMNS} FROM {t}"))
+        .collect::<Vec<_>>()
+        .join(" UNION ALL ");
+    let view = match backend {
+        Backend::Postgres | Backend::MySql => format!("CREATE OR REPLACE VIEW {ALL_CLAIMS_VIEW} AS {union}"),
+        Backend::Sqlite => {
+            format!("DROP VIEW IF EXISTS {ALL_CLAIMS_VIEW}; CREATE VIEW {ALL_CLAIMS_VIEW} AS {union}")
+        }
+    };
+    pool.execute(AssertSqlSafe(view)).await?;
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_shard_of_a_key_never_changes() {
+        // Fixed vectors: a change here moves existing claims out of their shard's sight.
+        assert_eq!(shard_of("g", "stock.deduct", "D-1", 0, 16), shard_of("g", "stock.deduct", "D-1", 0, 16));
+        let fixed: Vec<u16> = ["A", "B", "C", "ORDER-2026-000123"]
+            .iter()
+            .map(|id| shard_of("idemgate_shop_consumer", "order.create", id, 0, 16))
+            .collect();
+        assert_eq!(fixed, vec![5, 0, 11, 10], "FNV-1a, as any other FNV-1a implementation computes it");
+        assert_ne!(shard_of("g", "t", "x", 0, 97), shard_of("g", "t", "x", 1, 97), "execute_time is part of the key");
+    }
+
+    #[test]
+    fn keys_spread_evenly_over_the_shards() {
+        let mut counts = [0u32; 16];
+        for i in 0..160_000 {
+            counts[shard_of("g", "stock.deduct", &format!("DEDUCT-{i}"), 0, 16) as usize] += 1;
+        }
+        for c in counts {
+            assert!((9_000..=11_000).contains(&c), "{counts:?}");
+        }
+    }
+
+    #[test]
+    fn tables_are_named_with_two_digits() {
+        assert_eq!(Layout::SINGLE.tables(), vec!["idempotent_record"]);
+        assert_eq!(Layout::sharded(3).tables(), vec!["idempotent_record_00", "idempotent_record_01", "idempotent_record_02"]);
+        let t = Layout::sharded(4).table_for("g", "t", "x", 0);
+        assert!(t.name.starts_with("idempotent_record_0"));
+        assert!(t.find.text(Backend::Postgres).as_str().contains(t.name));
+    }
+}
