@@ -28,10 +28,12 @@ impl Claim {
     }
 }
 
-/// Who is claiming: the consumer group is part of the key (see [`crate::gate::Identity`]).
+/// Who is claiming, and when: the consumer group is part of the key (see
+/// [`crate::gate::Identity`]).
 pub(crate) struct Claimant<'a> {
     pub consumer_group: &'a str,
     pub instance_id: &'a str,
+    pub now_ms: i64,
 }
 
 /// Inserts the claim. True when this delivery now owns the key; false when it was taken.
@@ -46,7 +48,6 @@ pub(crate) async fn claim(
     key: &BizKey,
     d: &Delivery,
     payload_hash: &str,
-    now_ms: i64,
 ) -> Result<bool, sqlx::Error> {
     table
         .claim
@@ -59,7 +60,7 @@ pub(crate) async fn claim(
                 .bind(d.uniq_key.as_str())
                 .bind(payload_hash)
                 .bind(who.instance_id)
-                .bind(now_ms)
+                .bind(who.now_ms)
         })
         .await
 }

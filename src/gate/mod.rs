@@ -325,9 +325,11 @@ impl Gate {
         phases: &mut Phases,
     ) -> Result<Attempt, sqlx::Error> {
         let backend = self.store.backend();
+        let now_ms = now_ms();
         let who = Claimant {
             consumer_group: &self.identity.consumer_group,
             instance_id: &self.identity.instance_id,
+            now_ms,
         };
         let mut clock = Instant::now();
         let mut lap = |slot: &mut u64| {
@@ -339,8 +341,7 @@ impl Gate {
         let table = self.layout().await?.table_for(who.consumer_group, &key.biz_type, &key.biz_id, key.execute_time);
         let mut tx = self.store.begin().await?;
         lap(&mut phases.begin_us);
-        let now_ms = now_ms();
-        let claimed = claim::claim(&mut tx, backend, table, &who, key, d, payload_hash, now_ms).await?;
+        let claimed = claim::claim(&mut tx, backend, table, &who, key, d, payload_hash).await?;
         let archived = if claimed && self.late_duplicate_guard {
             crate::archive::guard::archived_claim(&mut tx, backend, who.consumer_group, key).await?
         } else {

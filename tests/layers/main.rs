@@ -595,7 +595,7 @@ async fn redis_stopped_and_restarted_mid_stream_loses_and_doubles_nothing() {
     let open = sample(&text, "idemgate_prefilter_fallbacks_total", &[("cause", "circuit_open")]);
     let failed = fallbacks - open;
     assert!(fallbacks >= (outage.len() - 4) as f64, "fallbacks counted: {fallbacks}");
-    assert!(failed >= 1.0 && failed <= 4.0, "only the deliveries in flight at the kill waited: {failed}");
+    assert!((1.0..=4.0).contains(&failed), "only the deliveries in flight at the kill waited: {failed}");
     assert_eq!(sample(&text, "idemgate_prefilter_fallbacks_total", &[("cause", FallbackCause::CircuitOpen.as_str())]), open);
     // The duplicates the database stopped during the outage are still duplicates.
     assert_eq!(sample(&text, "idemgate_deliveries_total", &[("outcome", "duplicate")]), 600.0);
