@@ -204,6 +204,9 @@ pub enum BenchCommand {
         #[arg(long, default_value_t = 333_334)]
         claims: usize,
     },
+    /// The defence layers side by side: database only, Redis + database, sharded tables and
+    /// the naive Redis pattern, at each share of duplicates, per backend.
+    Layers(BenchLayersArgs),
     /// What the metrics cost: one observe call, the gate with and without metrics, one scrape
     /// of 10 biz_types × 5 outcomes × 4 causes.
     Metrics {
@@ -211,6 +214,25 @@ pub enum BenchCommand {
         #[arg(long, default_value_t = 4000)]
         messages: usize,
     },
+}
+
+#[derive(Debug, Args)]
+pub struct BenchLayersArgs {
+    #[arg(long, value_delimiter = ',', default_value = "postgres,mysql")]
+    pub backends: Vec<Backend>,
+    #[arg(long, default_value_t = 20_000)]
+    pub messages: usize,
+    /// Shares of duplicates; one run of every mode per value.
+    #[arg(long, value_delimiter = ',', default_value = "0.3,0.9")]
+    pub duplicates: Vec<f64>,
+    /// Deliveries in flight.
+    #[arg(long, default_value_t = 8)]
+    pub concurrency: usize,
+    /// Claim tables of the sharded mode.
+    #[arg(long, default_value_t = 16)]
+    pub shards: u16,
+    #[arg(long, env = "IDEMGATE_TEST_REDIS_URL", default_value = "redis://127.0.0.1:6379")]
+    pub redis_url: String,
 }
 
 #[derive(Debug, Args)]
@@ -335,6 +357,30 @@ pub async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             );
             let reports = bench::trace::run(&options).await?;
             println!("\n{}", bench::trace::table(&reports));
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Bench(BenchCommand::Layers(args)) => {
+            let options = bench::layers::Options {
+                backends: args.backends,
+                messages: args.messages,
+                duplicates: args.duplicates,
+                concurrency: args.concurrency,
+                shards: args.shards,
+                redis_url: args.redis_url,
+            };
+            println!(
+                "bench layers: {} stock.deduct messages, {} in flight, {} shards, Redis at {}, {} cores",
+                options.messages,
+                options.concurrency,
+                options.shards,
+                redact_url(&options.redis_url),
+                std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1)
+            );
+            let reports = bench::layers::run(&options, |r| {
+                eprintln!("  {} {:.0}% {}: {:.0} msg/s", r.backend, r.duplicates * 100.0, r.mode.name(), r.rate())
+            })
+            .await?;
+            println!("\n{}", bench::layers::table(&reports));
             Ok(ExitCode::SUCCESS)
         }
         Command::Bench(BenchCommand::Metrics { messages }) => {

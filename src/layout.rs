@@ -105,6 +105,79 @@ pub fn shard_of(consumer_group: &str, biz_type: &str, biz_id: &str, execute_time
     (h % u64::from(shards.max(1))) as u16
 }
 
+/// `sql` with every correlated subquery on the view (`(SELECT … FROM idempotent_record_all r
+/// WHERE …)`, whose conditions name columns of the outer query) rewritten as the `UNION ALL` of
+/// the same subquery on each claim table: MariaDB materializes the whole view for a correlated
+/// subquery instead of pushing the outer row's values into it, which would read every claim;
+/// on the tables themselves each branch is one lookup on the unique index. The single table's
+/// view merges into the query on every backend, so `sql` is returned as it is there. Made once
+/// per statement and layout.
+pub fn correlated(sql: &'static Sql, layout: Layout) -> &'static Sql {
+    if layout.shards == 0 {
+        return sql;
+    }
+    static MADE: OnceLock<Mutex<HashMap<(usize, u16), &'static Sql>>> = OnceLock::new();
+    let key = (sql as *const Sql as usize, layout.shards);
+    let mut made = MADE.get_or_init(Default::default).lock().unwrap_or_else(|p| p.into_inner());
+    if let Some(s) = made.get(&key) {
+        return s;
+    }
+    let text = expand_view(sql.portable(), &layout.tables());
+    let rewritten: &'static Sql = Box::leak(Box::new(Sql::new(Box::leak(text.into_boxed_str()))));
+    made.insert(key, rewritten);
+    rewritten
+}
+
+/// Replaces each parenthesised subquery that reads `idempotent_record_all r` by the union of
+/// that subquery over `tables`.
+fn expand_view(sql: &str, tables: &[String]) -> String {
+    const VIEW: &str = "FROM idempotent_record_all r ";
+    let mut out = String::with_capacity(sql.len() * tables.len());
+    let mut rest = sql;
+    while let Some(at) = rest.find(VIEW) {
+        // The subquery starts after the nearest unmatched '(' before the view…
+        let mut depth = 0;
+        let open = rest[..at]
+            .char_indices()
+            .rev()
+            .find(|(_, c)| {
+                match c {
+                    ')' => depth += 1,
+                    '(' if depth == 0 => return true,
+                    '(' => depth -= 1,
+                    _ => {}
+                }
+                false
+            })
+            .map_or(0, |(i, _)| i + 1);
+        // …and ends before the ')' that closes it.
+        let mut depth = 0;
+        let close = rest[at..]
+            .char_indices()
+            .find(|(_, c)| {
+                match c {
+                    '(' => depth += 1,
+                    ')' if depth == 0 => return true,
+                    ')' => depth -= 1,
+                    _ => {}
+                }
+                false
+            })
+            .map_or(rest.len(), |(i, _)| at + i);
+        let subquery = &rest[open..close];
+        out.push_str(&rest[..open]);
+        let union = tables
+            .iter()
+            .map(|t| subquery.replace("idempotent_record_all r ", &format!("{t} r ")))
+            .collect::<Vec<_>>()
+            .join(" UNION ALL ");
+        out.push_str(&union);
+        rest = &rest[close..];
+    }
+    out.push_str(rest);
+    out
+}
+
 /// The claim statements of one table.
 pub struct ClaimTable {
     pub name: &'static str,
@@ -336,6 +409,28 @@ mod tests {
         for c in counts {
             assert!((9_000..=11_000).contains(&c), "{counts:?}");
         }
+    }
+
+    #[test]
+    fn a_correlated_subquery_on_the_view_becomes_one_per_table() {
+        let sql = "SELECT a FROM d WHERE x = ? AND NOT EXISTS (SELECT 1 FROM idempotent_record_all r WHERE \
+                   r.k = d.k AND (r.t = d.t)) AND NOT EXISTS (SELECT 1 FROM other r WHERE r.k = d.k) LIMIT ?";
+        let tables = Layout::sharded(2).tables();
+        assert_eq!(
+            expand_view(sql, &tables),
+            "SELECT a FROM d WHERE x = ? AND NOT EXISTS (SELECT 1 FROM idempotent_record_00 r WHERE \
+             r.k = d.k AND (r.t = d.t) UNION ALL SELECT 1 FROM idempotent_record_01 r WHERE r.k = d.k AND \
+             (r.t = d.t)) AND NOT EXISTS (SELECT 1 FROM other r WHERE r.k = d.k) LIMIT ?"
+        );
+        let scalar = "SELECT id, (SELECT r.c FROM idempotent_record_all r WHERE r.k = l.k) FROM l";
+        assert_eq!(
+            expand_view(scalar, &tables),
+            "SELECT id, (SELECT r.c FROM idempotent_record_00 r WHERE r.k = l.k UNION ALL \
+             SELECT r.c FROM idempotent_record_01 r WHERE r.k = l.k) FROM l"
+        );
+        static SQL: Sql = Sql::new("SELECT (SELECT 1 FROM idempotent_record_all r WHERE r.k = l.k) FROM l");
+        assert!(std::ptr::eq(correlated(&SQL, Layout::SINGLE), &SQL));
+        assert!(std::ptr::eq(correlated(&SQL, Layout::sharded(3)), correlated(&SQL, Layout::sharded(3))));
     }
 
     #[test]

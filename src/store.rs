@@ -126,6 +126,11 @@ impl Sql {
         Self { portable, numbered: OnceLock::new() }
     }
 
+    /// The statement as written, with `?` placeholders.
+    pub fn portable(&self) -> &'static str {
+        self.portable
+    }
+
     /// The statement's text for `backend`.
     pub fn text(&self, backend: Backend) -> SqlStr {
         match backend {
@@ -296,6 +301,7 @@ impl Store {
 
     /// Opens a write transaction with the backend's own begin statement.
     pub async fn begin(&self) -> Result<sqlx::Transaction<'static, sqlx::Any>, sqlx::Error> {
+        crate::telemetry::count_unreported_statement();
         self.pool.begin_with(self.backend.begin_statement()).await
     }
 

@@ -2,9 +2,46 @@
 //! `RUST_LOG` or the configured filter. Libraries that bring a subscriber of their own must
 //! not replace this one.
 
-use tracing_subscriber::EnvFilter;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+
+use tracing::subscriber::Interest;
+use tracing_subscriber::filter::DynFilterFn;
+use tracing_subscriber::layer::{Context, SubscriberExt};
+use tracing_subscriber::util::SubscriberInitExt;
+use tracing_subscriber::{EnvFilter, Layer};
 
 use crate::config::{LogFormat, LogSettings};
+
+static COUNTING: AtomicBool = AtomicBool::new(false);
+static STATEMENTS: AtomicU64 = AtomicU64::new(0);
+
+/// Starts or stops counting the SQL statements this process runs (for the benchmarks'
+/// statements-per-message figures). sqlx reports each statement it has run as a `sqlx::query`
+/// event (all but `BEGIN`, which [`crate::store::Store::begin`] counts); while counting is off,
+/// those events are not even built.
+pub fn count_statements(on: bool) {
+    COUNTING.store(on, Ordering::Release);
+}
+
+/// Counts a statement sqlx does not report itself (it reports none for `BEGIN`).
+pub fn count_unreported_statement() {
+    if COUNTING.load(Ordering::Acquire) {
+        STATEMENTS.fetch_add(1, Ordering::AcqRel);
+    }
+}
+
+/// The statements counted so far.
+pub fn statements_counted() -> u64 {
+    STATEMENTS.load(Ordering::Acquire)
+}
+
+struct StatementCounter;
+
+impl<S: tracing::Subscriber> Layer<S> for StatementCounter {
+    fn on_event(&self, _event: &tracing::Event<'_>, _ctx: Context<'_, S>) {
+        STATEMENTS.fetch_add(1, Ordering::AcqRel);
+    }
+}
 
 /// Installs the global subscriber. Safe to call twice (the second call does nothing), so tests
 /// and the CLI can both call it.
@@ -14,12 +51,17 @@ pub fn init(settings: &LogSettings) {
         .unwrap_or_else(|_| EnvFilter::new("info"));
     use std::io::IsTerminal;
     // Colours only on a terminal: a log file or a collector gets plain text.
-    let builder = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr)
-        .with_ansi(std::io::stderr().is_terminal());
-    let _ = match settings.format {
-        LogFormat::Text => builder.try_init(),
-        LogFormat::Json => builder.json().try_init(),
+    let text = tracing_subscriber::fmt::layer().with_writer(std::io::stderr).with_ansi(std::io::stderr().is_terminal());
+    let output = match settings.format {
+        LogFormat::Text => text.boxed(),
+        LogFormat::Json => text.json().boxed(),
     };
+    // Asked at every event, not cached per call site: counting is switched on and off.
+    let counter = StatementCounter.with_filter(
+        DynFilterFn::new(|meta, _| meta.target() == "sqlx::query" && COUNTING.load(Ordering::Acquire))
+            .with_callsite_filter(|meta| {
+                if meta.target() == "sqlx::query" { Interest::sometimes() } else { Interest::never() }
+            }),
+    );
+    let _ = tracing_subscriber::registry().with(output.with_filter(filter)).with(counter).try_init();
 }

@@ -8,6 +8,7 @@
 pub mod archive;
 pub mod broker;
 pub mod gate;
+pub mod layers;
 pub mod metrics;
 pub mod reconcile;
 pub mod trace;

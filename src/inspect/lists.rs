@@ -216,8 +216,9 @@ async fn read(store: &Store, q: &ListQuery) -> Result<ListPage, sqlx::Error> {
     let before = q.before.unwrap_or(Cursor { logged_at_ms: i64::MAX, id: i64::MAX });
     let until = q.until_ms.unwrap_or(i64::MAX).min(before.logged_at_ms);
     let biz_type = q.biz_type.as_deref().unwrap_or("");
+    let layout = crate::layout::current(store).await?;
     let rows = store
-        .query(q.kind.statement())
+        .query(crate::layout::correlated(q.kind.statement(), layout))
         .bind(q.kind.outcome())
         .bind(q.since_ms.unwrap_or(0))
         .bind(until)

@@ -292,7 +292,14 @@ async fn find(
     let biz_type = o.biz_type.as_deref().unwrap_or("");
     let limit = i64::try_from(o.max_per_kind + 1).unwrap_or(i64::MAX);
     let orphan_since = o.since_ms.max(now_ms - o.log_retention_ms);
-    let d = |kind, sql, extra, since, describe| Detector { kind, sql, extra, since, describe };
+    let layout = crate::layout::current(store).await?;
+    let d = |kind, sql, extra, since, describe| Detector {
+        kind,
+        sql: crate::layout::correlated(sql, layout),
+        extra,
+        since,
+        describe,
+    };
     let detectors: [Detector; 7] = [
         d(AnomalyKind::DoubleApplied, &DOUBLE_APPLIED, None, o.since_ms, |n| {
             format!("{n} processed deliveries for one claim key: the effect ran {n} times")
