@@ -12,6 +12,8 @@
 //! - [`route`]: which business key a delivery claims, per topic and tag; the key rules.
 //! - [`gate`]: claim, handler and log row in one transaction; duplicate causes.
 //! - [`handler`]: the trait business code implements, and the registry.
+//! - [`state_machine`]: "move a row from state A to B" as one conditional update; duplicates
+//!   told from illegal moves; the configured `[[state_machines]]` handlers.
 //! - [`delivery_log`]: one row per delivery attempt.
 //! - [`reconcile`]: lost, stuck, double-applied, orphan, colliding and late keys in a window; the runs.
 //! - [`replay`]: guarded re-publication of dead letters whose keys are not claimed.
@@ -50,6 +52,7 @@ pub mod route;
 pub mod scratch;
 pub mod serve;
 pub mod shop;
+pub mod state_machine;
 pub mod store;
 pub mod telemetry;
 pub mod throttle;
