@@ -285,7 +285,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Serve => {
             let store = open_store(&settings).await?;
             shop::ensure_example_stock(&store).await.context("creating the example shop's stock")?;
-            crate::serve::run(&settings, store, shop::handlers()).await?;
+            crate::serve::run(&settings, store, settings.handlers()?).await?;
             Ok(ExitCode::SUCCESS)
         }
         Command::Produce(args) => produce_command(&settings, args).await,
@@ -349,7 +349,8 @@ async fn demo_command(settings: Settings, args: DemoArgs) -> anyhow::Result<Exit
     let duplicates = share("duplicates", args.duplicates, 0.9)?;
     let store = open_store(&settings).await?;
     let policy = Policy { max_reconsume_times: args.max_reconsume_times, ..settings.policy() };
-    let running = crate::serve::Running::start(&settings, store, shop::handlers(), policy, false).await?;
+    let handlers = settings.handlers()?;
+    let running = crate::serve::Running::start(&settings, store, handlers, policy, false).await?;
     running.set_ready(true);
     println!(
         "idemgate demo: {} deliveries/s with {:.0}% duplicates into {} (instance {}).\n\
@@ -438,7 +439,7 @@ async fn reconcile_command(settings: &Settings, args: ReconcileArgs) -> anyhow::
     };
     let now = crate::gate::now_ms();
     let options = settings.reconcile.options(&who, biz_type, window, now);
-    let checks = shop::handlers().checks(&settings.routes());
+    let checks = settings.handlers()?.checks(&settings.routes());
     let report = crate::reconcile::reconcile_once(&store, &options, &checks, now).await;
     store.close().await;
     let report = report?;
@@ -462,7 +463,7 @@ async fn trace_command(settings: &Settings, args: TraceArgs) -> anyhow::Result<E
         args.group.as_deref(),
     )?;
     let store = open_store(settings).await?;
-    let web = crate::http::Web::new(settings, &shop::handlers());
+    let web = crate::http::Web::new(settings, &settings.handlers()?);
     let answer = trace::trace(&store, &web.trace, &query).await;
     store.close().await;
     let answer = answer?;
