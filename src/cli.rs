@@ -204,6 +204,9 @@ pub enum BenchCommand {
         #[arg(long, default_value_t = 333_334)]
         claims: usize,
     },
+    /// State moves per second with the state-machine helper's conditional update against the
+    /// naive SELECT, check, UPDATE, for fresh and already-made moves, and two movers racing.
+    StateMachine(BenchStateMachineArgs),
     /// What the metrics cost: one observe call, the gate with and without metrics, one scrape
     /// of 10 biz_types × 5 outcomes × 4 causes.
     Metrics {
@@ -211,6 +214,18 @@ pub enum BenchCommand {
         #[arg(long, default_value_t = 4000)]
         messages: usize,
     },
+}
+
+#[derive(Debug, Args)]
+pub struct BenchStateMachineArgs {
+    #[arg(long, value_delimiter = ',', default_value = "postgres,mysql")]
+    pub backends: Vec<Backend>,
+    /// Rows each pattern moves, then moves again (at most 1,000,000).
+    #[arg(long, default_value_t = 20_000)]
+    pub rows: usize,
+    /// Rows each pattern races two movers on.
+    #[arg(long, default_value_t = 2_000)]
+    pub race_rows: usize,
 }
 
 #[derive(Debug, Args)]
@@ -334,6 +349,21 @@ pub async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             );
             let reports = bench::trace::run(&options).await?;
             println!("\n{}", bench::trace::table(&reports));
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Bench(BenchCommand::StateMachine(args)) => {
+            let options = bench::state_machine::Options {
+                backends: args.backends,
+                rows: args.rows,
+                race_rows: args.race_rows,
+            };
+            println!(
+                "bench state-machine: PAID to SHIPPED on {} rows per pattern, then again (already done), \
+                 one transaction a move; {} rows raced by two movers",
+                options.rows, options.race_rows
+            );
+            let report = bench::state_machine::run(&options, |line| eprintln!("  {line}")).await?;
+            println!("\n{}", bench::state_machine::table(&report));
             Ok(ExitCode::SUCCESS)
         }
         Command::Bench(BenchCommand::Metrics { messages }) => {

@@ -10,6 +10,7 @@ pub mod broker;
 pub mod gate;
 pub mod metrics;
 pub mod reconcile;
+pub mod state_machine;
 pub mod trace;
 
 use std::time::Duration;
