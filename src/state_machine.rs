@@ -291,8 +291,7 @@ pub enum Answer {
     /// No row has the key.
     Missing,
     /// The row came into a from-state while the move ran and still did not move on the second
-    /// update. The servers' row lock on the read makes this unreachable in practice; it is
-    /// answered as retryable rather than guessed.
+    /// update: it keeps changing under the move. Answered as retryable rather than guessed.
     Contended { state: String },
 }
 
@@ -331,15 +330,16 @@ impl Statement {
         }
     }
 
-    /// A read that locks the row it finds on the servers (`FOR UPDATE`), so that the state it
-    /// answers with cannot change before the transaction ends, and MySQL's repeatable read sees
-    /// the latest committed row, as its update did. SQLite has no `FOR UPDATE`; its writer
-    /// already holds the whole database.
-    fn locking(text: String) -> Self {
-        let locked = format!("{text} FOR UPDATE");
+    /// A read of the latest committed row, as the update before it saw it. MySQL/MariaDB's
+    /// repeatable read answers a plain SELECT from the transaction's first snapshot, which may
+    /// be older than the commit the update waited for; a locking read (`FOR UPDATE`) reads the
+    /// latest row there. PostgreSQL's read committed takes a new snapshot per statement, and
+    /// SQLite's writer holds the whole database, so a plain SELECT is right on both, and the
+    /// lock would only cost them: on PostgreSQL it makes a read-only transaction write.
+    fn latest(text: String) -> Self {
         Self {
-            postgres: sql_text(number_placeholders(&locked)),
-            mysql: sql_text(locked),
+            postgres: sql_text(number_placeholders(&text)),
+            mysql: sql_text(format!("{text} FOR UPDATE")),
             sqlite: sql_text(text),
         }
     }
@@ -370,7 +370,7 @@ pub struct Transition {
     /// `UPDATE t SET state = ?, set… WHERE key = ? AND state IN (from…) AND guards…`
     update: Statement,
     /// `SELECT state, set…, guard columns…, whether the guards hold FROM t WHERE key = ?`,
-    /// locking on the servers.
+    /// locking on MySQL/MariaDB.
     read: Statement,
     /// `SELECT state, set… FROM t WHERE key = ?`, for the trace page.
     current: Statement,
@@ -458,7 +458,7 @@ impl Transition {
         let current = format!("SELECT {} FROM {table} WHERE {key} = ?", shown.join(", "));
         Ok(Self {
             update: Statement::portable(update),
-            read: Statement::locking(read),
+            read: Statement::latest(read),
             current: Statement::portable(current),
             machine,
             from,
@@ -492,7 +492,7 @@ impl Transition {
     }
 
     /// Makes the move on `conn` (the gate's transaction) and says where it ended. One
-    /// statement when the row moves; a locking read besides when it does not, and one more
+    /// statement when the row moves; a read besides when it does not, and one more
     /// update when a concurrent commit put the row into a from-state.
     pub async fn apply(&self, conn: &mut Conn, backend: Backend, m: &Move) -> Result<Answer, sqlx::Error> {
         if m.set.len() != self.set.len() || m.guards.len() != self.guards.len() {
@@ -856,7 +856,7 @@ mod tests {
     }
 
     #[test]
-    fn the_statements_bind_every_value_and_lock_the_read_on_the_servers() {
+    fn the_statements_bind_every_value_and_read_the_latest_row() {
         let t = order_machine()
             .transition(
                 TransitionSpec::new(["UNPAID", "PENDING"], "PAID")
@@ -884,7 +884,7 @@ mod tests {
         assert_eq!(
             t.read.text(Backend::Postgres).as_str(),
             "SELECT status, payment_no, paid_at_ms, amount_cents, CASE WHEN amount_cents = $1 THEN 1 ELSE 0 END \
-             FROM shop_order WHERE order_no = $2 FOR UPDATE"
+             FROM shop_order WHERE order_no = $2"
         );
         assert!(t.read.text(Backend::MySql).as_str().ends_with("WHERE order_no = ? FOR UPDATE"));
         assert_eq!(
