@@ -207,6 +207,9 @@ pub enum BenchCommand {
     /// The defence layers side by side: database only, Redis + database, sharded tables and
     /// the naive Redis pattern, at each share of duplicates, per backend.
     Layers(BenchLayersArgs),
+    /// State moves per second with the state-machine helper's conditional update against the
+    /// naive SELECT, check, UPDATE, for fresh and already-made moves, and two movers racing.
+    StateMachine(BenchStateMachineArgs),
     /// What the metrics cost: one observe call, the gate with and without metrics, one scrape
     /// of 10 biz_types × 5 outcomes × 4 causes.
     Metrics {
@@ -233,6 +236,18 @@ pub struct BenchLayersArgs {
     pub shards: u16,
     #[arg(long, env = "IDEMGATE_TEST_REDIS_URL", default_value = "redis://127.0.0.1:6379")]
     pub redis_url: String,
+}
+
+#[derive(Debug, Args)]
+pub struct BenchStateMachineArgs {
+    #[arg(long, value_delimiter = ',', default_value = "postgres,mysql")]
+    pub backends: Vec<Backend>,
+    /// Rows each pattern moves, then moves again (at most 1,000,000).
+    #[arg(long, default_value_t = 20_000)]
+    pub rows: usize,
+    /// Rows each pattern races two movers on.
+    #[arg(long, default_value_t = 2_000)]
+    pub race_rows: usize,
 }
 
 #[derive(Debug, Args)]
@@ -307,7 +322,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Serve => {
             let store = open_store(&settings).await?;
             shop::ensure_example_stock(&store).await.context("creating the example shop's stock")?;
-            crate::serve::run(&settings, store, shop::handlers()).await?;
+            crate::serve::run(&settings, store, settings.handlers()?).await?;
             Ok(ExitCode::SUCCESS)
         }
         Command::Produce(args) => produce_command(&settings, args).await,
@@ -383,6 +398,21 @@ pub async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             println!("\n{}", bench::layers::table(&reports));
             Ok(ExitCode::SUCCESS)
         }
+        Command::Bench(BenchCommand::StateMachine(args)) => {
+            let options = bench::state_machine::Options {
+                backends: args.backends,
+                rows: args.rows,
+                race_rows: args.race_rows,
+            };
+            println!(
+                "bench state-machine: PAID to SHIPPED on {} rows per pattern, then again (already done), \
+                 one transaction a move; {} rows raced by two movers",
+                options.rows, options.race_rows
+            );
+            let report = bench::state_machine::run(&options, |line| eprintln!("  {line}")).await?;
+            println!("\n{}", bench::state_machine::table(&report));
+            Ok(ExitCode::SUCCESS)
+        }
         Command::Bench(BenchCommand::Metrics { messages }) => {
             println!("bench metrics: {messages} stock.deduct messages on SQLite with and without metrics");
             let report = bench::metrics::run(messages).await?;
@@ -396,7 +426,8 @@ async fn demo_command(settings: Settings, args: DemoArgs) -> anyhow::Result<Exit
     let duplicates = share("duplicates", args.duplicates, 0.9)?;
     let store = open_store(&settings).await?;
     let policy = Policy { max_reconsume_times: args.max_reconsume_times, ..settings.policy() };
-    let running = crate::serve::Running::start(&settings, store, shop::handlers(), policy, false).await?;
+    let handlers = settings.handlers()?;
+    let running = crate::serve::Running::start(&settings, store, handlers, policy, false).await?;
     running.set_ready(true);
     println!(
         "idemgate demo: {} deliveries/s with {:.0}% duplicates into {} (instance {}).\n\
@@ -485,7 +516,7 @@ async fn reconcile_command(settings: &Settings, args: ReconcileArgs) -> anyhow::
     };
     let now = crate::gate::now_ms();
     let options = settings.reconcile.options(&who, biz_type, window, now);
-    let checks = shop::handlers().checks(&settings.routes());
+    let checks = settings.handlers()?.checks(&settings.routes());
     let report = crate::reconcile::reconcile_once(&store, &options, &checks, now).await;
     store.close().await;
     let report = report?;
@@ -509,7 +540,7 @@ async fn trace_command(settings: &Settings, args: TraceArgs) -> anyhow::Result<E
         args.group.as_deref(),
     )?;
     let store = open_store(settings).await?;
-    let web = crate::http::Web::new(settings, &shop::handlers());
+    let web = crate::http::Web::new(settings, &settings.handlers()?);
     let answer = trace::trace(&store, &web.trace, &query).await;
     store.close().await;
     let answer = answer?;

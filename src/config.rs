@@ -17,9 +17,11 @@ use crate::broker::StartFrom;
 use crate::broker::consumer::ConsumerOptions;
 use crate::gate::{Identity, Policy};
 use crate::prefilter::RedisSettings;
+use crate::handler::Handlers;
 use crate::reconcile::ReconcileSettings;
 use crate::route::{RouteConfig, Routes};
 use crate::shop;
+use crate::state_machine::{self, StateMachineConfig};
 use crate::store::{Backend, StoreOptions};
 
 /// All of idemgate's settings.
@@ -43,7 +45,12 @@ pub struct Settings {
     /// `[redis]`: the optional Redis pre-filter in front of the claim; each field names its
     /// `IDEMGATE_REDIS__…` variable ([`RedisSettings`]).
     pub redis: RedisSettings,
+    /// `[dedup]`: how the claims are laid out ([`DedupSettings`]).
     pub dedup: DedupSettings,
+    /// `[[state_machines]]`: handlers made from configuration, each a conditional state move
+    /// that routes name as their handler; each field is described on [`StateMachineConfig`].
+    /// `IDEMGATE_STATE_MACHINES` replaces the whole array with inline tables. None by default.
+    pub state_machines: Vec<StateMachineConfig>,
 }
 
 /// `[dedup]`: how the claims are laid out.
@@ -248,6 +255,7 @@ impl Default for Settings {
             reconcile: ReconcileSettings::default(),
             redis: RedisSettings::default(),
             dedup: DedupSettings { shards: 0 },
+            state_machines: Vec::new(),
         }
     }
 }
@@ -286,9 +294,11 @@ impl Settings {
             }
             figment = figment.merge(Toml::file_exact(path));
         }
-        // Only SECTION__KEY variables are settings; others with the prefix (IDEMGATE_CONFIG,
-        // the tests' own) are not.
-        figment = figment.merge(env.filter(|k| k.as_str().contains("__")).split("__"));
+        // Only SECTION__KEY variables are settings, and the one array of tables that can come
+        // whole from one variable; others with the prefix (IDEMGATE_CONFIG, the tests' own) are
+        // not.
+        figment =
+            figment.merge(env.filter(|k| k.as_str().contains("__") || k == "state_machines").split("__"));
         let settings: Settings = figment.extract().map_err(|e| ConfigError::Parse(describe(&e)))?;
         settings.validate()?;
         Ok(settings)
@@ -342,7 +352,19 @@ impl Settings {
         if self.routes.is_empty() {
             return Err(invalid("routes", "at least one route is needed"));
         }
-        Routes::new(&self.routes).map_err(|e| invalid(&e.field, e.message))?;
+        let routes = Routes::new(&self.routes).map_err(|e| invalid(&e.field, e.message))?;
+        let handlers = self.handlers()?;
+        for (route, name) in routes.handler_names() {
+            if handlers.get(name).is_none() {
+                return Err(invalid(
+                    &format!("routes[{route}].handler"),
+                    format!(
+                        "no handler named {name:?} (a route without `handler` uses its biz_type); known handlers: {}",
+                        handlers.names().collect::<Vec<_>>().join(", ")
+                    ),
+                ));
+            }
+        }
         self.archive.validate().map_err(|e| invalid(e.key, e.message))?;
         self.reconcile.validate().map_err(|e| invalid(e.key, e.message))?;
         self.redis.validate().map_err(|e| invalid(e.key, e.message))?;
@@ -353,6 +375,24 @@ impl Settings {
             ));
         }
         Ok(())
+    }
+
+    /// The built-in shop handlers and the configured `[[state_machines]]`. A configured name
+    /// that is a built-in handler's is refused, with its key named.
+    pub fn handlers(&self) -> Result<Handlers, ConfigError> {
+        let mut handlers = shop::handlers();
+        let configured =
+            state_machine::handlers(&self.state_machines).map_err(|e| invalid(&e.field, e.message))?;
+        for (i, machine) in self.state_machines.iter().enumerate() {
+            if handlers.get(&machine.name).is_some() {
+                return Err(invalid(
+                    &format!("state_machines[{i}].name"),
+                    format!("{:?} is the name of a built-in handler; choose another", machine.name),
+                ));
+            }
+        }
+        handlers.extend(configured);
+        Ok(handlers)
     }
 
     pub fn routes(&self) -> Routes {
@@ -507,5 +547,101 @@ mod tests {
         let missing =
             Settings::load_from(Some(Path::new("/nonexistent/idemgate.toml")), no_env()).unwrap_err();
         assert_eq!(missing.to_string(), "configuration file /nonexistent/idemgate.toml does not exist");
+    }
+
+    const SHIP: &str = r#"
+        [[routes]]
+        topic = "logistics"
+        tags = "shipped"
+        biz_type = "order.shipment"
+        biz_id = "json:/shipment_no"
+        handler = "order.ship"
+
+        [[state_machines]]
+        name = "order.ship"
+        table = "shop_order"
+        key_column = "order_no"
+        state_column = "status"
+        from = ["PAID"]
+        to = "SHIPPED"
+        row_key = "json:/order_no"
+        "#;
+
+    #[test]
+    fn a_configured_state_machine_is_a_handler_routes_can_name() {
+        let dir = tempfile::tempdir().unwrap();
+        let s = Settings::load_from(Some(&write(&dir, SHIP)), no_env()).unwrap();
+        let m = &s.state_machines[0];
+        assert_eq!((m.done.as_ref(), m.on_missing), (None, state_machine::OnMissing::Retry));
+        let handlers = s.handlers().unwrap();
+        let names: Vec<_> = handlers.names().collect();
+        assert_eq!(names, ["order.create", "order.ship", "payment.confirm", "stock.deduct"]);
+    }
+
+    #[test]
+    #[allow(clippy::result_large_err)] // figment::Jail's own error type
+    fn state_machines_may_come_whole_from_one_variable() {
+        figment::Jail::expect_with(|jail| {
+            jail.set_env(
+                "IDEMGATE_SM_TEST_STATE_MACHINES",
+                r#"[{name="order.cancel", table="shop_order", key_column="order_no", state_column="status", from=["UNPAID", "PAID"], to="CANCELLED", on_missing="dead_letter"}]"#,
+            );
+            let s = Settings::load_from(None, Env::prefixed("IDEMGATE_SM_TEST_")).unwrap();
+            assert_eq!(s.state_machines.len(), 1);
+            assert_eq!(s.state_machines[0].from, ["UNPAID", "PAID"]);
+            assert_eq!(s.state_machines[0].on_missing, state_machine::OnMissing::DeadLetter);
+            Ok(())
+        });
+    }
+
+    #[test]
+    fn hostile_or_colliding_state_machines_and_routes_to_nothing_are_refused_with_their_key_named() {
+        let dir = tempfile::tempdir().unwrap();
+        let with = |from: &str, to: &str| SHIP.replace(from, to);
+        let cases = [
+            (
+                with("table = \"shop_order\"", "table = \"x; drop\""),
+                "configuration key state_machines[0].table: \"x; drop\" is not a plain SQL identifier",
+            ),
+            (
+                with("key_column = \"order_no\"", "key_column = \"order_no; DELETE FROM shop_order\""),
+                "configuration key state_machines[0].key_column: \"order_no; DELETE FROM shop_order\" is not a plain SQL identifier",
+            ),
+            (
+                with("state_column = \"status\"", "state_column = \"status\\\" = 1 --\""),
+                "configuration key state_machines[0].state_column: \"status\\\" = 1 --\" is not a plain SQL identifier",
+            ),
+            (
+                with("row_key = \"json:/order_no\"", "set_time_column = \"shipped at\""),
+                "configuration key state_machines[0].set_time_column: \"shipped at\" is not a plain SQL identifier",
+            ),
+            (
+                with("name = \"order.ship\"", "name = \"payment.confirm\"")
+                    .replace("handler = \"order.ship\"", "handler = \"payment.confirm\""),
+                "configuration key state_machines[0].name: \"payment.confirm\" is the name of a built-in handler",
+            ),
+            (with("to = \"SHIPPED\"", "to = \"PAID\""), "configuration key state_machines[0].to:"),
+            (
+                with("from = [\"PAID\"]", "from = []"),
+                "configuration key state_machines[0].from: names no state",
+            ),
+            (
+                with("row_key = \"json:/order_no\"", "on_missing = \"explode\""),
+                "key state_machines.0.on_missing: unknown variant: found `explode`",
+            ),
+            (with("row_key =", "tabel = \"t\"\nrow_key ="), "unknown field: found `tabel`"),
+            (
+                with("handler = \"order.ship\"", "handler = \"order.shipp\""),
+                "configuration key routes[0].handler: no handler named \"order.shipp\" (a route without `handler` uses its biz_type); known handlers: order.create, order.ship, payment.confirm, stock.deduct",
+            ),
+            (
+                with("handler = \"order.ship\"", ""),
+                "configuration key routes[0].handler: no handler named \"order.shipment\"",
+            ),
+        ];
+        for (text, expected) in cases {
+            let err = Settings::load_from(Some(&write(&dir, &text)), no_env()).unwrap_err().to_string();
+            assert!(err.contains(expected), "expected {expected:?} in {err:?}\n{text}");
+        }
     }
 }

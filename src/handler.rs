@@ -51,6 +51,11 @@ pub enum HandlerError {
     /// message kept, not retried.
     #[error("{0}")]
     Permanent(String),
+    /// The business row is in a state the move cannot start from (a SHIPPED order asked to
+    /// become PAID): dead-lettered like `Permanent`, but logged and counted at the
+    /// `state_machine` layer, so that it is told apart from other refusals and from duplicates.
+    #[error("{0}")]
+    IllegalTransition(String),
     /// The message does not have the shape this handler needs: logged as invalid.
     #[error("{0}")]
     Invalid(String),

@@ -14,6 +14,8 @@
 //! - [`layout`]: the claim tables: one, or N shards by a stable hash; the readers' view.
 //! - [`prefilter`]: the optional Redis `SET NX EX` in front of the claim, with fallback.
 //! - [`handler`]: the trait business code implements, and the registry.
+//! - [`state_machine`]: "move a row from state A to B" as one conditional update; duplicates
+//!   told from illegal moves; the configured `[[state_machines]]` handlers.
 //! - [`delivery_log`]: one row per delivery attempt.
 //! - [`reconcile`]: lost, stuck, double-applied, orphan, colliding and late keys in a window; the runs.
 //! - [`replay`]: guarded re-publication of dead letters whose keys are not claimed.
@@ -54,6 +56,7 @@ pub mod route;
 pub mod scratch;
 pub mod serve;
 pub mod shop;
+pub mod state_machine;
 pub mod store;
 pub mod telemetry;
 pub mod throttle;

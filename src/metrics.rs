@@ -41,6 +41,7 @@ pub struct Metrics {
     conflicts: IntCounterVec,
     redeliveries: IntCounterVec,
     key_collisions: IntCounterVec,
+    illegal_transitions: IntCounterVec,
     unlogged: IntCounterVec,
     handler_seconds: HistogramVec,
     delivery_seconds: HistogramVec,
@@ -130,6 +131,11 @@ impl Metrics {
             key_collisions: counter(
                 "idemgate_key_collisions_total",
                 "Duplicates whose body differs from the claim's: one business key, two payloads.",
+                &["biz_type", "consumer_group"],
+            ),
+            illegal_transitions: counter(
+                "idemgate_illegal_transitions_total",
+                "State-machine moves refused because the row was in a state the move cannot start from (dead-lettered); a move found already made is a conflict at layer state_machine instead.",
                 &["biz_type", "consumer_group"],
             ),
             unlogged: counter(
@@ -252,6 +258,7 @@ impl Metrics {
             for step in Step::ALL {
                 self.prefilter.with_label_values(&[biz_type, g, step.as_str()]);
             }
+            self.illegal_transitions.with_label_values(&[biz_type, g]);
             for window in ["1m", "5m"] {
                 self.duplicate_ratio.with_label_values(&[biz_type, g, window]);
                 self.conflicts_per_second.with_label_values(&[biz_type, g, window]);
@@ -296,6 +303,9 @@ impl Metrics {
         }
         if r.payload_match == Some(false) {
             self.key_collisions.with_label_values(&[biz_type, g]).inc();
+        }
+        if r.outcome == Outcome::DeadLettered && r.layer == Some(Layer::StateMachine) {
+            self.illegal_transitions.with_label_values(&[biz_type, g]).inc();
         }
         if !r.logged {
             self.unlogged.with_label_values(&[g]).inc();

@@ -71,7 +71,8 @@ pub enum Source {
 }
 
 impl Source {
-    fn parse(text: &str, field: &str) -> Result<Self, RouteError> {
+    /// Reads `keys`, `property:NAME` or `json:/pointer`; an error names `field`.
+    pub(crate) fn parse(text: &str, field: &str) -> Result<Self, RouteError> {
         let bad = |why: &str| RouteError {
             field: field.to_owned(),
             message: format!("{text:?} {why}; expected \"keys\", \"property:NAME\" or \"json:/pointer\""),
@@ -92,6 +93,11 @@ impl Source {
             return Ok(Self::Json(pointer.to_owned()));
         }
         Err(bad("is not a key source"))
+    }
+
+    /// The value this source names in `d`, not yet checked against the key rules.
+    pub(crate) fn read(&self, d: &Delivery) -> Result<String, String> {
+        read(self, d, &mut Body::new(&d.body))
     }
 
     fn describe(&self) -> String {

@@ -145,7 +145,7 @@ impl Sql {
 
 /// Rewrites `?` placeholders as `$1, $2, …`. The statements in this crate hold no `?` inside
 /// string literals, which this relies on.
-fn number_placeholders(sql: &str) -> String {
+pub(crate) fn number_placeholders(sql: &str) -> String {
     let mut out = String::with_capacity(sql.len() + 16);
     let mut n = 0;
     for c in sql.chars() {

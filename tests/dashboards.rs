@@ -378,6 +378,7 @@ fn the_panels_cover_every_metric_of_the_service() {
         "idemgate_conflicts_total",
         "idemgate_redeliveries_total",
         "idemgate_key_collisions_total",
+        "idemgate_illegal_transitions_total",
         "idemgate_handler_duration_seconds_bucket",
         "idemgate_delivery_duration_seconds_bucket",
         "idemgate_end_to_end_seconds_bucket",

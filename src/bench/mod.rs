@@ -11,6 +11,7 @@ pub mod gate;
 pub mod layers;
 pub mod metrics;
 pub mod reconcile;
+pub mod state_machine;
 pub mod trace;
 
 use std::time::Duration;

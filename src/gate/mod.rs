@@ -477,7 +477,9 @@ impl Gate {
     ) -> Disposition {
         let (outcome, verdict) = match &why {
             HandlerError::Invalid(_) => (Outcome::Invalid, Verdict::Ack),
-            HandlerError::Permanent(_) => (Outcome::DeadLettered, Verdict::DeadLetter),
+            HandlerError::Permanent(_) | HandlerError::IllegalTransition(_) => {
+                (Outcome::DeadLettered, Verdict::DeadLetter)
+            }
             HandlerError::Retryable(_) | HandlerError::Database(_) => {
                 if d.reconsume_times >= self.policy.max_reconsume_times {
                     (Outcome::DeadLettered, Verdict::Retry)
@@ -502,7 +504,8 @@ impl Gate {
             verdict,
             key: None,
             cause: None,
-            layer: None,
+            // An illegal state-machine move is told apart from other dead letters by its layer.
+            layer: matches!(why, HandlerError::IllegalTransition(_)).then_some(Layer::StateMachine),
             payload_match: None,
             error: Some(error),
             latency: Duration::ZERO,

@@ -4,6 +4,7 @@
 #[allow(dead_code)]
 #[macro_use]
 mod support;
+mod state_machine;
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};

@@ -1,0 +1,1040 @@
+//! State-machine moves: "move this row from state A to state B" as one conditional update in
+//! the gate's transaction, and the configured handler kind `[[state_machines]]` built on it.
+//!
+//! `UPDATE t SET state = ?, … WHERE key = ? AND state IN (…) [AND guards]` changes one row or
+//! none. None is not one answer but several, told apart by reading the row back on the same
+//! connection: the move was made before ([`Answer::AlreadyDone`], a duplicate at the
+//! `state_machine` layer), the row is in a state the move cannot start from
+//! ([`Answer::Illegal`], dead-lettered and counted apart), a guard such as the amount does not
+//! hold ([`Answer::GuardFailed`]), the row does not exist ([`Answer::Missing`]), or another
+//! transaction put the row into a from-state between the update and the read, in which case the
+//! update runs once more.
+//!
+//! Table and column names cannot be bound parameters, so they are checked against a strict
+//! identifier rule and written into statements that are built once, when the transition is
+//! made; states, keys and every other value are bound. This module owns those statements and
+//! the answers; it must not commit, roll back or open connections inside a delivery.
+
+use std::collections::BTreeSet;
+use std::fmt;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use async_trait::async_trait;
+use serde::{Deserialize, Serialize};
+use sqlx::{AssertSqlSafe, SqlSafeStr, SqlStr};
+
+use crate::gate::Layer;
+use crate::handler::{Effect, Fact, Handler, HandlerError, Handlers, Work};
+use crate::route::{MAX_BIZ_ID_CHARS, MAX_BIZ_TYPE_CHARS, Source, check_key_text};
+use crate::store::{AnyQuery, Backend, Conn, Store, number_placeholders};
+
+/// The longest identifier: PostgreSQL's limit (63 bytes), which MySQL's 64 also admits.
+const MAX_IDENTIFIER_CHARS: usize = 63;
+/// The longest state name.
+const MAX_STATE_CHARS: usize = 64;
+
+/// A state machine, or a move of one, is described wrongly. `field` names the offending part
+/// (`table`, `from`, `set[1]`…) so that configuration errors can name their key.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{field}: {message}")]
+pub struct DefinitionError {
+    pub field: String,
+    pub message: String,
+}
+
+fn wrong(field: impl Into<String>, message: impl Into<String>) -> DefinitionError {
+    DefinitionError { field: field.into(), message: message.into() }
+}
+
+/// Checks a table or column name: `^[A-Za-z_][A-Za-z0-9_]{0,62}$`. Nothing else (no quotes,
+/// dots, spaces or dashes) ever reaches a statement's text.
+pub fn check_identifier(name: &str) -> Result<(), String> {
+    let mut chars = name.chars();
+    let plain = match chars.next() {
+        Some(first) => {
+            (first.is_ascii_alphabetic() || first == '_')
+                && chars.all(|c| c.is_ascii_alphanumeric() || c == '_')
+                && name.len() <= MAX_IDENTIFIER_CHARS
+        }
+        None => false,
+    };
+    if plain {
+        Ok(())
+    } else {
+        Err(format!(
+            "{name:?} is not a plain SQL identifier (a letter or _, then letters, digits or _, at most {MAX_IDENTIFIER_CHARS})"
+        ))
+    }
+}
+
+fn check_state(state: &str) -> Result<(), String> {
+    if state.is_empty() || state.chars().count() > MAX_STATE_CHARS {
+        return Err(format!("{state:?} must be 1 to {MAX_STATE_CHARS} characters"));
+    }
+    if state.chars().any(char::is_control) {
+        return Err(format!("\"{}\" contains a control character", state.escape_debug()));
+    }
+    Ok(())
+}
+
+/// A table whose rows move between states: the table, the column that names a row and the
+/// column that holds its state (text). The names are checked when it is made.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StateMachine {
+    table: String,
+    key_column: String,
+    state_column: String,
+}
+
+impl StateMachine {
+    pub fn new(table: &str, key_column: &str, state_column: &str) -> Result<Self, DefinitionError> {
+        for (field, name) in [("table", table), ("key_column", key_column), ("state_column", state_column)] {
+            check_identifier(name).map_err(|m| wrong(field, m))?;
+        }
+        if key_column == state_column {
+            return Err(wrong("state_column", "is the key column too"));
+        }
+        Ok(Self {
+            table: table.to_owned(),
+            key_column: key_column.to_owned(),
+            state_column: state_column.to_owned(),
+        })
+    }
+
+    pub fn table(&self) -> &str {
+        &self.table
+    }
+
+    /// Builds the statements of one move. They are made here, once, not per delivery.
+    pub fn transition(&self, spec: TransitionSpec) -> Result<Transition, DefinitionError> {
+        Transition::build(self.clone(), spec)
+    }
+}
+
+/// How a guard compares its column with the bound value.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Compare {
+    Eq,
+    Ne,
+    Lt,
+    Le,
+    Gt,
+    Ge,
+}
+
+impl Compare {
+    fn sql(self) -> &'static str {
+        match self {
+            Self::Eq => "=",
+            Self::Ne => "<>",
+            Self::Lt => "<",
+            Self::Le => "<=",
+            Self::Gt => ">",
+            Self::Ge => ">=",
+        }
+    }
+}
+
+/// An extra condition of a move: `column <compare> ?`, the value bound per move.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Guard {
+    pub column: String,
+    pub compare: Compare,
+}
+
+/// What a move is: the states it starts from, the state it makes, the states that mean it was
+/// made already, the columns it sets besides the state and the guards it checks. Values are
+/// not part of it; each [`Move`] binds its own.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TransitionSpec {
+    pub from: Vec<String>,
+    pub to: String,
+    /// The states that count as "already done"; `None` is `[to]`.
+    pub done: Option<Vec<String>>,
+    /// Columns set to a bound value along with the state, in the order a [`Move`] gives them.
+    pub set: Vec<String>,
+    /// Conditions that must hold besides the from-state, in the order a [`Move`] gives them.
+    pub guards: Vec<Guard>,
+}
+
+impl TransitionSpec {
+    pub fn new<S: Into<String>>(from: impl IntoIterator<Item = S>, to: impl Into<String>) -> Self {
+        Self {
+            from: from.into_iter().map(Into::into).collect(),
+            to: to.into(),
+            done: None,
+            set: Vec::new(),
+            guards: Vec::new(),
+        }
+    }
+
+    /// The states that mean the move was made already (instead of `[to]`): a SHIPPED order was
+    /// PAID once, so a payment confirmation finding SHIPPED may count as done.
+    pub fn done<S: Into<String>>(mut self, states: impl IntoIterator<Item = S>) -> Self {
+        self.done = Some(states.into_iter().map(Into::into).collect());
+        self
+    }
+
+    /// Also sets `column` to the move's next set value.
+    pub fn set(mut self, column: impl Into<String>) -> Self {
+        self.set.push(column.into());
+        self
+    }
+
+    /// Also requires `column <compare> ?` with the move's next guard value.
+    pub fn guard(mut self, column: impl Into<String>, compare: Compare) -> Self {
+        self.guards.push(Guard { column: column.into(), compare });
+        self
+    }
+}
+
+/// A value bound into a move: a row key, a set value or a guard value; also a value read back.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Value {
+    Int(i64),
+    Text(String),
+}
+
+impl fmt::Display for Value {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::Int(n) => write!(f, "{n}"),
+            Self::Text(s) => f.write_str(s),
+        }
+    }
+}
+
+impl From<i64> for Value {
+    fn from(n: i64) -> Self {
+        Self::Int(n)
+    }
+}
+
+impl From<&str> for Value {
+    fn from(s: &str) -> Self {
+        Self::Text(s.to_owned())
+    }
+}
+
+impl From<String> for Value {
+    fn from(s: String) -> Self {
+        Self::Text(s)
+    }
+}
+
+impl Value {
+    fn bind(&self, q: AnyQuery) -> AnyQuery {
+        match self {
+            Self::Int(n) => q.bind(*n),
+            Self::Text(s) => q.bind(s.as_str()),
+        }
+    }
+
+    /// Column `i` of `row`, whatever its type; `None` for NULL.
+    fn read(row: &sqlx::any::AnyRow, i: usize) -> Result<Option<Self>, sqlx::Error> {
+        use sqlx::Row;
+        if let Ok(n) = row.try_get::<Option<i64>, _>(i) {
+            return Ok(n.map(Self::Int));
+        }
+        if let Ok(s) = row.try_get::<Option<String>, _>(i) {
+            return Ok(s.map(Self::Text));
+        }
+        Ok(row.try_get::<Option<f64>, _>(i)?.map(|x| Self::Text(x.to_string())))
+    }
+}
+
+/// One move of one row: its key, then the values of the transition's set columns and guards,
+/// in the order the transition names them.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Move {
+    key: Value,
+    set: Vec<Value>,
+    guards: Vec<Value>,
+}
+
+impl Move {
+    pub fn of(key: impl Into<Value>) -> Self {
+        Self { key: key.into(), set: Vec::new(), guards: Vec::new() }
+    }
+
+    pub fn set(mut self, value: impl Into<Value>) -> Self {
+        self.set.push(value.into());
+        self
+    }
+
+    pub fn guard(mut self, value: impl Into<Value>) -> Self {
+        self.guards.push(value.into());
+        self
+    }
+}
+
+/// What the row showed when the update changed nothing: its set columns and guard columns,
+/// in the transition's order (`None` for NULL), for the messages that explain the answer.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Found {
+    pub set: Vec<Option<Value>>,
+    pub guards: Vec<Option<Value>>,
+}
+
+/// Where a move ended.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Answer {
+    /// The row moved to the to-state.
+    Moved,
+    /// The row is in a done state: the move was made before. A duplicate.
+    AlreadyDone { state: String, found: Found },
+    /// The row is in a state the move cannot start from.
+    Illegal { state: String, found: Found },
+    /// The row is in a from-state, but a guard does not hold (the amount differs).
+    GuardFailed { state: String, found: Found },
+    /// No row has the key.
+    Missing,
+    /// The row came into a from-state while the move ran and still did not move on the second
+    /// update: it keeps changing under the move. Answered as retryable rather than guessed.
+    Contended { state: String },
+}
+
+/// What to do when the row does not exist.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum OnMissing {
+    /// Retry later: the row may still be on its way (the order after its payment).
+    #[default]
+    Retry,
+    /// Give up at once: dead-lettered with the body kept.
+    DeadLetter,
+}
+
+/// A statement whose text was made once from checked identifiers, in each backend's form.
+#[derive(Debug)]
+struct Statement {
+    sqlite: SqlStr,
+    postgres: SqlStr,
+    mysql: SqlStr,
+}
+
+fn sql_text(text: String) -> SqlStr {
+    // Only identifiers that passed `check_identifier` and fixed keywords are in the text; every
+    // value is a placeholder.
+    AssertSqlSafe(Arc::<str>::from(text)).into_sql_str()
+}
+
+impl Statement {
+    /// The same statement on every backend, `?` renumbered for PostgreSQL.
+    fn portable(text: String) -> Self {
+        Self {
+            postgres: sql_text(number_placeholders(&text)),
+            mysql: sql_text(text.clone()),
+            sqlite: sql_text(text),
+        }
+    }
+
+    /// A read of the latest committed row, as the update before it saw it. MySQL/MariaDB's
+    /// repeatable read answers a plain SELECT from the transaction's first snapshot, which may
+    /// be older than the commit the update waited for; a locking read (`FOR UPDATE`) reads the
+    /// latest row there. PostgreSQL's read committed takes a new snapshot per statement, and
+    /// SQLite's writer holds the whole database, so a plain SELECT is right on both, and the
+    /// lock would only cost them: on PostgreSQL it makes a read-only transaction write.
+    fn latest(text: String) -> Self {
+        Self {
+            postgres: sql_text(number_placeholders(&text)),
+            mysql: sql_text(format!("{text} FOR UPDATE")),
+            sqlite: sql_text(text),
+        }
+    }
+
+    fn query(&self, backend: Backend) -> AnyQuery {
+        sqlx::query(self.text(backend).clone())
+    }
+
+    fn text(&self, backend: Backend) -> &SqlStr {
+        match backend {
+            Backend::Sqlite => &self.sqlite,
+            Backend::Postgres => &self.postgres,
+            Backend::MySql => &self.mysql,
+        }
+    }
+}
+
+/// A move of a [`StateMachine`] with its statements built. Share it (it is `Sync`); apply it
+/// with [`Transition::apply`] on the gate's connection, inside its transaction.
+#[derive(Debug)]
+pub struct Transition {
+    machine: StateMachine,
+    from: Vec<String>,
+    to: String,
+    done: Vec<String>,
+    set: Vec<String>,
+    guards: Vec<Guard>,
+    /// `UPDATE t SET state = ?, set… WHERE key = ? AND state IN (from…) AND guards…`
+    update: Statement,
+    /// `SELECT state, set…, guard columns…, whether the guards hold FROM t WHERE key = ?`,
+    /// locking on MySQL/MariaDB.
+    read: Statement,
+    /// `SELECT state, set… FROM t WHERE key = ?`, for the trace page.
+    current: Statement,
+    /// Statements run by [`Transition::apply`], for measuring.
+    statements: AtomicU64,
+}
+
+/// What classifying a read row decided.
+#[derive(Debug, PartialEq, Eq)]
+enum Step {
+    Answer(Answer),
+    /// In a from-state with every guard holding: a concurrent commit put it there; update again.
+    UpdateAgain {
+        state: String,
+    },
+}
+
+impl Transition {
+    fn build(machine: StateMachine, spec: TransitionSpec) -> Result<Self, DefinitionError> {
+        let TransitionSpec { from, to, done, set, guards } = spec;
+        if from.is_empty() {
+            return Err(wrong("from", "names no state"));
+        }
+        for (i, s) in from.iter().enumerate() {
+            check_state(s).map_err(|m| wrong(format!("from[{i}]"), m))?;
+        }
+        check_state(&to).map_err(|m| wrong("to", m))?;
+        if from.contains(&to) {
+            return Err(wrong("to", format!("{to:?} is also a from-state; a move must change the state")));
+        }
+        let done = done.unwrap_or_else(|| vec![to.clone()]);
+        if done.is_empty() {
+            return Err(wrong("done", "names no state; leave it out to mean [to]"));
+        }
+        for (i, s) in done.iter().enumerate() {
+            check_state(s).map_err(|m| wrong(format!("done[{i}]"), m))?;
+            if from.contains(s) {
+                return Err(wrong(
+                    format!("done[{i}]"),
+                    format!(
+                        "{s:?} is also a from-state; a state cannot be both where the move starts and proof it was made"
+                    ),
+                ));
+            }
+        }
+        let mut columns: BTreeSet<&str> = [machine.key_column.as_str(), machine.state_column.as_str()].into();
+        for (i, c) in set.iter().enumerate() {
+            check_identifier(c).map_err(|m| wrong(format!("set[{i}]"), m))?;
+            if !columns.insert(c) {
+                return Err(wrong(
+                    format!("set[{i}]"),
+                    format!("{c:?} is the key, the state or another set column"),
+                ));
+            }
+        }
+        for (i, g) in guards.iter().enumerate() {
+            check_identifier(&g.column).map_err(|m| wrong(format!("guards[{i}]"), m))?;
+        }
+
+        let StateMachine { table, key_column: key, state_column: state } = &machine;
+        let placeholders = |n: usize| vec!["?"; n].join(", ");
+        let mut assignments = format!("{state} = ?");
+        for c in &set {
+            assignments.push_str(&format!(", {c} = ?"));
+        }
+        let conditions: Vec<String> =
+            guards.iter().map(|g| format!("{} {} ?", g.column, g.compare.sql())).collect();
+        let mut update = format!(
+            "UPDATE {table} SET {assignments} WHERE {key} = ? AND {state} IN ({})",
+            placeholders(from.len())
+        );
+        for c in &conditions {
+            update.push_str(&format!(" AND {c}"));
+        }
+        let mut shown = vec![state.as_str()];
+        shown.extend(set.iter().map(String::as_str));
+        let guards_hold = if conditions.is_empty() {
+            "1".to_owned()
+        } else {
+            format!("CASE WHEN {} THEN 1 ELSE 0 END", conditions.join(" AND "))
+        };
+        let mut read_columns = shown.clone();
+        read_columns.extend(guards.iter().map(|g| g.column.as_str()));
+        let read = format!("SELECT {}, {guards_hold} FROM {table} WHERE {key} = ?", read_columns.join(", "));
+        let current = format!("SELECT {} FROM {table} WHERE {key} = ?", shown.join(", "));
+        Ok(Self {
+            update: Statement::portable(update),
+            read: Statement::latest(read),
+            current: Statement::portable(current),
+            machine,
+            from,
+            to,
+            done,
+            set,
+            guards,
+            statements: AtomicU64::new(0),
+        })
+    }
+
+    pub fn machine(&self) -> &StateMachine {
+        &self.machine
+    }
+
+    pub fn from(&self) -> &[String] {
+        &self.from
+    }
+
+    pub fn to(&self) -> &str {
+        &self.to
+    }
+
+    pub fn done(&self) -> &[String] {
+        &self.done
+    }
+
+    /// Statements [`Transition::apply`] has run so far, over all moves.
+    pub fn statements_run(&self) -> u64 {
+        self.statements.load(Ordering::Relaxed)
+    }
+
+    /// Makes the move on `conn` (the gate's transaction) and says where it ended. One
+    /// statement when the row moves; a read besides when it does not, and one more
+    /// update when a concurrent commit put the row into a from-state.
+    pub async fn apply(&self, conn: &mut Conn, backend: Backend, m: &Move) -> Result<Answer, sqlx::Error> {
+        if m.set.len() != self.set.len() || m.guards.len() != self.guards.len() {
+            return Err(sqlx::Error::InvalidArgument(format!(
+                "the move to {} on {} takes {} set and {} guard values, not {} and {}",
+                self.to,
+                self.machine.table,
+                self.set.len(),
+                self.guards.len(),
+                m.set.len(),
+                m.guards.len()
+            )));
+        }
+        if self.update(conn, backend, m).await? {
+            return Ok(Answer::Moved);
+        }
+        let mut updated_again = false;
+        loop {
+            let Some((state, found, guards_hold)) = self.read(conn, backend, m).await? else {
+                return Ok(Answer::Missing);
+            };
+            match self.classify(state, found, guards_hold) {
+                Step::Answer(answer) => return Ok(answer),
+                Step::UpdateAgain { state } if updated_again => return Ok(Answer::Contended { state }),
+                Step::UpdateAgain { .. } => {
+                    updated_again = true;
+                    if self.update(conn, backend, m).await? {
+                        return Ok(Answer::Moved);
+                    }
+                }
+            }
+        }
+    }
+
+    async fn update(&self, conn: &mut Conn, backend: Backend, m: &Move) -> Result<bool, sqlx::Error> {
+        let mut q = self.update.query(backend).bind(self.to.as_str());
+        for v in &m.set {
+            q = v.bind(q);
+        }
+        q = m.key.bind(q);
+        for s in &self.from {
+            q = q.bind(s.as_str());
+        }
+        for v in &m.guards {
+            q = v.bind(q);
+        }
+        self.statements.fetch_add(1, Ordering::Relaxed);
+        Ok(q.execute(&mut *conn).await?.rows_affected() == 1)
+    }
+
+    /// The row's state (`None` for NULL), its set and guard columns, and whether the guards
+    /// hold; `None` when there is no row.
+    async fn read(
+        &self,
+        conn: &mut Conn,
+        backend: Backend,
+        m: &Move,
+    ) -> Result<Option<(Option<String>, Found, bool)>, sqlx::Error> {
+        use sqlx::Row;
+        let mut q = self.read.query(backend);
+        for v in &m.guards {
+            q = v.bind(q);
+        }
+        q = m.key.bind(q);
+        self.statements.fetch_add(1, Ordering::Relaxed);
+        let Some(row) = q.fetch_optional(&mut *conn).await? else {
+            return Ok(None);
+        };
+        let state: Option<String> = row.try_get(0)?;
+        let mut found = Found::default();
+        for i in 0..self.set.len() {
+            found.set.push(Value::read(&row, 1 + i)?);
+        }
+        for i in 0..self.guards.len() {
+            found.guards.push(Value::read(&row, 1 + self.set.len() + i)?);
+        }
+        let guards_hold: i64 = row.try_get(1 + self.set.len() + self.guards.len())?;
+        Ok(Some((state, found, guards_hold == 1)))
+    }
+
+    fn classify(&self, state: Option<String>, found: Found, guards_hold: bool) -> Step {
+        let Some(state) = state else {
+            return Step::Answer(Answer::Illegal { state: "NULL".to_owned(), found });
+        };
+        if self.done.contains(&state) {
+            Step::Answer(Answer::AlreadyDone { state, found })
+        } else if !self.from.contains(&state) {
+            Step::Answer(Answer::Illegal { state, found })
+        } else if guards_hold {
+            Step::UpdateAgain { state }
+        } else {
+            Step::Answer(Answer::GuardFailed { state, found })
+        }
+    }
+
+    /// The handler's result for `answer`, its messages naming the row as `what` (such as
+    /// "order O-1"): `Moved` applied; `AlreadyDone` a duplicate at the `state_machine` layer;
+    /// `Illegal` an [`HandlerError::IllegalTransition`]; `GuardFailed` permanent; `Missing`
+    /// as `on_missing` says; `Contended` retryable.
+    pub fn result(&self, answer: Answer, what: &str, on_missing: OnMissing) -> Result<Effect, HandlerError> {
+        match answer {
+            Answer::Moved => Ok(Effect::Applied),
+            Answer::AlreadyDone { state, .. } => Ok(Effect::AlreadyApplied {
+                layer: Layer::StateMachine,
+                detail: format!("{what} is already {state}"),
+            }),
+            Answer::Illegal { state, .. } => Err(HandlerError::IllegalTransition(format!(
+                "illegal transition: {what} is {state} and cannot become {}",
+                self.to
+            ))),
+            Answer::GuardFailed { state, found } => {
+                let seen: Vec<String> = self
+                    .guards
+                    .iter()
+                    .zip(&found.guards)
+                    .map(|(g, v)| {
+                        format!("{} is {}", g.column, v.as_ref().map_or("NULL".to_owned(), Value::to_string))
+                    })
+                    .collect();
+                Err(HandlerError::Permanent(format!(
+                    "{what} is {state} but does not meet the conditions to become {} ({})",
+                    self.to,
+                    seen.join(", ")
+                )))
+            }
+            Answer::Missing => Err(match on_missing {
+                OnMissing::Retry => {
+                    HandlerError::Retryable(format!("{what} does not exist yet; it may still be on its way"))
+                }
+                OnMissing::DeadLetter => HandlerError::Permanent(format!("{what} does not exist")),
+            }),
+            Answer::Contended { .. } => Err(HandlerError::Retryable(format!("{what} is changing; retrying"))),
+        }
+    }
+
+    /// The row's state and set columns now, read through the pool (for the trace page); `None`
+    /// when there is no row.
+    pub async fn current(
+        &self,
+        store: &Store,
+        key: &str,
+    ) -> Result<Option<(Option<String>, Vec<Option<Value>>)>, sqlx::Error> {
+        use sqlx::Row;
+        let row = self.current.query(store.backend()).bind(key).fetch_optional(store.pool()).await?;
+        let Some(row) = row else {
+            return Ok(None);
+        };
+        let state: Option<String> = row.try_get(0)?;
+        let set = (0..self.set.len()).map(|i| Value::read(&row, 1 + i)).collect::<Result<_, _>>()?;
+        Ok(Some((state, set)))
+    }
+}
+
+/// `[[state_machines]]`: a handler made from configuration, for moves that need no code. An
+/// array of tables has no `IDEMGATE_SECTION__KEY` form; the whole array may come from
+/// `IDEMGATE_STATE_MACHINES` as inline tables, such as
+/// `[{name="order.ship", table="shop_order", key_column="order_no", state_column="status", from=["PAID"], to="SHIPPED"}]`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct StateMachineConfig {
+    /// `name` (in `IDEMGATE_STATE_MACHINES`, `{name = "…"}`): the handler name that routes refer
+    /// to (`handler = "order.ship"`, or a route whose biz_type is this name). Must not be the
+    /// name of a built-in handler.
+    pub name: String,
+    /// `table`: the table whose rows move. A plain identifier.
+    pub table: String,
+    /// `key_column`: the column that names a row (its primary or a unique key).
+    pub key_column: String,
+    /// `state_column`: the column that holds the row's state, as text.
+    pub state_column: String,
+    /// `from`: the states the move starts from.
+    pub from: Vec<String>,
+    /// `to`: the state the move makes.
+    pub to: String,
+    /// `done`: the states that mean the move was made already; absent means `[to]`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub done: Option<Vec<String>>,
+    /// `on_missing`: `retry` (the default: the row may still be on its way) or `dead_letter`.
+    #[serde(default)]
+    pub on_missing: OnMissing,
+    /// `set_time_column`: a column set to the gate's clock, epoch milliseconds, by the move.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub set_time_column: Option<String>,
+    /// `row_key`: where the row's key comes from, as a route's `biz_id` says it (`keys`,
+    /// `property:NAME`, `json:/pointer`); absent means the delivery's bizId. Set it when the
+    /// messages are keyed by something else than the row (a shipment number for an order).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub row_key: Option<String>,
+}
+
+impl StateMachineConfig {
+    /// The handler this entry describes; the error names the field.
+    pub fn handler(&self) -> Result<TransitionHandler, DefinitionError> {
+        check_key_text(&self.name, MAX_BIZ_TYPE_CHARS).map_err(|m| wrong("name", m))?;
+        let machine = StateMachine::new(&self.table, &self.key_column, &self.state_column)?;
+        let mut spec = TransitionSpec::new(self.from.iter().cloned(), self.to.as_str());
+        spec.done = self.done.clone();
+        if let Some(column) = &self.set_time_column {
+            spec = spec.set(column.as_str());
+        }
+        let transition = machine.transition(spec).map_err(|e| match e.field.as_str() {
+            "set[0]" => DefinitionError { field: "set_time_column".to_owned(), ..e },
+            _ => e,
+        })?;
+        let row_key = self
+            .row_key
+            .as_deref()
+            .map(|text| Source::parse(text, "row_key").map_err(|e| wrong(e.field, e.message)))
+            .transpose()?;
+        Ok(TransitionHandler {
+            transition,
+            row_key: row_key.map(|source| (source, self.row_key.clone().unwrap_or_default())),
+            on_missing: self.on_missing,
+        })
+    }
+}
+
+/// The handlers of `configs`, each under its name. The first wrong entry is refused, its field
+/// named as `state_machines[i].field`.
+pub fn handlers(configs: &[StateMachineConfig]) -> Result<Handlers, DefinitionError> {
+    let mut handlers = Handlers::new();
+    for (i, config) in configs.iter().enumerate() {
+        let handler =
+            config.handler().map_err(|e| wrong(format!("state_machines[{i}].{}", e.field), e.message))?;
+        if handlers.get(&config.name).is_some() {
+            return Err(wrong(
+                format!("state_machines[{i}].name"),
+                format!("{:?} is the name of an earlier [[state_machines]] entry", config.name),
+            ));
+        }
+        handlers.insert(config.name.clone(), handler);
+    }
+    Ok(handlers)
+}
+
+/// A configured move as a [`Handler`]: the row named by the delivery (its bizId, or
+/// `row_key`) moves; a set time column gets the gate's clock.
+#[derive(Debug)]
+pub struct TransitionHandler {
+    transition: Transition,
+    /// Where the row key comes from, and that source as configured; `None`: the bizId.
+    row_key: Option<(Source, String)>,
+    on_missing: OnMissing,
+}
+
+impl TransitionHandler {
+    pub fn transition(&self) -> &Transition {
+        &self.transition
+    }
+}
+
+#[async_trait]
+impl Handler for TransitionHandler {
+    async fn handle(&self, work: &Work<'_>, conn: &mut Conn) -> Result<Effect, HandlerError> {
+        let key = match &self.row_key {
+            None => work.key.biz_id.clone(),
+            Some((source, _)) => {
+                source.read(work.delivery).map_err(|why| HandlerError::Invalid(format!("row_key: {why}")))?
+            }
+        };
+        check_key_text(&key, MAX_BIZ_ID_CHARS)
+            .map_err(|why| HandlerError::Invalid(format!("row_key {why}")))?;
+        let mut m = Move::of(key.as_str());
+        if !self.transition.set.is_empty() {
+            m = m.set(work.now_ms);
+        }
+        let answer = self.transition.apply(conn, work.backend, &m).await?;
+        self.transition.result(answer, &format!("{} {key}", self.transition.machine.table), self.on_missing)
+    }
+
+    /// The row's state, what it means for the move, and the time column. Where rows are named
+    /// by `row_key`, the bizId does not name the row, and the page says so.
+    async fn describe(&self, store: &Store, biz_id: &str) -> Result<Vec<Fact>, sqlx::Error> {
+        let t = &self.transition;
+        let table = t.machine.table.as_str();
+        if let Some((_, source)) = &self.row_key {
+            return Ok(vec![Fact::new(
+                table,
+                format!("rows are named by {source} of each message, not by the bizId"),
+            )]);
+        }
+        let Some((state, set)) = t.current(store, biz_id).await? else {
+            return Ok(vec![Fact::new(table, format!("no row with {} {biz_id}", t.machine.key_column))]);
+        };
+        let state = state.unwrap_or_else(|| "NULL".to_owned());
+        let meaning = if t.done.contains(&state) {
+            format!("{state}: the move to {} is made", t.to)
+        } else if t.from.contains(&state) {
+            format!("{state}: can become {}", t.to)
+        } else {
+            format!("{state}: cannot become {}", t.to)
+        };
+        let mut facts =
+            vec![Fact::new("row", format!("{table} {biz_id}")), Fact::new(&t.machine.state_column, meaning)];
+        for (column, value) in t.set.iter().zip(set) {
+            let shown = match value {
+                Some(Value::Int(ms)) => crate::inspect::format_ms(ms),
+                Some(other) => other.to_string(),
+                None => "not set".to_owned(),
+            };
+            facts.push(Fact::new(column, shown));
+        }
+        Ok(facts)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn order_machine() -> StateMachine {
+        StateMachine::new("shop_order", "order_no", "status").unwrap()
+    }
+
+    #[test]
+    fn only_plain_identifiers_are_accepted() {
+        for good in ["shop_order", "_t", "T1", "a", &"x".repeat(63)] {
+            assert!(check_identifier(good).is_ok(), "{good}");
+        }
+        for bad in [
+            "",
+            "1table",
+            "x; drop table idempotent_record",
+            "shop.order",
+            "\"quoted\"",
+            "`tick`",
+            "a b",
+            "a-b",
+            "tablé",
+            "t\u{0}",
+            "order--",
+            &"x".repeat(64),
+        ] {
+            let err = check_identifier(bad).unwrap_err();
+            assert!(err.contains("is not a plain SQL identifier"), "{bad:?}: {err}");
+        }
+        let err = StateMachine::new("x; drop", "id", "state").unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            "table: \"x; drop\" is not a plain SQL identifier (a letter or _, then letters, digits or _, at most 63)"
+        );
+        assert_eq!(StateMachine::new("t", "id", "id").unwrap_err().field, "state_column");
+    }
+
+    #[test]
+    fn a_move_is_refused_when_its_states_or_columns_are_wrong() {
+        let m = order_machine();
+        let field = |spec: TransitionSpec| m.transition(spec).unwrap_err().field;
+        assert_eq!(field(TransitionSpec::new(Vec::<String>::new(), "PAID")), "from");
+        assert_eq!(field(TransitionSpec::new(["UNPAID", "PAID"], "PAID")), "to");
+        assert_eq!(field(TransitionSpec::new(["UNPAID"], "")), "to");
+        assert_eq!(field(TransitionSpec::new(["UNPAID"], "PAID").done(["UNPAID"])), "done[0]");
+        assert_eq!(field(TransitionSpec::new(["UNPAID"], "PAID").done(Vec::<String>::new())), "done");
+        assert_eq!(field(TransitionSpec::new(["A\nB"], "PAID")), "from[0]");
+        assert_eq!(field(TransitionSpec::new(["UNPAID"], "PAID").set("paid_at_ms").set("x y")), "set[1]");
+        assert_eq!(field(TransitionSpec::new(["UNPAID"], "PAID").set("status")), "set[0]");
+        assert_eq!(
+            field(TransitionSpec::new(["UNPAID"], "PAID").guard("1=1 OR 1", Compare::Eq)),
+            "guards[0]"
+        );
+    }
+
+    #[test]
+    fn the_statements_bind_every_value_and_read_the_latest_row() {
+        let t = order_machine()
+            .transition(
+                TransitionSpec::new(["UNPAID", "PENDING"], "PAID")
+                    .set("payment_no")
+                    .set("paid_at_ms")
+                    .guard("amount_cents", Compare::Eq),
+            )
+            .unwrap();
+        assert_eq!(
+            t.update.text(Backend::MySql).as_str(),
+            "UPDATE shop_order SET status = ?, payment_no = ?, paid_at_ms = ? \
+             WHERE order_no = ? AND status IN (?, ?) AND amount_cents = ?"
+        );
+        assert_eq!(
+            t.update.text(Backend::Postgres).as_str(),
+            "UPDATE shop_order SET status = $1, payment_no = $2, paid_at_ms = $3 \
+             WHERE order_no = $4 AND status IN ($5, $6) AND amount_cents = $7"
+        );
+        assert_eq!(t.update.text(Backend::Sqlite).as_str(), t.update.text(Backend::MySql).as_str());
+        assert_eq!(
+            t.read.text(Backend::Sqlite).as_str(),
+            "SELECT status, payment_no, paid_at_ms, amount_cents, CASE WHEN amount_cents = ? THEN 1 ELSE 0 END \
+             FROM shop_order WHERE order_no = ?"
+        );
+        assert_eq!(
+            t.read.text(Backend::Postgres).as_str(),
+            "SELECT status, payment_no, paid_at_ms, amount_cents, CASE WHEN amount_cents = $1 THEN 1 ELSE 0 END \
+             FROM shop_order WHERE order_no = $2"
+        );
+        assert!(t.read.text(Backend::MySql).as_str().ends_with("WHERE order_no = ? FOR UPDATE"));
+        assert_eq!(
+            t.current.text(Backend::Postgres).as_str(),
+            "SELECT status, payment_no, paid_at_ms FROM shop_order WHERE order_no = $1"
+        );
+        assert_eq!(t.done(), ["PAID"]);
+
+        let plain = order_machine()
+            .transition(TransitionSpec::new(["PAID"], "SHIPPED").guard("amount_cents", Compare::Ge))
+            .unwrap();
+        assert_eq!(
+            plain.update.text(Backend::MySql).as_str(),
+            "UPDATE shop_order SET status = ? WHERE order_no = ? AND status IN (?) AND amount_cents >= ?"
+        );
+        let unguarded = order_machine().transition(TransitionSpec::new(["PAID"], "SHIPPED")).unwrap();
+        assert_eq!(
+            unguarded.read.text(Backend::Sqlite).as_str(),
+            "SELECT status, 1 FROM shop_order WHERE order_no = ?"
+        );
+    }
+
+    #[test]
+    fn a_row_that_did_not_move_is_classified_by_its_state_and_guards() {
+        let t = order_machine()
+            .transition(
+                TransitionSpec::new(["UNPAID"], "PAID")
+                    .done(["PAID", "SHIPPED"])
+                    .guard("amount_cents", Compare::Eq),
+            )
+            .unwrap();
+        let found = Found::default;
+        let step = |state: Option<&str>, hold| t.classify(state.map(str::to_owned), found(), hold);
+        assert_eq!(
+            step(Some("PAID"), false),
+            Step::Answer(Answer::AlreadyDone { state: "PAID".into(), found: found() })
+        );
+        assert_eq!(
+            step(Some("SHIPPED"), true),
+            Step::Answer(Answer::AlreadyDone { state: "SHIPPED".into(), found: found() })
+        );
+        assert_eq!(
+            step(Some("CANCELLED"), true),
+            Step::Answer(Answer::Illegal { state: "CANCELLED".into(), found: found() })
+        );
+        assert_eq!(step(None, true), Step::Answer(Answer::Illegal { state: "NULL".into(), found: found() }));
+        assert_eq!(
+            step(Some("UNPAID"), false),
+            Step::Answer(Answer::GuardFailed { state: "UNPAID".into(), found: found() })
+        );
+        // In a from-state with the guards holding, the update missed a concurrent commit.
+        assert_eq!(step(Some("UNPAID"), true), Step::UpdateAgain { state: "UNPAID".into() });
+    }
+
+    #[test]
+    fn answers_become_the_handlers_results() {
+        let t = order_machine()
+            .transition(TransitionSpec::new(["UNPAID"], "PAID").guard("amount_cents", Compare::Eq))
+            .unwrap();
+        let found = Found { set: vec![], guards: vec![Some(Value::Int(900))] };
+        let what = "order O-1";
+        assert_eq!(t.result(Answer::Moved, what, OnMissing::Retry).unwrap(), Effect::Applied);
+        assert_eq!(
+            t.result(
+                Answer::AlreadyDone { state: "PAID".into(), found: found.clone() },
+                what,
+                OnMissing::Retry
+            )
+            .unwrap(),
+            Effect::AlreadyApplied { layer: Layer::StateMachine, detail: "order O-1 is already PAID".into() }
+        );
+        let illegal = t.result(
+            Answer::Illegal { state: "CANCELLED".into(), found: found.clone() },
+            what,
+            OnMissing::Retry,
+        );
+        assert!(
+            matches!(&illegal, Err(HandlerError::IllegalTransition(m)) if m == "illegal transition: order O-1 is CANCELLED and cannot become PAID"),
+            "{illegal:?}"
+        );
+        let guard = t.result(Answer::GuardFailed { state: "UNPAID".into(), found }, what, OnMissing::Retry);
+        assert!(
+            matches!(&guard, Err(HandlerError::Permanent(m)) if m == "order O-1 is UNPAID but does not meet the conditions to become PAID (amount_cents is 900)"),
+            "{guard:?}"
+        );
+        assert!(matches!(t.result(Answer::Missing, what, OnMissing::Retry), Err(HandlerError::Retryable(_))));
+        assert!(matches!(
+            t.result(Answer::Missing, what, OnMissing::DeadLetter),
+            Err(HandlerError::Permanent(_))
+        ));
+        assert!(matches!(
+            t.result(Answer::Contended { state: "UNPAID".into() }, what, OnMissing::DeadLetter),
+            Err(HandlerError::Retryable(_))
+        ));
+    }
+
+    fn config() -> StateMachineConfig {
+        StateMachineConfig {
+            name: "order.ship".into(),
+            table: "shop_order".into(),
+            key_column: "order_no".into(),
+            state_column: "status".into(),
+            from: vec!["PAID".into()],
+            to: "SHIPPED".into(),
+            done: None,
+            on_missing: OnMissing::Retry,
+            set_time_column: None,
+            row_key: None,
+        }
+    }
+
+    #[test]
+    fn configured_entries_are_refused_with_their_field_named() {
+        let cases: Vec<(StateMachineConfig, &str)> = vec![
+            (
+                StateMachineConfig { table: "x; drop".into(), ..config() },
+                "state_machines[0].table: \"x; drop\" is not a plain SQL identifier",
+            ),
+            (StateMachineConfig { key_column: "id\"--".into(), ..config() }, "state_machines[0].key_column:"),
+            (StateMachineConfig { state_column: "".into(), ..config() }, "state_machines[0].state_column:"),
+            (
+                StateMachineConfig { set_time_column: Some("t; x".into()), ..config() },
+                "state_machines[0].set_time_column:",
+            ),
+            (
+                StateMachineConfig { set_time_column: Some("status".into()), ..config() },
+                "state_machines[0].set_time_column:",
+            ),
+            (
+                StateMachineConfig { name: "a b".into(), ..config() },
+                "state_machines[0].name: has a forbidden character",
+            ),
+            (StateMachineConfig { from: vec![], ..config() }, "state_machines[0].from: names no state"),
+            (
+                StateMachineConfig { done: Some(vec!["PAID".into()]), ..config() },
+                "state_machines[0].done[0]:",
+            ),
+            (
+                StateMachineConfig { row_key: Some("body".into()), ..config() },
+                "state_machines[0].row_key: \"body\" is not a key source",
+            ),
+        ];
+        for (c, expected) in cases {
+            let err = handlers(&[c]).unwrap_err().to_string();
+            assert!(err.starts_with(expected), "expected {expected:?}, got {err:?}");
+        }
+        let twice = handlers(&[config(), config()]).unwrap_err();
+        assert_eq!(twice.field, "state_machines[1].name");
+        let built =
+            handlers(&[config(), StateMachineConfig { name: "order.cancel".into(), ..config() }]).unwrap();
+        assert_eq!(built.names().collect::<Vec<_>>(), ["order.cancel", "order.ship"]);
+    }
+}
