@@ -392,7 +392,13 @@ pub async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                 std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1)
             );
             let reports = bench::layers::run(&options, |r| {
-                eprintln!("  {} {:.0}% {}: {:.0} msg/s", r.backend, r.duplicates * 100.0, r.mode.name(), r.rate())
+                eprintln!(
+                    "  {} {:.0}% {}: {:.0} msg/s",
+                    r.backend,
+                    r.duplicates * 100.0,
+                    r.mode.name(),
+                    r.rate()
+                )
             })
             .await?;
             println!("\n{}", bench::layers::table(&reports));

@@ -60,7 +60,13 @@ impl Layout {
     }
 
     /// The statements of the table that holds `key`'s claim.
-    pub fn table_for(self, consumer_group: &str, biz_type: &str, biz_id: &str, execute_time: i64) -> &'static ClaimTable {
+    pub fn table_for(
+        self,
+        consumer_group: &str,
+        biz_type: &str,
+        biz_id: &str,
+        execute_time: i64,
+    ) -> &'static ClaimTable {
         if self.shards == 0 {
             return claim_table(MAIN_TABLE);
         }
@@ -198,7 +204,8 @@ fn claim_table(table: &str) -> &'static ClaimTable {
         "INSERT INTO {table} (consumer_group, biz_type, biz_id, execute_time, msg_id, uniq_key, \
          payload_hash, instance_id, claimed_at_ms) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)"
     );
-    let on_conflict = format!("{insert} ON CONFLICT (consumer_group, biz_type, biz_id, execute_time) DO NOTHING");
+    let on_conflict =
+        format!("{insert} ON CONFLICT (consumer_group, biz_type, biz_id, execute_time) DO NOTHING");
     let made: &'static ClaimTable = Box::leak(Box::new(ClaimTable {
         name: leak(table.to_owned()),
         claim: InsertIfAbsent::new(leak(insert), leak(on_conflict), "idempotent_record_claim_key"),
@@ -231,7 +238,8 @@ pub enum LayoutError {
     Database(#[from] sqlx::Error),
 }
 
-static READ_LAYOUT: Sql = Sql::new("SELECT shards, created_at_ms, created_by FROM dedup_layout WHERE name = ?");
+static READ_LAYOUT: Sql =
+    Sql::new("SELECT shards, created_at_ms, created_by FROM dedup_layout WHERE name = ?");
 static RECORD_LAYOUT: InsertIfAbsent = crate::insert_if_absent!(
     "INSERT INTO dedup_layout (name, shards, created_at_ms, created_by) VALUES (?, ?, ?, ?)",
     conflict = "(name)",
@@ -319,8 +327,7 @@ pub async fn ensure(store: &Store, wanted: u16, by: &str) -> Result<Layout, Layo
     }
 }
 
-const COLUMNS: &str =
-    "id, consumer_group, biz_type, biz_id, execute_time, msg_id, uniq_key, payload_hash, instance_id, claimed_at_ms";
+const COLUMNS: &str = "id, consumer_group, biz_type, biz_id, execute_time, msg_id, uniq_key, payload_hash, instance_id, claimed_at_ms";
 
 /// Creates the shard tables that are missing and points the view at all of them.
 async fn create_shards(store: &Store, shards: u16) -> Result<(), sqlx::Error> {
@@ -397,7 +404,11 @@ mod tests {
             .map(|id| shard_of("idemgate_shop_consumer", "order.create", id, 0, 16))
             .collect();
         assert_eq!(fixed, vec![5, 0, 11, 10], "FNV-1a, as any other FNV-1a implementation computes it");
-        assert_ne!(shard_of("g", "t", "x", 0, 97), shard_of("g", "t", "x", 1, 97), "execute_time is part of the key");
+        assert_ne!(
+            shard_of("g", "t", "x", 0, 97),
+            shard_of("g", "t", "x", 1, 97),
+            "execute_time is part of the key"
+        );
     }
 
     #[test]
@@ -436,7 +447,10 @@ mod tests {
     #[test]
     fn tables_are_named_with_two_digits() {
         assert_eq!(Layout::SINGLE.tables(), vec!["idempotent_record"]);
-        assert_eq!(Layout::sharded(3).tables(), vec!["idempotent_record_00", "idempotent_record_01", "idempotent_record_02"]);
+        assert_eq!(
+            Layout::sharded(3).tables(),
+            vec!["idempotent_record_00", "idempotent_record_01", "idempotent_record_02"]
+        );
         let t = Layout::sharded(4).table_for("g", "t", "x", 0);
         assert!(t.name.starts_with("idempotent_record_0"));
         assert!(t.find.text(Backend::Postgres).as_str().contains(t.name));

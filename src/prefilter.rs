@@ -24,8 +24,8 @@
 //! This module owns the Redis commands and the circuit. It must not touch the database.
 
 use std::collections::BTreeSet;
-use std::sync::{Arc, LazyLock};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, LazyLock};
 use std::time::{Duration, Instant};
 
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
@@ -230,7 +230,10 @@ impl RedisSettings {
         if !(10..=600_000).contains(&self.cooldown_ms) {
             return bad("redis.cooldown_ms", "must be from 10 to 600000");
         }
-        if self.key_prefix.is_empty() || self.key_prefix.len() > 64 || self.key_prefix.chars().any(char::is_whitespace) {
+        if self.key_prefix.is_empty()
+            || self.key_prefix.len() > 64
+            || self.key_prefix.chars().any(char::is_whitespace)
+        {
             return bad("redis.key_prefix", "must be 1 to 64 characters without whitespace");
         }
         Ok(())
@@ -365,19 +368,15 @@ impl Prefilter {
                 self.trip(FallbackCause::Error, &e.to_string());
                 Check::Fallback(FallbackCause::Error)
             }
-            Ok(Ok(held)) => {
-                match held {
-                    None => Check::Owned(Token { key: redis_key, value }),
-                    Some(v) => match v.strip_prefix(DONE) {
-                        Some(done) => Check::Duplicate(serde_json::from_str::<DoneValue>(done).ok().map(|d| Claim {
-                            msg_id: d.msg_id,
-                            uniq_key: d.uniq_key,
-                            payload_hash: d.payload_hash,
-                        })),
-                        None => Check::InFlight,
-                    },
-                }
-            }
+            Ok(Ok(held)) => match held {
+                None => Check::Owned(Token { key: redis_key, value }),
+                Some(v) => match v.strip_prefix(DONE) {
+                    Some(done) => Check::Duplicate(serde_json::from_str::<DoneValue>(done).ok().map(|d| {
+                        Claim { msg_id: d.msg_id, uniq_key: d.uniq_key, payload_hash: d.payload_hash }
+                    })),
+                    None => Check::InFlight,
+                },
+            },
         }
     }
 
@@ -385,28 +384,33 @@ impl Prefilter {
     pub async fn settle(&self, token: Token, how: Settle<'_>) -> Settled {
         let mut conn = self.conn.clone();
         self.commands.fetch_add(1, Ordering::Relaxed);
-        let call = match how {
-            Settle::Done(claim) => {
-                let done = DoneValue {
-                    msg_id: claim.msg_id.clone(),
-                    uniq_key: claim.uniq_key.clone(),
-                    payload_hash: claim.payload_hash.clone(),
-                };
-                let value = format!("{DONE}{}", serde_json::to_string(&done).unwrap_or_default());
-                let mut invocation = MARK_DONE.prepare_invoke();
-                invocation.key(&token.key).arg(&token.value).arg(value).arg(self.ttl_seconds);
-                tokio::time::timeout(self.timeout, async move { invocation.invoke_async::<i64>(&mut conn).await })
+        let call =
+            match how {
+                Settle::Done(claim) => {
+                    let done = DoneValue {
+                        msg_id: claim.msg_id.clone(),
+                        uniq_key: claim.uniq_key.clone(),
+                        payload_hash: claim.payload_hash.clone(),
+                    };
+                    let value = format!("{DONE}{}", serde_json::to_string(&done).unwrap_or_default());
+                    let mut invocation = MARK_DONE.prepare_invoke();
+                    invocation.key(&token.key).arg(&token.value).arg(value).arg(self.ttl_seconds);
+                    tokio::time::timeout(self.timeout, async move {
+                        invocation.invoke_async::<i64>(&mut conn).await
+                    })
                     .await
                     .map(|r| r.map(|n| if n == 1 { Settled::Done } else { Settled::NotOwner }))
-            }
-            Settle::Release => {
-                let mut invocation = RELEASE.prepare_invoke();
-                invocation.key(&token.key).arg(&token.value);
-                tokio::time::timeout(self.timeout, async move { invocation.invoke_async::<i64>(&mut conn).await })
+                }
+                Settle::Release => {
+                    let mut invocation = RELEASE.prepare_invoke();
+                    invocation.key(&token.key).arg(&token.value);
+                    tokio::time::timeout(self.timeout, async move {
+                        invocation.invoke_async::<i64>(&mut conn).await
+                    })
                     .await
                     .map(|r| r.map(|n| if n == 1 { Settled::Released } else { Settled::NotOwner }))
-            }
-        };
+                }
+            };
         match call {
             Ok(Ok(settled)) => settled,
             Ok(Err(e)) => {
@@ -448,7 +452,8 @@ impl Prefilter {
             cause = %cause, detail, probe_every_ms = self.cooldown.as_millis() as u64,
             "the Redis pre-filter is unavailable; the database alone stops duplicates until Redis answers again"
         );
-        let (mut conn, open, every, timeout) = (self.conn.clone(), self.open.clone(), self.cooldown, self.timeout);
+        let (mut conn, open, every, timeout) =
+            (self.conn.clone(), self.open.clone(), self.cooldown, self.timeout);
         // A probe's answer may be slower than a delivery may wait, but not by much.
         let patience = (timeout * 10).max(Duration::from_millis(50));
         tokio::spawn(async move {
@@ -456,7 +461,8 @@ impl Prefilter {
             loop {
                 tokio::time::sleep(every).await;
                 let ping = redis::cmd("PING");
-                if let Ok(Ok(_)) = tokio::time::timeout(patience, ping.query_async::<String>(&mut conn)).await {
+                if let Ok(Ok(_)) = tokio::time::timeout(patience, ping.query_async::<String>(&mut conn)).await
+                {
                     open.store(false, Ordering::Release);
                     tracing::info!(
                         down_ms = down_since.elapsed().as_millis() as u64,
@@ -484,11 +490,15 @@ mod tests {
 
     #[tokio::test]
     async fn redis_keys_of_different_claim_keys_never_meet() {
-        let p = Prefilter::new(&RedisSettings { url: "redis://127.0.0.1:1".into(), ..Default::default() }).unwrap();
+        let p = Prefilter::new(&RedisSettings { url: "redis://127.0.0.1:1".into(), ..Default::default() })
+            .unwrap();
         let a = p.redis_key("g", &key("b:0", "x", 0));
         let b = p.redis_key("g", &key("b", "0:x", 0));
         assert_ne!(a, b);
-        assert_eq!(p.redis_key("grp", &key("stock.deduct", "D-1", 5)), "idemgate:3:grp:12:stock.deduct:5:D-1");
+        assert_eq!(
+            p.redis_key("grp", &key("stock.deduct", "D-1", 5)),
+            "idemgate:3:grp:12:stock.deduct:5:D-1"
+        );
     }
 
     #[test]
@@ -511,7 +521,8 @@ mod tests {
     #[tokio::test]
     async fn a_redis_that_is_not_there_is_a_bounded_fallback_and_opens_the_circuit() {
         // Port 1: nothing listens, the connection is refused at once.
-        let p = Prefilter::new(&RedisSettings { url: "redis://127.0.0.1:1".into(), ..Default::default() }).unwrap();
+        let p = Prefilter::new(&RedisSettings { url: "redis://127.0.0.1:1".into(), ..Default::default() })
+            .unwrap();
         let started = Instant::now();
         let first = p.check("g", &key("t", "x", 0)).await;
         assert!(matches!(first, Check::Fallback(FallbackCause::Timeout | FallbackCause::Error)), "{first:?}");

@@ -51,7 +51,9 @@ pub fn init(settings: &LogSettings) {
         .unwrap_or_else(|_| EnvFilter::new("info"));
     use std::io::IsTerminal;
     // Colours only on a terminal: a log file or a collector gets plain text.
-    let text = tracing_subscriber::fmt::layer().with_writer(std::io::stderr).with_ansi(std::io::stderr().is_terminal());
+    let text = tracing_subscriber::fmt::layer()
+        .with_writer(std::io::stderr)
+        .with_ansi(std::io::stderr().is_terminal());
     let output = match settings.format {
         LogFormat::Text => text.boxed(),
         LogFormat::Json => text.json().boxed(),

@@ -444,8 +444,9 @@ pub async fn dry_run(store: &Store, options: &ArchiveOptions, now_ms: i64) -> Re
             // for all of them.
             if i == 0 {
                 let explained = walk.unwrap_or(Walk { after: 0, through: 0 });
-                statements =
-                    batch::explain(store, target, cutoff_ms, explained, options.batch_size).await.map_err(db)?;
+                statements = batch::explain(store, target, cutoff_ms, explained, options.batch_size)
+                    .await
+                    .map_err(db)?;
             }
         }
         passes.push(PassPlan { kind, cutoff_ms, rows, ids, statements, tables: targets.len() });

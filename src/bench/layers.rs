@@ -93,7 +93,8 @@ impl RunReport {
 
 /// Runs every backend, share of duplicates and mode; calls `report` after each run.
 pub async fn run(options: &Options, mut report: impl FnMut(&RunReport)) -> anyhow::Result<Vec<RunReport>> {
-    let store_options = StoreOptions { max_connections: options.concurrency as u32 + 4, ..Default::default() };
+    let store_options =
+        StoreOptions { max_connections: options.concurrency as u32 + 4, ..Default::default() };
     let mut all = Vec::new();
     for &backend in &options.backends {
         for &duplicates in &options.duplicates {
@@ -136,7 +137,12 @@ pub async fn run(options: &Options, mut report: impl FnMut(&RunReport)) -> anyho
 
 type Measured = (Duration, Percentiles, u64, u64, usize);
 
-async fn run_mode(store: &Store, mode: Mode, o: &Options, stream: &Arc<Vec<Delivery>>) -> anyhow::Result<Measured> {
+async fn run_mode(
+    store: &Store,
+    mode: Mode,
+    o: &Options,
+    stream: &Arc<Vec<Delivery>>,
+) -> anyhow::Result<Measured> {
     let shards = if mode == Mode::Sharded { o.shards } else { 0 };
     layout::ensure(store, shards, "bench").await?;
     reset(store).await?;
@@ -158,7 +164,9 @@ async fn run_mode(store: &Store, mode: Mode, o: &Options, stream: &Arc<Vec<Deliv
         gate = gate.with_prefilter(prefilter.clone());
     }
     let naive = match mode {
-        Mode::NaiveRedis => Some(Arc::new(NaiveRedis::connect(&o.redis_url, &redis_settings.key_prefix).await?)),
+        Mode::NaiveRedis => {
+            Some(Arc::new(NaiveRedis::connect(&o.redis_url, &redis_settings.key_prefix).await?))
+        }
         _ => None,
     };
     if mode == Mode::Redis && !prefilter.warm_up().await {
@@ -173,8 +181,15 @@ async fn run_mode(store: &Store, mode: Mode, o: &Options, stream: &Arc<Vec<Deliv
     let started = Instant::now();
     let mut workers = Vec::new();
     for _ in 0..o.concurrency {
-        let (gate, store, stream, next, stopped, latencies, naive) =
-            (gate.clone(), store.clone(), stream.clone(), next.clone(), stopped.clone(), latencies.clone(), naive.clone());
+        let (gate, store, stream, next, stopped, latencies, naive) = (
+            gate.clone(),
+            store.clone(),
+            stream.clone(),
+            next.clone(),
+            stopped.clone(),
+            latencies.clone(),
+            naive.clone(),
+        );
         workers.push(tokio::spawn(async move {
             let mut mine = Vec::new();
             loop {
@@ -223,9 +238,11 @@ struct NaiveRedis {
     commands: AtomicU64,
 }
 
-static DEDUCT: Sql = Sql::new("UPDATE shop_stock SET quantity = quantity - ? WHERE sku = ? AND quantity >= ?");
-static LEDGER: Sql =
-    Sql::new("INSERT INTO shop_stock_ledger (deduction_id, sku, quantity, applied_at_ms) VALUES (?, ?, ?, ?)");
+static DEDUCT: Sql =
+    Sql::new("UPDATE shop_stock SET quantity = quantity - ? WHERE sku = ? AND quantity >= ?");
+static LEDGER: Sql = Sql::new(
+    "INSERT INTO shop_stock_ledger (deduction_id, sku, quantity, applied_at_ms) VALUES (?, ?, ?, ?)",
+);
 
 impl NaiveRedis {
     async fn connect(url: &str, prefix: &str) -> anyhow::Result<Self> {
@@ -250,7 +267,13 @@ impl NaiveRedis {
         }
         let body: DeductStock = serde_json::from_slice(&d.body)?;
         let mut tx = store.begin().await?;
-        store.query(&DEDUCT).bind(body.quantity).bind(body.sku.as_str()).bind(body.quantity).execute(&mut *tx).await?;
+        store
+            .query(&DEDUCT)
+            .bind(body.quantity)
+            .bind(body.sku.as_str())
+            .bind(body.quantity)
+            .execute(&mut *tx)
+            .await?;
         store
             .query(&LEDGER)
             .bind(biz_id)

@@ -7,8 +7,8 @@
 
 use crate::delivery::Delivery;
 use crate::gate::DuplicateCause;
-use crate::route::BizKey;
 use crate::layout::ClaimTable;
+use crate::route::BizKey;
 use crate::store::{Backend, Conn, query};
 
 /// Who claimed a key first.

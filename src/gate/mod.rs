@@ -298,11 +298,15 @@ impl Gate {
                 };
                 (r, Some(claim))
             }
-            Ok(Attempt::Taken(table)) => self.duplicate(d, key, payload_hash, Found::Db(table), started, phases).await,
+            Ok(Attempt::Taken(table)) => {
+                self.duplicate(d, key, payload_hash, Found::Db(table), started, phases).await
+            }
             Ok(Attempt::Archived(claim)) => {
                 self.duplicate(d, key, payload_hash, Found::Archive(claim), started, phases).await
             }
-            Ok(Attempt::Refused(why)) => (self.refused(d, key, payload_hash, why, started, phases).await, None),
+            Ok(Attempt::Refused(why)) => {
+                (self.refused(d, key, payload_hash, why, started, phases).await, None)
+            }
             Err(e) => {
                 let why = HandlerError::Retryable(format!("database error: {e}"));
                 (self.refused(d, key, payload_hash, why, started, phases).await, None)
@@ -338,7 +342,8 @@ impl Gate {
             clock = now;
         };
 
-        let table = self.layout().await?.table_for(who.consumer_group, &key.biz_type, &key.biz_id, key.execute_time);
+        let table =
+            self.layout().await?.table_for(who.consumer_group, &key.biz_type, &key.biz_id, key.execute_time);
         let mut tx = self.store.begin().await?;
         lap(&mut phases.begin_us);
         let claimed = claim::claim(&mut tx, backend, table, &who, key, d, payload_hash).await?;

@@ -67,11 +67,9 @@ fn prefilter(settings: &RedisSettings) -> Arc<Prefilter> {
 
 /// A plain connection to read and write keys behind the pre-filter's back.
 async fn redis(url: &str) -> redis::aio::MultiplexedConnection {
-    redis::Client::open(url)
-        .expect("url")
-        .get_multiplexed_async_connection()
-        .await
-        .unwrap_or_else(|e| panic!("Redis at {url} must be running for these tests (scripts/services.sh): {e}"))
+    redis::Client::open(url).expect("url").get_multiplexed_async_connection().await.unwrap_or_else(|e| {
+        panic!("Redis at {url} must be running for these tests (scripts/services.sh): {e}")
+    })
 }
 
 async fn get(conn: &mut redis::aio::MultiplexedConnection, key: &str) -> Option<String> {
@@ -239,7 +237,8 @@ mod cases {
         let settings = redis_settings(&shared_redis_url());
         // Two processes: two pools, two pre-filters.
         let a = Arc::new(
-            gate(db.store.clone(), identity(GROUP, "a"), vec![], Handlers::new()).with_prefilter(prefilter(&settings)),
+            gate(db.store.clone(), identity(GROUP, "a"), vec![], Handlers::new())
+                .with_prefilter(prefilter(&settings)),
         );
         let b = Arc::new(
             gate(db.second_store().await, identity(GROUP, "b"), vec![], Handlers::new())
@@ -254,7 +253,10 @@ mod cases {
         let winner = db.scalar_text(&CLAIM_UNIQ_KEY, "DEDUCT-RACE-R").await;
         let cause = if winner == "U-1" { DuplicateCause::Redelivery } else { DuplicateCause::ProducerResend };
         let late = a.process(&stock_deduct("DEDUCT-RACE-R", "M-late", "U-1", "SKU-RACE-R", 7)).await;
-        assert_eq!((late.outcome, late.layer, late.cause), (Outcome::Duplicate, Some(Layer::Redis), Some(cause)));
+        assert_eq!(
+            (late.outcome, late.layer, late.cause),
+            (Outcome::Duplicate, Some(Layer::Redis), Some(cause))
+        );
         assert_eq!(db.scalar(&STOCK_OF, &["SKU-RACE-R"]).await, 993);
     }
 
@@ -284,7 +286,9 @@ mod cases {
             assert!(matches!(err, LayoutError::Mismatch { .. }), "{err:?}");
             let text = err.to_string();
             assert!(
-                text.contains("configuration key dedup.shards") && text.contains("4 shards") && text.contains("by first")
+                text.contains("configuration key dedup.shards")
+                    && text.contains("4 shards")
+                    && text.contains("by first")
                     && text.contains("Set dedup.shards = 4"),
                 "{text}"
             );
@@ -293,8 +297,15 @@ mod cases {
         let other = TestDb::new(backend).await;
         let g = gate(other.store.clone(), identity(GROUP, "a"), vec![], Handlers::new());
         shop::seed_stock(&other.store, "SKU-L", 10).await.unwrap();
-        assert_eq!(g.process(&stock_deduct("D-L", "M-1", "U-1", "SKU-L", 1)).await.outcome, Outcome::Processed);
-        assert_eq!(layout::current(&other.store).await.unwrap(), Layout::SINGLE, "the gate recorded the single table");
+        assert_eq!(
+            g.process(&stock_deduct("D-L", "M-1", "U-1", "SKU-L", 1)).await.outcome,
+            Outcome::Processed
+        );
+        assert_eq!(
+            layout::current(&other.store).await.unwrap(),
+            Layout::SINGLE,
+            "the gate recorded the single table"
+        );
         let err = layout::ensure(&other.store, 4, "late").await.unwrap_err();
         assert!(matches!(err, LayoutError::Mismatch { .. }), "{err:?}");
         let fresh = TestDb::new(backend).await;
@@ -358,7 +369,11 @@ mod cases {
         let limits = idemgate::inspect::Limits { timeout: Duration::from_secs(10) };
         let page = idemgate::inspect::lists::list(&db.store, &limits, &lists).await.unwrap();
         assert_eq!(page.rows.len(), 1);
-        assert_eq!((page.rows[0].biz_id.as_str(), page.rows[0].claimed_at_ms), ("SH-POISON", None), "still unapplied");
+        assert_eq!(
+            (page.rows[0].biz_id.as_str(), page.rows[0].claimed_at_ms),
+            ("SH-POISON", None),
+            "still unapplied"
+        );
 
         // Reconcile over the shards: the dead letter is lost, the rest is clean.
         let now = idemgate::gate::now_ms();
@@ -398,7 +413,9 @@ mod cases {
         assert_eq!(db.scalar(&ARCHIVED, &["SH-%"]).await, 40);
         assert_eq!(db.scalar(&DISTINCT_ARCHIVED_IDS, &[]).await, 40, "ids of different shards never meet");
         let q = TraceQuery::new("SH-17", SearchBy::BizId, None, None, None).unwrap();
-        let Answer::Story { story, .. } = trace(&db.store, &ctx, &q).await.unwrap() else { panic!("one story") };
+        let Answer::Story { story, .. } = trace(&db.store, &ctx, &q).await.unwrap() else {
+            panic!("one story")
+        };
         assert_eq!(story.claim.as_ref().map(|c| c.state), Some("archived"));
     }
 
@@ -446,12 +463,15 @@ mod cases {
         let failing = Arc::new(AtomicBool::new(true));
         let p = prefilter(&settings);
         let g = flaky_gate(&db, Flaky { failing: failing.clone(), steal: None }).with_prefilter(p.clone());
-        let key = p.redis_key(GROUP, &BizKey {
-            biz_type: "test.flaky".into(),
-            biz_id: "K-1".into(),
-            execute_time: 0,
-            handler: "test.flaky".into(),
-        });
+        let key = p.redis_key(
+            GROUP,
+            &BizKey {
+                biz_type: "test.flaky".into(),
+                biz_id: "K-1".into(),
+                execute_time: 0,
+                handler: "test.flaky".into(),
+            },
+        );
         let mut r = redis(&settings.url).await;
         let failed = g.process(&flaky_delivery("K-1", "M-1")).await;
         assert_eq!((failed.outcome, failed.verdict), (Outcome::Failed, Verdict::Retry));
@@ -469,28 +489,39 @@ mod cases {
         let db = TestDb::new(backend).await;
         let settings = redis_settings(&shared_redis_url());
         let p = prefilter(&settings);
-        let key = p.redis_key(GROUP, &BizKey {
-            biz_type: "test.flaky".into(),
-            biz_id: "K-2".into(),
-            execute_time: 0,
-            handler: "test.flaky".into(),
-        });
+        let key = p.redis_key(
+            GROUP,
+            &BizKey {
+                biz_type: "test.flaky".into(),
+                biz_id: "K-2".into(),
+                execute_time: 0,
+                handler: "test.flaky".into(),
+            },
+        );
         // The handler outlives the key's TTL: another delivery takes the key meanwhile, then
         // this one fails and rolls back.
-        let handler = Flaky { failing: Arc::new(AtomicBool::new(true)), steal: Some((settings.url.clone(), key.clone())) };
+        let handler = Flaky {
+            failing: Arc::new(AtomicBool::new(true)),
+            steal: Some((settings.url.clone(), key.clone())),
+        };
         let g = flaky_gate(&db, handler).with_prefilter(p.clone());
         let failed = g.process(&flaky_delivery("K-2", "M-1")).await;
         assert_eq!(failed.outcome, Outcome::Failed);
         assert_eq!(failed.prefilter.and_then(|p| p.settled), Some(Settled::NotOwner));
         let mut r = redis(&settings.url).await;
-        assert_eq!(get(&mut r, &key).await.as_deref(), Some("claiming:another-delivery"), "left to its owner");
+        assert_eq!(
+            get(&mut r, &key).await.as_deref(),
+            Some("claiming:another-delivery"),
+            "left to its owner"
+        );
 
         // The same through the API: a token only settles its own value.
         let k3 = deduct_key("K-3");
         let Check::Owned(token) = p.check(GROUP, &k3).await else { panic!("a fresh key is taken") };
         assert!(matches!(p.check(GROUP, &k3).await, Check::InFlight), "a second look sees it in flight");
         let redis_key = p.redis_key(GROUP, &k3);
-        let _: () = redis::cmd("SET").arg(&redis_key).arg("claiming:someone-else").query_async(&mut r).await.unwrap();
+        let _: () =
+            redis::cmd("SET").arg(&redis_key).arg("claiming:someone-else").query_async(&mut r).await.unwrap();
         assert_eq!(p.settle(token, Settle::Release).await, Settled::NotOwner);
         assert_eq!(get(&mut r, &redis_key).await.as_deref(), Some("claiming:someone-else"));
     }
@@ -521,7 +552,11 @@ impl Retried for Delivery {
 
 /// Runs `deliveries` through `gate` from 4 tasks, calling `between(i)` before delivery `i`
 /// (in order: the tasks take deliveries from one queue).
-async fn run_stream<F, Fut>(gate: Arc<Gate>, deliveries: Vec<Delivery>, between: F) -> Vec<idemgate::gate::Disposition>
+async fn run_stream<F, Fut>(
+    gate: Arc<Gate>,
+    deliveries: Vec<Delivery>,
+    between: F,
+) -> Vec<idemgate::gate::Disposition>
 where
     F: Fn(usize) -> Fut + Send + Sync + 'static,
     Fut: std::future::Future<Output = ()> + Send,
@@ -531,7 +566,8 @@ where
     let results = Arc::new(tokio::sync::Mutex::new(Vec::new()));
     let tasks: Vec<_> = (0..4)
         .map(|_| {
-            let (queue, gate, between, results) = (queue.clone(), gate.clone(), between.clone(), results.clone());
+            let (queue, gate, between, results) =
+                (queue.clone(), gate.clone(), between.clone(), results.clone());
             tokio::spawn(async move {
                 loop {
                     let next = {
@@ -597,13 +633,19 @@ async fn redis_stopped_and_restarted_mid_stream_loses_and_doubles_nothing() {
         }
     })
     .await;
-    assert!(results.iter().all(|r| r.verdict == Verdict::Ack && r.logged), "every delivery acknowledged and logged");
+    assert!(
+        results.iter().all(|r| r.verdict == Verdict::Ack && r.logged),
+        "every delivery acknowledged and logged"
+    );
     assert_exactly_once(&db, "F", 300, "SKU-F", 10_000).await;
     let steps = |range: std::ops::Range<usize>, step: Step| {
         results[range].iter().filter(|r| r.prefilter.map(|p| p.step) == Some(step)).count()
     };
     let outage = n / 3 + 4..2 * n / 3;
-    assert!(steps(outage.clone(), Step::Fallback) >= outage.len() - 4, "the outage falls back to the database");
+    assert!(
+        steps(outage.clone(), Step::Fallback) >= outage.len() - 4,
+        "the outage falls back to the database"
+    );
     assert_eq!(steps(outage.clone(), Step::Duplicate), 0);
     let after = 2 * n / 3 + 4..n;
     assert!(steps(after.clone(), Step::Duplicate) > 100, "Redis stops copies again after its restart");
@@ -617,7 +659,14 @@ async fn redis_stopped_and_restarted_mid_stream_loses_and_doubles_nothing() {
         failed >= 1.0 && failed * 10.0 <= open,
         "the circuit spares most deliveries the failure: {failed} failed, {open} skipped"
     );
-    assert_eq!(sample(&text, "idemgate_prefilter_fallbacks_total", &[("cause", FallbackCause::CircuitOpen.as_str())]), open);
+    assert_eq!(
+        sample(
+            &text,
+            "idemgate_prefilter_fallbacks_total",
+            &[("cause", FallbackCause::CircuitOpen.as_str())]
+        ),
+        open
+    );
     // The duplicates the database stopped during the outage are still duplicates.
     assert_eq!(sample(&text, "idemgate_deliveries_total", &[("outcome", "duplicate")]), 600.0);
 }
@@ -631,7 +680,8 @@ async fn a_slow_redis_keeps_delivery_latency_bounded() {
     let server = RedisServer::start(&["--enable-debug-command", "yes"]).await;
     let settings = RedisSettings { timeout_ms: 5, cooldown_ms: 100, ..redis_settings(&server.url()) };
     let g = Arc::new(
-        gate(db.store.clone(), identity(GROUP, "a"), vec![], Handlers::new()).with_prefilter(prefilter(&settings)),
+        gate(db.store.clone(), identity(GROUP, "a"), vec![], Handlers::new())
+            .with_prefilter(prefilter(&settings)),
     );
     shop::seed_stock(&db.store, "SKU-SLOW", 10_000).await.unwrap();
     // Warm: the pool and Redis connection are open before the clock starts.
@@ -654,9 +704,15 @@ async fn a_slow_redis_keeps_delivery_latency_bounded() {
     }
     let elapsed = started.elapsed();
     sleeping.await.unwrap();
-    assert!(worst < Duration::from_millis(250), "worst delivery latency {worst:?} (the stream took {elapsed:?})");
+    assert!(
+        worst < Duration::from_millis(250),
+        "worst delivery latency {worst:?} (the stream took {elapsed:?})"
+    );
     assert!(causes.contains(&FallbackCause::Timeout), "{causes:?}");
-    assert!(causes.iter().filter(|c| **c == FallbackCause::CircuitOpen).count() > causes.len() / 2, "{causes:?}");
+    assert!(
+        causes.iter().filter(|c| **c == FallbackCause::CircuitOpen).count() > causes.len() / 2,
+        "{causes:?}"
+    );
     assert_exactly_once(&db, "SLOW", 60, "SKU-SLOW", 10_000 - 5).await;
 }
 
@@ -668,7 +724,8 @@ async fn a_gate_starts_and_works_while_redis_is_down() {
     let url = server.url();
     server.kill();
     let settings = redis_settings(&url);
-    let g = gate(db.store.clone(), identity(GROUP, "a"), vec![], Handlers::new()).with_prefilter(prefilter(&settings));
+    let g = gate(db.store.clone(), identity(GROUP, "a"), vec![], Handlers::new())
+        .with_prefilter(prefilter(&settings));
     shop::seed_stock(&db.store, "SKU-D", 10).await.unwrap();
     let r = g.process(&stock_deduct("D-D", "M-1", "U-1", "SKU-D", 1)).await;
     assert_eq!(r.outcome, Outcome::Processed);
