@@ -352,27 +352,29 @@ async fn create_shards(store: &Store, shards: u16) -> Result<(), sqlx::Error> {
                 pool.execute(AssertSqlSafe(format!("ALTER TABLE {table} AUTO_INCREMENT = {}", first_id + 1)))
                     .await?;
             }
+            // SQLite has no CREATE TABLE … LIKE: the main table's own DDL (and its indexes'),
+            // as SQLite keeps it, with the table's name in place of the main one's.
             Backend::Sqlite => {
-                pool.execute(AssertSqlSafe(format!(
-                    "CREATE TABLE IF NOT EXISTS {table} (
-                        id             INTEGER      PRIMARY KEY AUTOINCREMENT,
-                        consumer_group VARCHAR(128) NOT NULL,
-                        biz_type       VARCHAR(64)  NOT NULL,
-                        biz_id         VARCHAR(128) NOT NULL,
-                        execute_time   BIGINT       NOT NULL DEFAULT 0,
-                        msg_id         VARCHAR(128) NOT NULL,
-                        uniq_key       VARCHAR(128) NOT NULL DEFAULT '',
-                        payload_hash   VARCHAR(64)  NOT NULL,
-                        instance_id    VARCHAR(128) NOT NULL,
-                        claimed_at_ms  BIGINT       NOT NULL,
-                        CONSTRAINT {table}_claim_key UNIQUE (consumer_group, biz_type, biz_id, execute_time)
-                    );
-                    CREATE INDEX IF NOT EXISTS {table}_biz_id ON {table} (biz_id);
-                    CREATE INDEX IF NOT EXISTS {table}_claimed_at ON {table} (claimed_at_ms);
-                    INSERT INTO sqlite_sequence (name, seq)
-                        SELECT '{table}', {first_id} WHERE NOT EXISTS (SELECT 1 FROM sqlite_sequence WHERE name = '{table}');"
-                )))
+                let ddl = sqlx::query(
+                    "SELECT sql FROM sqlite_master WHERE tbl_name = 'idempotent_record' AND sql IS NOT NULL \
+                     ORDER BY type DESC",
+                )
+                .fetch_all(pool)
                 .await?;
+                let mut statements = Vec::with_capacity(ddl.len() + 1);
+                for row in &ddl {
+                    let sql: String = row.try_get(0)?;
+                    statements.push(
+                        sql.replace(MAIN_TABLE, &table)
+                            .replacen("CREATE TABLE ", "CREATE TABLE IF NOT EXISTS ", 1)
+                            .replacen("CREATE INDEX ", "CREATE INDEX IF NOT EXISTS ", 1),
+                    );
+                }
+                statements.push(format!(
+                    "INSERT INTO sqlite_sequence (name, seq) SELECT '{table}', {first_id} \
+                     WHERE NOT EXISTS (SELECT 1 FROM sqlite_sequence WHERE name = '{table}')"
+                ));
+                pool.execute(AssertSqlSafe(statements.join(";\n"))).await?;
             }
         }
     }

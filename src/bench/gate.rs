@@ -277,22 +277,34 @@ pub(crate) async fn naive(store: &Store, d: &Delivery) -> Result<(), sqlx::Error
         .bind(now)
         .execute(&mut *tx)
         .await?;
+    deduct(store, &mut tx, biz_id, &body, now).await?;
+    tx.commit().await
+}
+
+/// The deduction itself, as a user's consumer writes it: take the stock, write the ledger row.
+pub(crate) async fn deduct(
+    store: &Store,
+    conn: &mut crate::store::Conn,
+    biz_id: &str,
+    body: &DeductStock,
+    now: i64,
+) -> Result<(), sqlx::Error> {
     store
         .query(&DEDUCT)
         .bind(body.quantity)
         .bind(body.sku.as_str())
         .bind(body.quantity)
-        .execute(&mut *tx)
+        .execute(&mut *conn)
         .await?;
     store
         .query(&LEDGER)
-        .bind(biz_id)
+        .bind(biz_id.to_owned())
         .bind(body.sku.as_str())
         .bind(body.quantity)
         .bind(now)
-        .execute(&mut *tx)
+        .execute(&mut *conn)
         .await?;
-    tx.commit().await
+    Ok(())
 }
 
 static CLEAR: [Sql; 3] = [

@@ -27,7 +27,7 @@ use crate::prefilter::{Prefilter, RedisSettings};
 use crate::route::Routes;
 use crate::scratch::ScratchDb;
 use crate::shop::{self, DeductStock};
-use crate::store::{Backend, Sql, Store, StoreOptions};
+use crate::store::{Backend, Store, StoreOptions};
 
 /// What to measure.
 #[derive(Debug, Clone)]
@@ -238,12 +238,6 @@ struct NaiveRedis {
     commands: AtomicU64,
 }
 
-static DEDUCT: Sql =
-    Sql::new("UPDATE shop_stock SET quantity = quantity - ? WHERE sku = ? AND quantity >= ?");
-static LEDGER: Sql = Sql::new(
-    "INSERT INTO shop_stock_ledger (deduction_id, sku, quantity, applied_at_ms) VALUES (?, ?, ?, ?)",
-);
-
 impl NaiveRedis {
     async fn connect(url: &str, prefix: &str) -> anyhow::Result<Self> {
         let conn = redis::Client::open(url)?.get_multiplexed_async_connection().await?;
@@ -267,21 +261,7 @@ impl NaiveRedis {
         }
         let body: DeductStock = serde_json::from_slice(&d.body)?;
         let mut tx = store.begin().await?;
-        store
-            .query(&DEDUCT)
-            .bind(body.quantity)
-            .bind(body.sku.as_str())
-            .bind(body.quantity)
-            .execute(&mut *tx)
-            .await?;
-        store
-            .query(&LEDGER)
-            .bind(biz_id)
-            .bind(body.sku.as_str())
-            .bind(body.quantity)
-            .bind(crate::gate::now_ms())
-            .execute(&mut *tx)
-            .await?;
+        super::gate::deduct(store, &mut tx, biz_id, &body, crate::gate::now_ms()).await?;
         tx.commit().await?;
         Ok(())
     }

@@ -20,7 +20,6 @@ use sqlx::Row;
 use support::{TestDb, gate, identity, stock_deduct};
 
 static CLAIMS_OF: Sql = Sql::new("SELECT COUNT(*) FROM idempotent_record WHERE biz_id = ?");
-static LOG_ROWS_OF: Sql = Sql::new("SELECT COUNT(*) FROM delivery_log WHERE biz_id = ? AND outcome = ?");
 static LEDGER_ROWS_OF: Sql = Sql::new("SELECT COUNT(*) FROM shop_stock_ledger WHERE deduction_id = ?");
 static STOCK_OF: Sql = Sql::new("SELECT quantity FROM shop_stock WHERE sku = ?");
 static ORDER_STATUS: Sql = Sql::new("SELECT status FROM shop_order WHERE order_no = ?");
@@ -131,39 +130,11 @@ mod cases {
 
     pub async fn sixteen_concurrent_deliveries_of_one_key_apply_the_effect_exactly_once(backend: Backend) {
         let db = TestDb::new(backend).await;
-        shop::seed_stock(&db.store, "SKU-RACE", 1_000).await.unwrap();
         // Two gates on two pools: two consumer processes of one group, racing.
         let a = Arc::new(gate(db.store.clone(), identity("stock-service", "a"), vec![], Handlers::new()));
         let b =
             Arc::new(gate(db.second_store().await, identity("stock-service", "b"), vec![], Handlers::new()));
-        let barrier = Arc::new(tokio::sync::Barrier::new(16));
-        let tasks: Vec<_> = (0..16)
-            .map(|i| {
-                let g = if i % 2 == 0 { a.clone() } else { b.clone() };
-                let barrier = barrier.clone();
-                // Even tasks: broker redeliveries (one UNIQ_KEY); odd: producer resends.
-                let uniq = if i % 2 == 0 { "U-1".to_owned() } else { format!("U-resend-{i}") };
-                let d = stock_deduct("DEDUCT-RACE-1", &format!("M-{i}"), &uniq, "SKU-RACE", 7);
-                tokio::spawn(async move {
-                    barrier.wait().await;
-                    g.process(&d).await
-                })
-            })
-            .collect();
-        let mut outcomes = Vec::new();
-        for t in tasks {
-            let disposition = t.await.expect("no panic");
-            assert_eq!(disposition.verdict, Verdict::Ack, "{disposition:?}");
-            assert!(disposition.logged);
-            outcomes.push(disposition.outcome);
-        }
-        assert_eq!(outcomes.iter().filter(|o| **o == Outcome::Processed).count(), 1, "{outcomes:?}");
-        assert_eq!(outcomes.iter().filter(|o| **o == Outcome::Duplicate).count(), 15, "{outcomes:?}");
-        assert_eq!(db.scalar(&STOCK_OF, &["SKU-RACE"]).await, 993, "stock decremented once");
-        assert_eq!(db.scalar(&LEDGER_ROWS_OF, &["DEDUCT-RACE-1"]).await, 1, "one ledger row");
-        assert_eq!(db.scalar(&CLAIMS_OF, &["DEDUCT-RACE-1"]).await, 1);
-        assert_eq!(db.scalar(&LOG_ROWS_OF, &["DEDUCT-RACE-1", "processed"]).await, 1);
-        assert_eq!(db.scalar(&LOG_ROWS_OF, &["DEDUCT-RACE-1", "duplicate"]).await, 15);
+        support::race(&db, a, b, "DEDUCT-RACE-1", "SKU-RACE").await;
     }
 
     pub async fn a_failed_handler_leaves_the_key_unclaimed_and_a_retry_succeeds(backend: Backend) {

@@ -1,8 +1,10 @@
 //! Test databases: each test gets its own scratch database (or SQLite file), so runs never
 //! collide. A missing service is a failure, never a skip.
 
+use std::sync::Arc;
+
 use idemgate::delivery::Delivery;
-use idemgate::gate::{Gate, Identity, Policy};
+use idemgate::gate::{Gate, Identity, Outcome, Policy, Verdict};
 use idemgate::handler::Handlers;
 use idemgate::route::{RouteConfig, Routes};
 use idemgate::scratch::ScratchDb;
@@ -131,4 +133,42 @@ macro_rules! on_every_backend {
             async fn $case() { super::cases::$case(idemgate::store::Backend::MySql).await })*
         }
     };
+}
+
+static RACE_STOCK_OF: Sql = Sql::new("SELECT quantity FROM shop_stock WHERE sku = ?");
+static RACE_LEDGER_ROWS_OF: Sql = Sql::new("SELECT COUNT(*) FROM shop_stock_ledger WHERE deduction_id = ?");
+static CLAIMS_OF: Sql = Sql::new("SELECT COUNT(*) FROM idempotent_record_all WHERE biz_id = ?");
+static LOG_ROWS_OF: Sql = Sql::new("SELECT COUNT(*) FROM delivery_log WHERE biz_id = ? AND outcome = ?");
+
+/// Sixteen deliveries of one deduction at once from two gates (two processes): half broker
+/// redeliveries, half producer resends. Exactly one applies.
+pub async fn race(db: &TestDb, a: Arc<Gate>, b: Arc<Gate>, biz_id: &str, sku: &str) {
+    shop::seed_stock(&db.store, sku, 1_000).await.unwrap();
+    let barrier = Arc::new(tokio::sync::Barrier::new(16));
+    let tasks: Vec<_> = (0..16)
+        .map(|i| {
+            let g = if i % 2 == 0 { a.clone() } else { b.clone() };
+            let barrier = barrier.clone();
+            let uniq = if i % 2 == 0 { "U-1".to_owned() } else { format!("U-resend-{i}") };
+            let d = stock_deduct(biz_id, &format!("M-{i}"), &uniq, sku, 7);
+            tokio::spawn(async move {
+                barrier.wait().await;
+                g.process(&d).await
+            })
+        })
+        .collect();
+    let mut outcomes = Vec::new();
+    for t in tasks {
+        let r = t.await.expect("no panic");
+        assert_eq!(r.verdict, Verdict::Ack, "{r:?}");
+        assert!(r.logged);
+        outcomes.push(r.outcome);
+    }
+    assert_eq!(outcomes.iter().filter(|o| **o == Outcome::Processed).count(), 1, "{outcomes:?}");
+    assert_eq!(outcomes.iter().filter(|o| **o == Outcome::Duplicate).count(), 15, "{outcomes:?}");
+    assert_eq!(db.scalar(&RACE_STOCK_OF, &[sku]).await, 993, "stock decremented once");
+    assert_eq!(db.scalar(&RACE_LEDGER_ROWS_OF, &[biz_id]).await, 1, "one ledger row");
+    assert_eq!(db.scalar(&CLAIMS_OF, &[biz_id]).await, 1, "one claim");
+    assert_eq!(db.scalar(&LOG_ROWS_OF, &[biz_id, "processed"]).await, 1);
+    assert_eq!(db.scalar(&LOG_ROWS_OF, &[biz_id, "duplicate"]).await, 15);
 }

@@ -25,7 +25,7 @@ use idemgate::route::{BizKey, RouteConfig};
 use idemgate::shop;
 use idemgate::store::{Backend, Conn, Sql};
 use redis_server::RedisServer;
-use support::{TestDb, gate, identity, stock_deduct};
+use support::{TestDb, gate, identity, race, stock_deduct};
 
 static STOCK_OF: Sql = Sql::new("SELECT quantity FROM shop_stock WHERE sku = ?");
 static LEDGER_ROWS_OF: Sql = Sql::new("SELECT COUNT(*) FROM shop_stock_ledger WHERE deduction_id = ?");
@@ -83,37 +83,6 @@ fn deduct_key(biz_id: &str) -> BizKey {
         execute_time: 0,
         handler: shop::STOCK_DEDUCT.to_owned(),
     }
-}
-
-/// Sixteen deliveries of one deduction at once from two gates (two processes): half broker
-/// redeliveries, half producer resends. Exactly one applies.
-async fn race(db: &TestDb, a: Arc<Gate>, b: Arc<Gate>, biz_id: &str, sku: &str) {
-    shop::seed_stock(&db.store, sku, 1_000).await.unwrap();
-    let barrier = Arc::new(tokio::sync::Barrier::new(16));
-    let tasks: Vec<_> = (0..16)
-        .map(|i| {
-            let g = if i % 2 == 0 { a.clone() } else { b.clone() };
-            let barrier = barrier.clone();
-            let uniq = if i % 2 == 0 { "U-1".to_owned() } else { format!("U-resend-{i}") };
-            let d = stock_deduct(biz_id, &format!("M-{i}"), &uniq, sku, 7);
-            tokio::spawn(async move {
-                barrier.wait().await;
-                g.process(&d).await
-            })
-        })
-        .collect();
-    let mut outcomes = Vec::new();
-    for t in tasks {
-        let r = t.await.expect("no panic");
-        assert_eq!(r.verdict, Verdict::Ack, "{r:?}");
-        assert!(r.logged);
-        outcomes.push(r.outcome);
-    }
-    assert_eq!(outcomes.iter().filter(|o| **o == Outcome::Processed).count(), 1, "{outcomes:?}");
-    assert_eq!(db.scalar(&STOCK_OF, &[sku]).await, 993, "stock decremented once");
-    assert_eq!(db.scalar(&LEDGER_ROWS_OF, &[biz_id]).await, 1, "one ledger row");
-    assert_eq!(db.scalar(&LOG_ROWS_OF, &[biz_id, "processed"]).await, 1);
-    assert_eq!(db.scalar(&LOG_ROWS_OF, &[biz_id, "duplicate"]).await, 15);
 }
 
 /// A handler for the tests: writes a ledger row, then fails while `failing` is set. With
