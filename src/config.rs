@@ -368,6 +368,16 @@ impl Settings {
         self.archive.validate().map_err(|e| invalid(e.key, e.message))?;
         self.reconcile.validate().map_err(|e| invalid(e.key, e.message))?;
         self.redis.validate().map_err(|e| invalid(e.key, e.message))?;
+        let carried = routes.biz_types();
+        if let Some(unknown) = self.redis.biz_types.iter().find(|t| *t != "*" && !carried.contains(*t)) {
+            return Err(invalid(
+                "redis.biz_types",
+                format!(
+                    "{unknown:?} is the biz_type of no route; the routes carry {}",
+                    carried.iter().map(String::as_str).collect::<Vec<_>>().join(", ")
+                ),
+            ));
+        }
         if self.dedup.shards == 1 || self.dedup.shards > crate::layout::MAX_SHARDS {
             return Err(invalid(
                 "dedup.shards",
@@ -535,6 +545,10 @@ mod tests {
             ("[redis]\nurl = \"localhost:6379\"", "configuration key redis.url: must start with redis://"),
             ("[redis]\nurl = \"redis://h\"\ntimeout_ms = 0", "configuration key redis.timeout_ms"),
             ("[redis]\nbiz_types = [\"<x>\"]", "configuration key redis.biz_types"),
+            (
+                "[redis]\nbiz_types = [\"stock.dedcut\"]",
+                "configuration key redis.biz_types: \"stock.dedcut\" is the biz_type of no route; the routes carry",
+            ),
             ("[dedup]\nshards = 1", "configuration key dedup.shards: is 1; use 0 (one table) or 2 to 100"),
             ("[dedup]\nshards = 101", "configuration key dedup.shards"),
             ("[dedup]\nshards = -1", "key dedup.shards"),
