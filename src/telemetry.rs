@@ -61,6 +61,8 @@ pub fn init(settings: &LogSettings) {
     // Asked at every event, not cached per call site: counting is switched on and off.
     let counter = StatementCounter.with_filter(
         DynFilterFn::new(|meta, _| meta.target() == "sqlx::query" && COUNTING.load(Ordering::Acquire))
+            // sqlx reports statements at DEBUG: nothing below it needs to reach this filter.
+            .with_max_level_hint(tracing_subscriber::filter::LevelFilter::DEBUG)
             .with_callsite_filter(|meta| {
                 if meta.target() == "sqlx::query" { Interest::sometimes() } else { Interest::never() }
             }),
