@@ -622,11 +622,14 @@ async fn redis_stopped_and_restarted_mid_stream_loses_and_doubles_nothing() {
     let text = m.render(None).await;
     let fallbacks = sample(&text, "idemgate_prefilter_fallbacks_total", &[]);
     let open = sample(&text, "idemgate_prefilter_fallbacks_total", &[("cause", "circuit_open")]);
-    let failed = fallbacks - open;
+    // The circuit opens on the first failed command: a delivery's check (counted as its
+    // fallback's cause) or the settle of a key owned when Redis went (counted as settled=failed).
+    let settles_failed = sample(&text, "idemgate_prefilter_settled_total", &[("result", "failed")]);
+    let failed = fallbacks - open + settles_failed;
     assert!(fallbacks >= (outage.len() - 4) as f64, "fallbacks counted: {fallbacks}");
     assert!(
         failed >= 1.0 && failed * 10.0 <= open,
-        "the circuit spares most deliveries the failure: {failed} failed, {open} skipped"
+        "the circuit spares most deliveries the failure: {failed} failed commands, {open} skipped"
     );
     assert_eq!(
         sample(
@@ -663,20 +666,22 @@ async fn a_slow_redis_keeps_delivery_latency_bounded() {
     });
     tokio::time::sleep(Duration::from_millis(100)).await;
     let started = Instant::now();
-    let mut worst = Duration::ZERO;
+    let (mut worst, mut worst_redis) = (Duration::ZERO, Duration::ZERO);
     let mut causes = Vec::new();
     for d in stream("SLOW", 60, "SKU-SLOW") {
         let r = g.process(&d).await;
         assert_eq!(r.verdict, Verdict::Ack);
         worst = worst.max(r.latency);
+        worst_redis = worst_redis.max(Duration::from_micros(r.phases.redis_us));
         causes.extend(r.prefilter.and_then(|p| p.fallback));
     }
     let elapsed = started.elapsed();
     sleeping.await.unwrap();
-    assert!(
-        worst < Duration::from_millis(250),
-        "worst delivery latency {worst:?} (the stream took {elapsed:?})"
-    );
+    // The time spent on Redis is the pre-filter's to bound: its 5 ms timeout, plus what a busy
+    // machine adds to a timer. The whole delivery (which also waits on the database) stays far
+    // below Redis's 2 s.
+    assert!(worst_redis < Duration::from_millis(100), "worst wait on Redis {worst_redis:?}");
+    assert!(worst < Duration::from_secs(1), "worst delivery latency {worst:?} (the stream took {elapsed:?})");
     assert!(causes.contains(&FallbackCause::Timeout), "{causes:?}");
     assert!(
         causes.iter().filter(|c| **c == FallbackCause::CircuitOpen).count() > causes.len() / 2,
