@@ -348,9 +348,23 @@ async fn create_shards(store: &Store, shards: u16) -> Result<(), sqlx::Error> {
             Backend::MySql => {
                 pool.execute(AssertSqlSafe(format!("CREATE TABLE IF NOT EXISTS {table} LIKE {MAIN_TABLE}")))
                     .await?;
-                // Raises the counter only; a table whose ids are already higher keeps them.
-                pool.execute(AssertSqlSafe(format!("ALTER TABLE {table} AUTO_INCREMENT = {}", first_id + 1)))
+                // Only a shard whose counter is still below its range is altered: an ALTER takes
+                // the table's metadata lock, which a restart must not take from live consumers.
+                let counter: Option<i64> = sqlx::query(
+                    "SELECT CAST(AUTO_INCREMENT AS SIGNED) FROM information_schema.TABLES \
+                     WHERE TABLE_SCHEMA = DATABASE() AND TABLE_NAME = ?",
+                )
+                .bind(table.clone())
+                .fetch_one(pool)
+                .await?
+                .try_get(0)?;
+                if counter.is_none_or(|next| next <= first_id) {
+                    pool.execute(AssertSqlSafe(format!(
+                        "ALTER TABLE {table} AUTO_INCREMENT = {}",
+                        first_id + 1
+                    )))
                     .await?;
+                }
             }
             // SQLite has no CREATE TABLE … LIKE: the main table's own DDL (and its indexes'),
             // as SQLite keeps it, with the table's name in place of the main one's.
