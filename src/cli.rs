@@ -297,6 +297,23 @@ pub struct BenchBrokerArgs {
     pub duplicates: f64,
     #[arg(long, default_value_t = 8)]
     pub consume_threads: u32,
+    /// The database: postgres or mysql.
+    #[arg(long, default_value = "postgres")]
+    pub backend: String,
+    /// Consume threads of the group-commit run.
+    #[arg(long, default_value_t = 64)]
+    pub group_threads: u32,
+    /// Deliveries per group transaction (1 to 64).
+    #[arg(long, default_value_t = 32)]
+    pub max_batch: usize,
+    #[arg(long, default_value_t = 2)]
+    pub linger_ms: u64,
+    /// Groups committing at once.
+    #[arg(long, default_value_t = 2)]
+    pub in_flight: usize,
+    /// Also run idemgate on the client's default runtime.
+    #[arg(long)]
+    pub client_defaults: bool,
 }
 
 #[derive(Debug, Args)]
@@ -668,17 +685,37 @@ async fn bench_archive(args: BenchArchiveArgs) -> anyhow::Result<ExitCode> {
 }
 
 async fn bench_broker(args: BenchBrokerArgs) -> anyhow::Result<ExitCode> {
+    let backend: Backend = args.backend.parse()?;
+    anyhow::ensure!(backend != Backend::Sqlite, "bench broker: --backend is postgres or mysql");
+    anyhow::ensure!(
+        (1..=crate::gate::group::MAX_BATCH).contains(&args.max_batch),
+        "bench broker: --max-batch is 1 to {}",
+        crate::gate::group::MAX_BATCH
+    );
     let options = bench::broker::Options {
         name_server: args.name_server,
+        backend,
         messages: args.messages,
         duplicates: share("duplicates", args.duplicates, 0.9)?,
         consume_threads: args.consume_threads,
+        group_threads: args.group_threads,
+        group: crate::gate::GroupSettings {
+            max_batch: args.max_batch,
+            linger: std::time::Duration::from_millis(args.linger_ms),
+            in_flight: args.in_flight.max(1),
+            queue: 4 * args.group_threads as usize,
+        },
+        client_defaults: args.client_defaults,
     };
     println!(
-        "bench broker: {} stock.deduct messages, {:.0}% duplicates, RocketMQ -> PostgreSQL, {} cores",
+        "bench broker: {} stock.deduct messages, {:.0}% duplicates, RocketMQ -> {backend}, {} cores; group commit: {} threads, max_batch {}, linger {} ms, {} in flight",
         options.messages,
         options.duplicates * 100.0,
-        std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1)
+        std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1),
+        options.group_threads,
+        options.group.max_batch,
+        args.linger_ms,
+        options.group.in_flight,
     );
     let runs = bench::broker::run(&options, |r| eprintln!("  {}: {:.0} msg/s", r.mode, r.rate())).await?;
     println!("\n{}", bench::broker::table(&runs));

@@ -15,7 +15,7 @@ use serde::{Deserialize, Serialize};
 use crate::archive::ArchiveSettings;
 use crate::broker::StartFrom;
 use crate::broker::consumer::ConsumerOptions;
-use crate::gate::{Identity, Policy};
+use crate::gate::{GroupSettings, Identity, Policy};
 use crate::handler::Handlers;
 use crate::prefilter::RedisSettings;
 use crate::reconcile::ReconcileSettings;
@@ -47,6 +47,8 @@ pub struct Settings {
     pub redis: RedisSettings,
     /// `[dedup]`: how the claims are laid out ([`DedupSettings`]).
     pub dedup: DedupSettings,
+    /// `[group_commit]`: many deliveries per transaction ([`GroupCommitSettings`]).
+    pub group_commit: GroupCommitSettings,
     /// `[[state_machines]]`: handlers made from configuration, each a conditional state move
     /// that routes name as their handler; each field is described on [`StateMachineConfig`].
     /// `IDEMGATE_STATE_MACHINES` replaces the whole array with inline tables. None by default.
@@ -63,19 +65,69 @@ pub struct DedupSettings {
     pub shards: u16,
 }
 
+/// `[group_commit]`: deliveries that arrive together share one transaction, each in its own
+/// savepoint ([`crate::gate::group`]). Off by default: one transaction per delivery.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct GroupCommitSettings {
+    /// `IDEMGATE_GROUP_COMMIT__ENABLED`.
+    pub enabled: bool,
+    /// `IDEMGATE_GROUP_COMMIT__MAX_BATCH`: deliveries per transaction, 1 to 64.
+    pub max_batch: usize,
+    /// `IDEMGATE_GROUP_COMMIT__LINGER_MS`: how long a group waits for more deliveries after
+    /// its first, 0 to 1000: the latency added when traffic is light.
+    pub linger_ms: u64,
+    /// `IDEMGATE_GROUP_COMMIT__IN_FLIGHT`: groups committing at once, 1 to 16.
+    pub in_flight: usize,
+    /// `IDEMGATE_GROUP_COMMIT__QUEUE`: deliveries waiting for a group at most; beyond it the
+    /// consume threads wait.
+    pub queue: usize,
+}
+
+impl Default for GroupCommitSettings {
+    fn default() -> Self {
+        let g = GroupSettings::default();
+        Self {
+            enabled: false,
+            max_batch: g.max_batch,
+            linger_ms: g.linger.as_millis() as u64,
+            in_flight: g.in_flight,
+            queue: g.queue,
+        }
+    }
+}
+
+impl GroupCommitSettings {
+    /// The gate's group settings, when group commit is on.
+    pub fn group_settings(&self) -> Option<GroupSettings> {
+        self.enabled.then(|| GroupSettings {
+            max_batch: self.max_batch,
+            linger: std::time::Duration::from_millis(self.linger_ms),
+            in_flight: self.in_flight,
+            queue: self.queue,
+        })
+    }
+}
+
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct BrokerSettings {
     /// `IDEMGATE_BROKER__NAME_SERVER`: the RocketMQ name server(s), `host:port[;host:port]`.
     pub name_server: String,
     /// `IDEMGATE_BROKER__CONSUME_THREADS`: listener calls in flight at once. Each holds one
-    /// database connection, so `database.max_connections` must be at least this.
+    /// database connection, so `database.max_connections` must be at least this (with group
+    /// commit, only each group does: see `group_commit`).
     pub consume_threads: u32,
     /// `IDEMGATE_BROKER__BATCH_SIZE`: messages per listener call. 1 keeps a retry to its own
     /// message; a larger batch redelivers the whole batch when one message asks for a retry.
     pub batch_size: u32,
     /// `IDEMGATE_BROKER__PULL_BATCH_SIZE`: messages fetched from a queue per pull.
     pub pull_batch_size: u32,
+    /// `IDEMGATE_BROKER__BUFFERED_MESSAGES`: messages pulled but not yet consumed, per topic,
+    /// at most; the client stops pulling beyond it, so a slow database never fills memory.
+    pub buffered_messages: u32,
+    /// `IDEMGATE_BROKER__BUFFERED_MIB`: the same bound in MiB of message bodies, per topic.
+    pub buffered_mib: u32,
     /// `IDEMGATE_BROKER__START_FROM`: where a new consumer group starts, `first` (miss nothing)
     /// or `last`.
     pub start_from: StartFrom,
@@ -239,6 +291,8 @@ impl Default for Settings {
                 consume_threads: 8,
                 batch_size: 1,
                 pull_batch_size: 32,
+                buffered_messages: 4_000,
+                buffered_mib: 64,
                 start_from: StartFrom::First,
                 producer_group: "idemgate_producer".to_owned(),
             },
@@ -255,6 +309,7 @@ impl Default for Settings {
             reconcile: ReconcileSettings::default(),
             redis: RedisSettings::default(),
             dedup: DedupSettings { shards: 0 },
+            group_commit: GroupCommitSettings::default(),
             state_machines: Vec::new(),
         }
     }
@@ -337,7 +392,46 @@ impl Settings {
         if !(1..=1024).contains(&b.pull_batch_size) {
             return Err(invalid("broker.pull_batch_size", "must be between 1 and 1024"));
         }
-        if self.database.max_connections < b.consume_threads {
+        if !(1..=1_000_000).contains(&b.buffered_messages) {
+            return Err(invalid("broker.buffered_messages", "must be between 1 and 1000000"));
+        }
+        if !(1..=4096).contains(&b.buffered_mib) {
+            return Err(invalid("broker.buffered_mib", "must be between 1 and 4096"));
+        }
+        let g = &self.group_commit;
+        if !(1..=crate::gate::group::MAX_BATCH).contains(&g.max_batch) {
+            return Err(invalid(
+                "group_commit.max_batch",
+                format!(
+                    "is {}; use 1 to {} (PostgreSQL tracks at most 64 savepoints per transaction cheaply)",
+                    g.max_batch,
+                    crate::gate::group::MAX_BATCH
+                ),
+            ));
+        }
+        if g.linger_ms > 1_000 {
+            return Err(invalid("group_commit.linger_ms", "must be at most 1000"));
+        }
+        if !(1..=16).contains(&g.in_flight) {
+            return Err(invalid("group_commit.in_flight", "must be between 1 and 16"));
+        }
+        if !(1..=100_000).contains(&g.queue) {
+            return Err(invalid("group_commit.queue", "must be between 1 and 100000"));
+        }
+        if g.enabled {
+            // Each group in flight holds a connection; a group's duplicates read their earlier
+            // claims on another.
+            let needed = 2 * g.in_flight as u32;
+            if self.database.max_connections < needed {
+                return Err(invalid(
+                    "database.max_connections",
+                    format!(
+                        "is {}, below twice group_commit.in_flight ({needed}): each group holds a connection and reads its duplicates' claims on another",
+                        self.database.max_connections
+                    ),
+                ));
+            }
+        } else if self.database.max_connections < b.consume_threads {
             return Err(invalid(
                 "database.max_connections",
                 format!(
@@ -431,6 +525,8 @@ impl Settings {
             consume_threads: self.broker.consume_threads,
             batch_size: self.broker.batch_size,
             pull_batch_size: self.broker.pull_batch_size,
+            buffered_messages: self.broker.buffered_messages,
+            buffered_mib: self.broker.buffered_mib,
             start_from: self.broker.start_from,
         }
     }
@@ -552,6 +648,21 @@ mod tests {
             ("[dedup]\nshards = 1", "configuration key dedup.shards: is 1; use 0 (one table) or 2 to 100"),
             ("[dedup]\nshards = 101", "configuration key dedup.shards"),
             ("[dedup]\nshards = -1", "key dedup.shards"),
+            (
+                "[group_commit]\nmax_batch = 65",
+                "configuration key group_commit.max_batch: is 65; use 1 to 64",
+            ),
+            ("[group_commit]\nmax_batch = 0", "configuration key group_commit.max_batch"),
+            ("[group_commit]\nlinger_ms = 5000", "configuration key group_commit.linger_ms"),
+            ("[group_commit]\nin_flight = 0", "configuration key group_commit.in_flight"),
+            ("[group_commit]\nqueue = 0", "configuration key group_commit.queue"),
+            ("[group_commit]\nbatch = 8", "key group_commit.batch: unknown field"),
+            (
+                "[group_commit]\nenabled = true\nin_flight = 8\n[database]\nmax_connections = 8",
+                "configuration key database.max_connections: is 8, below twice group_commit.in_flight (16)",
+            ),
+            ("[broker]\nbuffered_messages = 0", "configuration key broker.buffered_messages"),
+            ("[broker]\nbuffered_mib = 0", "configuration key broker.buffered_mib"),
             ("this is not toml", "configuration"),
         ];
         for (text, expected) in cases {
@@ -580,6 +691,20 @@ mod tests {
         to = "SHIPPED"
         row_key = "json:/order_no"
         "#;
+
+    #[test]
+    fn group_commit_needs_connections_for_its_groups_not_for_every_consume_thread() {
+        let dir = tempfile::tempdir().unwrap();
+        let text = "[group_commit]\nenabled = true\nmax_batch = 16\nlinger_ms = 5\n\
+                    [broker]\nconsume_threads = 64\n[database]\nmax_connections = 8";
+        let s = Settings::load_from(Some(&write(&dir, text)), no_env()).unwrap();
+        let g = s.group_commit.group_settings().expect("on");
+        assert_eq!((g.max_batch, g.linger, g.in_flight), (16, std::time::Duration::from_millis(5), 2));
+        assert_eq!(Settings::default().group_commit.group_settings(), None, "off by default");
+        let off = "[broker]\nconsume_threads = 64\n[database]\nmax_connections = 8";
+        let err = Settings::load_from(Some(&write(&dir, off)), no_env()).unwrap_err().to_string();
+        assert!(err.contains("below broker.consume_threads (64)"), "{err}");
+    }
 
     #[test]
     fn a_configured_state_machine_is_a_handler_routes_can_name() {

@@ -8,7 +8,7 @@
 use crate::delivery::Delivery;
 use crate::gate::{DuplicateCause, Layer, Outcome};
 use crate::route::{MAX_BIZ_ID_CHARS, MAX_BIZ_TYPE_CHARS, MAX_ID_CHARS, MAX_TOPIC_CHARS, excerpt};
-use crate::store::{Backend, Conn, Sql, query};
+use crate::store::{AnyQuery, Backend, Conn, Sql, query};
 
 /// The longest error text kept, in characters.
 pub const MAX_ERROR_CHARS: usize = 2_000;
@@ -16,12 +16,20 @@ pub const MAX_ERROR_CHARS: usize = 2_000;
 /// message size limit). A longer body is cut and the row's error says so.
 pub const MAX_KEPT_PAYLOAD: usize = 4 * 1024 * 1024;
 
+const INSERT_INTO: &str = "INSERT INTO delivery_log (logged_at_ms, instance_id, consumer_group, msg_id, uniq_key, \
+     topic, tags, queue_id, queue_offset, reconsume_times, biz_type, biz_id, execute_time, \
+     outcome, cause, layer, payload_match, payload_hash, error, latency_us, payload) VALUES ";
+/// The columns of one row.
+const COLUMNS: usize = 21;
 static APPEND: Sql = Sql::new(
     "INSERT INTO delivery_log (logged_at_ms, instance_id, consumer_group, msg_id, uniq_key, \
      topic, tags, queue_id, queue_offset, reconsume_times, biz_type, biz_id, execute_time, \
      outcome, cause, layer, payload_match, payload_hash, error, latency_us, payload) \
      VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
 );
+/// The most rows one multi-row append carries (21 values each, far below every backend's
+/// limit on bound values).
+pub const MAX_ROWS_PER_STATEMENT: usize = 64;
 
 /// One row of the log, borrowed from the delivery it describes.
 #[derive(Debug, Clone)]
@@ -50,21 +58,44 @@ pub struct Entry<'a> {
 /// Text that came from outside (msgId, topic, a rejected bizId) is cut to its column's size
 /// with [`excerpt`], so that a hostile message is logged instead of failing the insert.
 pub async fn append(conn: &mut Conn, backend: Backend, entry: &Entry<'_>) -> Result<(), sqlx::Error> {
+    bind(query(backend, &APPEND), entry).execute(conn).await?;
+    Ok(())
+}
+
+/// Appends `entries` in as few statements as possible (one per [`MAX_ROWS_PER_STATEMENT`]
+/// rows): a group commit's log rows cost one round trip, not one each.
+pub async fn append_many(
+    conn: &mut Conn,
+    backend: Backend,
+    entries: &[Entry<'_>],
+) -> Result<(), sqlx::Error> {
+    for chunk in entries.chunks(MAX_ROWS_PER_STATEMENT) {
+        let sql = format!("{INSERT_INTO}{}", crate::store::values_list(COLUMNS, chunk.len()));
+        let mut q = crate::store::query_built(backend, sql);
+        for entry in chunk {
+            q = bind(q, entry);
+        }
+        q.execute(&mut *conn).await?;
+    }
+    Ok(())
+}
+
+/// Binds one row's 21 values, in column order.
+fn bind(q: AnyQuery, entry: &Entry<'_>) -> AnyQuery {
     let d = entry.delivery;
     let mut error = entry.error.map(|e| clip(e, MAX_ERROR_CHARS));
     let payload = entry.keep_payload.then(|| {
         if d.body.len() > MAX_KEPT_PAYLOAD {
             let note = format!(" [body of {} bytes cut to {MAX_KEPT_PAYLOAD}]", d.body.len());
             error = Some(error.take().unwrap_or_default() + &note);
-            &d.body[..MAX_KEPT_PAYLOAD]
+            d.body[..MAX_KEPT_PAYLOAD].to_vec()
         } else {
-            &d.body[..]
+            d.body.clone()
         }
     });
-    query(backend, &APPEND)
-        .bind(entry.logged_at_ms)
-        .bind(entry.instance_id)
-        .bind(entry.consumer_group)
+    q.bind(entry.logged_at_ms)
+        .bind(entry.instance_id.to_owned())
+        .bind(entry.consumer_group.to_owned())
         .bind(excerpt(&d.msg_id, MAX_ID_CHARS))
         .bind(excerpt(&d.uniq_key, MAX_ID_CHARS))
         .bind(excerpt(&d.topic, MAX_TOPIC_CHARS))
@@ -79,13 +110,10 @@ pub async fn append(conn: &mut Conn, backend: Backend, entry: &Entry<'_>) -> Res
         .bind(entry.cause.map(DuplicateCause::as_str))
         .bind(entry.layer.map(Layer::as_str))
         .bind(entry.payload_match.map(i16::from))
-        .bind(entry.payload_hash)
+        .bind(entry.payload_hash.map(str::to_owned))
         .bind(error)
         .bind(entry.latency_us)
         .bind(payload)
-        .execute(conn)
-        .await?;
-    Ok(())
 }
 
 /// Cuts `text` to `max` characters without splitting one.

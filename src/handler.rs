@@ -39,6 +39,16 @@ pub enum Effect {
     AlreadyApplied { layer: Layer, detail: String },
 }
 
+impl Effect {
+    /// What the handler said about an effect found already applied.
+    pub fn detail(&self) -> Option<&str> {
+        match self {
+            Self::Applied => None,
+            Self::AlreadyApplied { detail, .. } => Some(detail),
+        }
+    }
+}
+
 /// Why a handler did not apply its effect. Every variant rolls the transaction back, so the key
 /// stays unclaimed.
 #[derive(Debug, thiserror::Error)]

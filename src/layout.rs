@@ -189,6 +189,9 @@ pub struct ClaimTable {
     pub name: &'static str,
     pub claim: InsertIfAbsent,
     pub find: Sql,
+    /// Deletes one claim: a group commit takes back the claim of a delivery whose handler
+    /// failed, inside the group's transaction.
+    pub release: Sql,
 }
 
 /// The statements of `table`, made once per process (a table's statements live as long as the
@@ -212,6 +215,9 @@ fn claim_table(table: &str) -> &'static ClaimTable {
         find: Sql::new(leak(format!(
             "SELECT msg_id, uniq_key, payload_hash FROM {table} \
              WHERE consumer_group = ? AND biz_type = ? AND biz_id = ? AND execute_time = ?"
+        ))),
+        release: Sql::new(leak(format!(
+            "DELETE FROM {table} WHERE consumer_group = ? AND biz_type = ? AND biz_id = ? AND execute_time = ?"
         ))),
     }));
     tables.insert(table.to_owned(), made);

@@ -18,6 +18,7 @@ use prometheus::{
 use sqlx::Row;
 
 use crate::delivery::Delivery;
+use crate::gate::group::{GroupEnd, GroupReport};
 use crate::gate::{Disposition, DuplicateCause, Layer, Outcome, now_ms};
 use crate::prefilter::{FallbackCause, Settled, Step};
 use crate::reconcile::AnomalyKind;
@@ -26,6 +27,9 @@ use crate::store::{Backend, Sql, Store};
 /// Latency buckets in seconds: half a millisecond to thirty seconds.
 const BUCKETS: &[f64] =
     &[0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0];
+
+/// Group sizes: 1 to the largest group allowed.
+const GROUP_SIZE_BUCKETS: &[f64] = &[1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0];
 
 /// The label values of a metric without labels.
 const NO_LABELS: &[&str] = &[];
@@ -58,6 +62,10 @@ pub struct Metrics {
     prefilter: IntCounterVec,
     prefilter_fallbacks: IntCounterVec,
     prefilter_settled: IntCounterVec,
+    group_size: HistogramVec,
+    group_commits: IntCounterVec,
+    group_retries: IntCounterVec,
+    group_wait_seconds: HistogramVec,
     windows: Mutex<BTreeMap<String, Window>>,
     from_database: tokio::sync::Mutex<Option<(Instant, FromDatabase)>>,
 }
@@ -218,6 +226,34 @@ impl Metrics {
                 "Redis keys owned by a delivery, by their end (done, released after a rollback, not_owner: left to the delivery that holds it now, failed).",
                 &["consumer_group", "result"],
             ),
+            group_size: {
+                let h = HistogramVec::new(
+                    HistogramOpts::new(
+                        "idemgate_group_size",
+                        "Deliveries per group-commit transaction (group commit on).",
+                    )
+                    .buckets(GROUP_SIZE_BUCKETS.to_vec()),
+                    &["consumer_group"],
+                )
+                .expect("a valid metric definition");
+                registry.register(Box::new(h.clone())).expect("each metric registered once");
+                h
+            },
+            group_commits: counter(
+                "idemgate_group_commits_total",
+                "Groups of deliveries by how they ended: committed in one transaction, or split (each delivery alone) after the group could not commit.",
+                &["consumer_group", "result"],
+            ),
+            group_retries: counter(
+                "idemgate_group_retries_total",
+                "Whole-group transactions started again after a transient conflict (deadlock, busy file, lost connection).",
+                &["consumer_group"],
+            ),
+            group_wait_seconds: histogram(
+                "idemgate_group_queue_wait_seconds",
+                "Time a delivery waited in the group-commit queue before its group started: grows when the database is the bottleneck.",
+                &["consumer_group"],
+            ),
             windows: Mutex::new(BTreeMap::new()),
             from_database: tokio::sync::Mutex::new(None),
             group: info.consumer_group.clone(),
@@ -282,6 +318,12 @@ impl Metrics {
             self.archive_runs.with_label_values(&[status]);
         }
         self.archive_rows_moved.with_label_values(NO_LABELS);
+        for end in GroupEnd::ALL {
+            self.group_commits.with_label_values(&[g, end.as_str()]);
+        }
+        self.group_retries.with_label_values(&[g]);
+        self.group_size.with_label_values(&[g]);
+        self.group_wait_seconds.with_label_values(&[g]);
         for kind in AnomalyKind::ALL {
             self.reconcile_anomalies.with_label_values(&[g, kind.as_str()]);
         }
@@ -332,6 +374,21 @@ impl Metrics {
         let second = now_ms() / 1000;
         let mut windows = self.windows.lock().unwrap_or_else(|p| p.into_inner());
         windows.entry(biz_type.to_owned()).or_default().add(second, conflict);
+    }
+
+    /// Records one group commit's size and end.
+    pub fn observe_group(&self, report: &GroupReport) {
+        let g = self.group.as_str();
+        self.group_size.with_label_values(&[g]).observe(report.size as f64);
+        self.group_commits.with_label_values(&[g, report.end.as_str()]).inc();
+        if report.retries > 0 {
+            self.group_retries.with_label_values(&[g]).inc_by(u64::from(report.retries));
+        }
+    }
+
+    /// Records how long one delivery waited for its group.
+    pub fn observe_group_wait(&self, waited: Duration) {
+        self.group_wait_seconds.with_label_values(&[self.group.as_str()]).observe(waited.as_secs_f64());
     }
 
     /// The text exposition, with the scrape-time values filled in first.

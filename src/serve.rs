@@ -66,6 +66,15 @@ impl Running {
         let mut gate = Gate::new(store.clone(), routes, handlers, identity, policy)?
             .with_metrics(metrics.clone())
             .with_layout(layout);
+        if let Some(group) = settings.group_commit.group_settings() {
+            tracing::info!(
+                max_batch = group.max_batch,
+                linger_ms = group.linger.as_millis() as u64,
+                in_flight = group.in_flight,
+                "group commit is on"
+            );
+            gate = gate.with_group_commit(group);
+        }
         if settings.redis.enabled() {
             let prefilter = Prefilter::new(&settings.redis)
                 .with_context(|| format!("redis.url {}", redact_url(&settings.redis.url)))?;

@@ -344,6 +344,24 @@ pub fn query(backend: Backend, sql: &Sql) -> AnyQuery {
     sqlx::query(sql.text(backend))
 }
 
+/// A query for a statement built at run time (a multi-row insert whose row count varies),
+/// written with `?` placeholders like [`Sql`]. Its text must hold only identifiers this crate
+/// chose and placeholders: every value is bound.
+pub fn query_built(backend: Backend, portable: String) -> AnyQuery {
+    let text = match backend {
+        Backend::Postgres => number_placeholders(&portable),
+        Backend::Sqlite | Backend::MySql => portable,
+    };
+    sqlx::query(AssertSqlSafe(text))
+}
+
+/// `(?, ?, …)` with `columns` placeholders, repeated `rows` times and comma-separated: the
+/// VALUES list of a multi-row insert.
+pub fn values_list(columns: usize, rows: usize) -> String {
+    let one = format!("({})", vec!["?"; columns].join(", "));
+    vec![one; rows].join(", ")
+}
+
 /// A connection handed to code that runs inside the gate's transaction.
 pub type Conn = AnyConnection;
 
@@ -392,6 +410,12 @@ pub fn is_transient(err: &sqlx::Error) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_values_list_has_one_group_per_row() {
+        assert_eq!(values_list(2, 3), "(?, ?), (?, ?), (?, ?)");
+        assert_eq!(number_placeholders(&values_list(2, 2)), "($1, $2), ($3, $4)");
+    }
 
     #[test]
     fn placeholders_are_numbered_in_order() {

@@ -22,7 +22,7 @@ use crate::broker::consumer::{ConsumerOptions, Sink, Subscription};
 use crate::broker::local::LocalBroker;
 use crate::broker::{ClientHost, Consumer, Producer, StartFrom};
 use crate::delivery::Delivery;
-use crate::gate::{Gate, Identity, Policy, Verdict};
+use crate::gate::{Gate, GroupSettings, Identity, Phases, Policy, Verdict};
 use crate::route::Routes;
 use crate::scratch::ScratchDb;
 use crate::shop;
@@ -35,9 +35,16 @@ const SEQ: &str = "BENCH_SEQ";
 pub struct Options {
     /// A running name server; `None` starts a private broker.
     pub name_server: Option<String>,
+    pub backend: Backend,
     pub messages: usize,
     pub duplicates: f64,
+    /// Consume threads of the per-message modes.
     pub consume_threads: u32,
+    /// Consume threads of the group-commit mode: enough deliveries in flight to fill its groups.
+    pub group_threads: u32,
+    pub group: GroupSettings,
+    /// Also run idemgate on the client's default runtime (slow: the client refuses most calls).
+    pub client_defaults: bool,
 }
 
 #[derive(Debug, Clone)]
@@ -55,7 +62,24 @@ pub struct Run {
     pub unasked_redeliveries: u64,
     pub effects: i64,
     pub double_applied: i64,
+    /// Peak RSS during this mode alone.
     pub peak_rss_mib: f64,
+    /// Where a gate's time went, per delivery, when the mode runs the gate.
+    pub profile: Option<Profile>,
+}
+
+/// The gate's time per delivery, in microseconds: a group's shared phases divided among its
+/// deliveries, so that the figures add up to the database time one message costs.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Profile {
+    pub begin_us: f64,
+    pub claim_us: f64,
+    pub handler_us: f64,
+    pub lookup_us: f64,
+    pub log_us: f64,
+    pub commit_us: f64,
+    /// Deliveries per transaction, on average.
+    pub group_size: f64,
 }
 
 impl Run {
@@ -118,6 +142,48 @@ impl<S: Sink> Sink for Timed<S> {
     }
 }
 
+/// The gate, adding up where each delivery's time went.
+struct Profiled {
+    gate: Arc<Gate>,
+    totals: Mutex<(Phases, f64, u64)>,
+}
+
+#[async_trait]
+impl Sink for Profiled {
+    async fn consume(&self, d: &Delivery) -> Verdict {
+        let r = self.gate.process(d).await;
+        let share = f64::from(r.phases.group_size.max(1));
+        let mut totals = self.totals.lock().unwrap_or_else(|p| p.into_inner());
+        let p = &mut totals.0;
+        let shared = |us: u64| (us as f64 / share).round() as u64;
+        p.begin_us += shared(r.phases.begin_us);
+        p.claim_us += shared(r.phases.claim_us);
+        p.handler_us += r.phases.handler_us;
+        p.lookup_us += shared(r.phases.lookup_us);
+        p.log_us += shared(r.phases.log_us);
+        p.commit_us += shared(r.phases.commit_us);
+        totals.1 += share;
+        totals.2 += 1;
+        r.verdict
+    }
+}
+
+impl Profiled {
+    fn profile(&self) -> Profile {
+        let (p, sizes, n) = *self.totals.lock().unwrap_or_else(|p| p.into_inner());
+        let n = n.max(1) as f64;
+        Profile {
+            begin_us: p.begin_us as f64 / n,
+            claim_us: p.claim_us as f64 / n,
+            handler_us: p.handler_us as f64 / n,
+            lookup_us: p.lookup_us as f64 / n,
+            log_us: p.log_us as f64 / n,
+            commit_us: p.commit_us as f64 / n,
+            group_size: sizes / n,
+        }
+    }
+}
+
 struct AckOnly;
 
 #[async_trait]
@@ -144,6 +210,7 @@ enum Mode {
     AckOnly,
     Naive,
     Gate,
+    GroupCommit,
     GateClientDefaults,
 }
 
@@ -152,7 +219,8 @@ impl Mode {
         match self {
             Self::AckOnly => "ack only, no database",
             Self::Naive => "naive select-then-insert",
-            Self::Gate => "idemgate",
+            Self::Gate => "idemgate, one transaction per message",
+            Self::GroupCommit => "idemgate, group commit",
             Self::GateClientDefaults => "idemgate, client's default runtime",
         }
     }
@@ -170,7 +238,7 @@ pub async fn run(options: &Options, mut report: impl FnMut(&Run)) -> anyhow::Res
         .context("a name server")?;
     let threads = options.consume_threads.max(20);
     let db = ScratchDb::create(
-        Backend::Postgres,
+        options.backend,
         &StoreOptions { max_connections: threads + 4, ..Default::default() },
     )
     .await?;
@@ -194,22 +262,35 @@ pub async fn run(options: &Options, mut report: impl FnMut(&Run)) -> anyhow::Res
         rate(stream.len(), load)
     );
 
+    let mut modes = vec![Mode::AckOnly, Mode::Naive, Mode::Gate, Mode::GroupCommit];
+    if options.client_defaults {
+        modes.push(Mode::GateClientDefaults);
+    }
     let mut runs = Vec::new();
-    for mode in [Mode::AckOnly, Mode::Naive, Mode::Gate, Mode::GateClientDefaults] {
+    for mode in modes {
         super::gate::reset(&db.store).await?;
+        super::reset_peak_rss();
         let group = format!("bench_{}_{}", mode as u8, crate::traffic::run_id());
-        let consume_threads = if mode == Mode::GateClientDefaults { 20 } else { options.consume_threads };
-        let gate = Arc::new(Gate::new(
+        let consume_threads = match mode {
+            Mode::GateClientDefaults => 20,
+            Mode::GroupCommit => options.group_threads,
+            _ => options.consume_threads,
+        };
+        let mut gate = Gate::new(
             db.store.clone(),
             Routes::new(&shop::routes(&topic))?,
             shop::handlers(),
             Identity { consumer_group: group.clone(), instance_id: "bench".to_owned() },
             Policy { duplicate_warnings_per_second: 0, ..Policy::default() },
-        )?);
+        )?;
+        if mode == Mode::GroupCommit {
+            gate = gate.with_group_commit(options.group.clone());
+        }
+        let profiled = Arc::new(Profiled { gate: Arc::new(gate), totals: Mutex::default() });
         let timed: Arc<Timed<Arc<dyn Sink>>> = Arc::new(Timed::new(match mode {
             Mode::AckOnly => Arc::new(AckOnly) as Arc<dyn Sink>,
             Mode::Naive => Arc::new(Naive(db.store.clone())),
-            Mode::Gate | Mode::GateClientDefaults => gate.clone(),
+            Mode::Gate | Mode::GroupCommit | Mode::GateClientDefaults => profiled.clone(),
         }));
         let host = match mode {
             Mode::GateClientDefaults => ClientHost::with_client_defaults("bench")?,
@@ -222,6 +303,8 @@ pub async fn run(options: &Options, mut report: impl FnMut(&Run)) -> anyhow::Res
             consume_threads,
             batch_size: 1,
             pull_batch_size: 32,
+            buffered_messages: 4_000,
+            buffered_mib: 64,
             start_from: StartFrom::First,
         };
         let consumer = Consumer::start_with(timed.clone(), &subscription, &consumer_options, host).await?;
@@ -252,26 +335,102 @@ pub async fn run(options: &Options, mut report: impl FnMut(&Run)) -> anyhow::Res
             effects,
             double_applied,
             peak_rss_mib: peak_rss_mib(),
+            profile: matches!(mode, Mode::Gate | Mode::GroupCommit | Mode::GateClientDefaults)
+                .then(|| profiled.profile()),
         };
         report(&r);
         runs.push(r);
     }
+
+    super::gate::reset(&db.store).await?;
+    super::reset_peak_rss();
+    let started = Instant::now();
+    raw_batched_inserts(&db.store, options.messages, options.group.max_batch, options.group.in_flight)
+        .await?;
+    let r = Run {
+        mode: "raw batched insert, no broker, no handler",
+        consume_threads: 0,
+        messages: options.messages,
+        elapsed: started.elapsed(),
+        deliveries: 0,
+        retries_asked: 0,
+        asked_redeliveries: 0,
+        unasked_redeliveries: 0,
+        effects: 0,
+        double_applied: 0,
+        peak_rss_mib: peak_rss_mib(),
+        profile: None,
+    };
+    report(&r);
+    runs.push(r);
     db.drop_now().await;
     drop(local);
     Ok(runs)
 }
 
+/// The database's own limit for this many rows: claim-shaped rows inserted `batch` to a
+/// statement and a commit, from `connections` connections at once. No broker, no handler, no
+/// duplicates: what one durable row per message costs when commits are shared.
+async fn raw_batched_inserts(
+    store: &Store,
+    rows: usize,
+    batch: usize,
+    connections: usize,
+) -> anyhow::Result<()> {
+    let next = Arc::new(AtomicUsize::new(0));
+    let mut workers = Vec::new();
+    for _ in 0..connections.max(1) {
+        let (store, next) = (store.clone(), next.clone());
+        workers.push(tokio::spawn(async move {
+            loop {
+                let from = next.fetch_add(batch, Ordering::Relaxed);
+                if from >= rows {
+                    return Ok::<_, sqlx::Error>(());
+                }
+                let n = batch.min(rows - from);
+                let sql = format!(
+                    "INSERT INTO idempotent_record (consumer_group, biz_type, biz_id, execute_time, msg_id, \
+                     uniq_key, payload_hash, instance_id, claimed_at_ms) VALUES {}",
+                    crate::store::values_list(9, n)
+                );
+                let mut q = crate::store::query_built(store.backend(), sql);
+                for i in from..from + n {
+                    q = q
+                        .bind("raw")
+                        .bind("stock.deduct")
+                        .bind(format!("RAW-{i}"))
+                        .bind(0i64)
+                        .bind(format!("M-{i}"))
+                        .bind(format!("U-{i}"))
+                        .bind("0".repeat(64))
+                        .bind("bench")
+                        .bind(crate::gate::now_ms());
+                }
+                let mut tx = store.begin().await?;
+                q.execute(&mut *tx).await?;
+                tx.commit().await?;
+            }
+        }));
+    }
+    for w in workers {
+        w.await??;
+    }
+    Ok(())
+}
+
 pub fn table(runs: &[Run]) -> String {
+    let naive = runs.iter().find(|r| r.mode == Mode::Naive.name()).map(Run::rate);
     let mut out = String::from(
-        "| mode | consume threads | msg/s | deliveries | retries asked | redeliveries asked | redeliveries not asked | effects | applied twice | peak RSS MiB |\n\
-         |---|---|---|---|---|---|---|---|---|---|\n",
+        "| mode | consume threads | msg/s | × naive | deliveries | retries asked | redeliveries asked | redeliveries not asked | effects | applied twice | peak RSS MiB |\n\
+         |---|---|---|---|---|---|---|---|---|---|---|\n",
     );
     for r in runs {
         out.push_str(&format!(
-            "| {} | {} | {:.0} | {} | {} | {} | {} | {} | {} | {:.0} |\n",
+            "| {} | {} | {:.0} | {} | {} | {} | {} | {} | {} | {} | {:.0} |\n",
             r.mode,
             r.consume_threads,
             r.rate(),
+            naive.map_or("".to_owned(), |n| format!("{:.2}", r.rate() / n)),
             r.deliveries,
             r.retries_asked,
             r.asked_redeliveries,
@@ -280,6 +439,30 @@ pub fn table(runs: &[Run]) -> String {
             r.double_applied,
             r.peak_rss_mib
         ));
+    }
+    let profiled: Vec<&Run> = runs.iter().filter(|r| r.profile.is_some()).collect();
+    if !profiled.is_empty() {
+        out.push_str(
+            "\nWhere the gate's time goes, µs per message (a group's shared work divided among its deliveries):\n\n\
+             | mode | deliveries per transaction | begin | claim | handler | read earlier claims | log row | commit | total |\n\
+             |---|---|---|---|---|---|---|---|---|\n",
+        );
+        for r in profiled {
+            let p = r.profile.unwrap_or_default();
+            let total = p.begin_us + p.claim_us + p.handler_us + p.lookup_us + p.log_us + p.commit_us;
+            out.push_str(&format!(
+                "| {} | {:.1} | {:.0} | {:.0} | {:.0} | {:.0} | {:.0} | {:.0} | {:.0} |\n",
+                r.mode,
+                p.group_size,
+                p.begin_us,
+                p.claim_us,
+                p.handler_us,
+                p.lookup_us,
+                p.log_us,
+                p.commit_us,
+                total
+            ));
+        }
     }
     out
 }

@@ -232,6 +232,7 @@ async fn run_one(
             lookup_us: p.lookup_us / n,
             redis_us: p.redis_us / n,
             transient_retries: p.transient_retries,
+            group_size: 0,
         }
     });
     Ok(Timing { elapsed, latency: Percentiles::of(&mut totals.0), errors: totals.1, phases })

@@ -44,6 +44,12 @@ pub fn peak_rss_mib() -> f64 {
     proc_status_kib("VmHWM:") as f64 / 1024.0
 }
 
+/// Starts the peak resident memory (VmHWM) again from the current RSS, so that the next
+/// measurement's peak is its own. Linux only; elsewhere the peak stays the process's.
+pub fn reset_peak_rss() {
+    let _ = std::fs::write("/proc/self/clear_refs", "5");
+}
+
 /// Resident memory of this process now (VmRSS), in MiB.
 pub fn rss_mib() -> f64 {
     proc_status_kib("VmRSS:") as f64 / 1024.0

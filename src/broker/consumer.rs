@@ -38,6 +38,11 @@ pub struct ConsumerOptions {
     pub batch_size: u32,
     /// Messages fetched from a queue per pull.
     pub pull_batch_size: u32,
+    /// Messages pulled but not yet consumed, per topic, at most: the client pauses pulling
+    /// beyond it, which is what keeps memory flat while the database is slow.
+    pub buffered_messages: u32,
+    /// The same bound in MiB of bodies.
+    pub buffered_mib: u32,
     pub start_from: StartFrom,
 }
 
@@ -130,6 +135,8 @@ impl Consumer {
             .consume_thread_max(options.consume_threads)
             .consume_message_batch_max_size(options.batch_size)
             .pull_batch_size(options.pull_batch_size)
+            .pull_threshold_for_topic(i32::try_from(options.buffered_messages).unwrap_or(i32::MAX))
+            .pull_threshold_size_for_topic(i32::try_from(options.buffered_mib).unwrap_or(i32::MAX))
             .max_reconsume_times(subscription.max_reconsume_times)
             .build();
         for (topic, tags) in &subscription.topics {

@@ -103,6 +103,7 @@ diskSpaceCleanForciblyRatio = 97
         let mut local = Self { name_server, namesrv, broker, dir };
         local.watch();
         local.wait_ready(Duration::from_secs(60))?;
+        local.wait_for_topic_creation(Duration::from_secs(60))?;
         Ok(local)
     }
 
@@ -128,6 +129,40 @@ diskSpaceCleanForciblyRatio = 97
             std::thread::sleep(Duration::from_millis(100));
         }
         bail!("the broker did not register within {limit:?}; see {}", log.display())
+    }
+
+    /// Waits until a send to a topic nobody created succeeds: the name server then holds the
+    /// route of the broker's auto-create topic, which every test and benchmark relies on. The
+    /// broker's registration alone does not promise that.
+    fn wait_for_topic_creation(&self, limit: Duration) -> anyhow::Result<()> {
+        let name_server = self.name_server.clone();
+        // A thread of its own: this may be called from inside another runtime.
+        let probe = std::thread::spawn(move || -> anyhow::Result<()> {
+            let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
+            runtime.block_on(async {
+                let producer = super::Producer::start(&name_server, "idemgate_ready_probe").await?;
+                let started = Instant::now();
+                let probe = crate::delivery::Delivery {
+                    topic: "idemgate_ready_probe".to_owned(),
+                    keys: vec!["probe".to_owned()],
+                    body: b"{}".to_vec(),
+                    ..Default::default()
+                };
+                let outcome = loop {
+                    match producer.send(&probe).await {
+                        Ok(_) => break Ok(()),
+                        Err(e) if started.elapsed() < limit => {
+                            tracing::debug!(error = %e, "the broker cannot take a new topic yet");
+                            tokio::time::sleep(Duration::from_millis(250)).await;
+                        }
+                        Err(e) => break Err(e.context(format!("no send to a new topic succeeded within {limit:?}"))),
+                    }
+                };
+                producer.shutdown().await;
+                outcome
+            })
+        });
+        probe.join().map_err(|_| anyhow::anyhow!("the readiness probe panicked"))?
     }
 
     /// Stops both processes when this process goes away without dropping `self`.

@@ -18,12 +18,14 @@
 //! business key (say, stock and loyalty points) never block each other.
 
 mod claim;
+pub mod group;
 mod outcome;
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 pub use claim::{Claim, classify};
+pub use group::GroupSettings;
 pub(crate) use outcome::labelled;
 pub use outcome::{Disposition, DuplicateCause, Layer, Outcome, Phases, Verdict};
 
@@ -89,7 +91,18 @@ pub enum GateError {
 }
 
 /// The idempotent processing of deliveries. Share it behind an `Arc`.
+///
+/// By default each delivery gets its own transaction. With [`Gate::with_group_commit`],
+/// deliveries that arrive together share one ([`group`]); `process` answers the same either way.
 pub struct Gate {
+    core: Arc<Core>,
+    group: Option<GroupSettings>,
+    /// The group committer, started by the first delivery.
+    committer: std::sync::OnceLock<group::Committer>,
+}
+
+/// Everything a gate knows; the group committer's tasks share it.
+pub(crate) struct Core {
     store: Store,
     routes: Routes,
     handlers: Handlers,
@@ -108,9 +121,10 @@ pub struct Gate {
 impl std::fmt::Debug for Gate {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Gate")
-            .field("store", &self.store)
-            .field("identity", &self.identity)
-            .field("handlers", &self.handlers)
+            .field("store", &self.core.store)
+            .field("identity", &self.core.identity)
+            .field("handlers", &self.core.handlers)
+            .field("group", &self.group)
             .finish_non_exhaustive()
     }
 }
@@ -149,7 +163,7 @@ impl Gate {
             return Err(GateError::BadInstance(format!("must be 1 to {MAX_ID_CHARS} characters")));
         }
         let duplicate_warnings = Throttle::new(policy.duplicate_warnings_per_second, Duration::from_secs(1));
-        Ok(Self {
+        let core = Core {
             store,
             routes,
             handlers,
@@ -160,59 +174,105 @@ impl Gate {
             late_duplicate_guard: false,
             prefilter: None,
             layout: tokio::sync::OnceCell::new(),
-        })
+        };
+        Ok(Self { core: Arc::new(core), group: None, committer: std::sync::OnceLock::new() })
+    }
+
+    /// The gate's parts, while it is being configured: the committer's tasks share them only
+    /// from the first delivery on, and the builder methods consume the gate before that.
+    fn core_mut(&mut self) -> &mut Core {
+        Arc::get_mut(&mut self.core).expect("a gate is configured before its first delivery")
     }
 
     /// Reports every disposition to `metrics`.
     pub fn with_metrics(mut self, metrics: Arc<Metrics>) -> Self {
-        self.metrics = Some(metrics);
+        self.core_mut().metrics = Some(metrics);
+        self
+    }
+
+    /// Processes deliveries that arrive together in one transaction each group, with a
+    /// savepoint per delivery ([`group`]). `process` then queues the delivery and answers once
+    /// its group has committed.
+    pub fn with_group_commit(mut self, settings: GroupSettings) -> Self {
+        self.group = Some(settings);
         self
     }
 
     /// Also looks every fresh claim up in `idempotent_record_archive`; a hit is rolled back and
     /// counted as a duplicate at the `late_duplicate` layer ([`crate::archive::guard`]).
     pub fn with_late_duplicate_guard(mut self, on: bool) -> Self {
-        self.late_duplicate_guard = on;
+        self.core_mut().late_duplicate_guard = on;
         self
     }
 
     /// Asks Redis first for the biz_types `prefilter` covers ([`crate::prefilter`]).
     pub fn with_prefilter(mut self, prefilter: Arc<Prefilter>) -> Self {
-        self.prefilter = Some(prefilter);
+        self.core_mut().prefilter = Some(prefilter);
         self
     }
 
     /// Uses `layout` (as [`crate::layout::ensure`] returned it) instead of reading it from the
     /// database on first use.
-    pub fn with_layout(self, layout: Layout) -> Self {
-        let _ = self.layout.set(layout);
+    pub fn with_layout(mut self, layout: Layout) -> Self {
+        let _ = self.core_mut().layout.set(layout);
         self
     }
 
     pub fn store(&self) -> &Store {
-        &self.store
+        &self.core.store
     }
 
     pub fn identity(&self) -> &Identity {
-        &self.identity
+        &self.core.identity
     }
 
     pub fn routes(&self) -> &Routes {
-        &self.routes
+        &self.core.routes
     }
 
     pub fn policy(&self) -> &Policy {
-        &self.policy
+        &self.core.policy
+    }
+
+    /// The group commit settings, when it is on.
+    pub fn group_commit(&self) -> Option<&GroupSettings> {
+        self.group.as_ref()
     }
 
     /// Processes one delivery. Never panics on input and never fails: every problem becomes a
     /// disposition, and a delivery whose log row could not be written is never acknowledged.
+    ///
+    /// With group commit on, the delivery waits in the group queue (the queue is bounded, so a
+    /// slow database slows the callers down) and the answer comes after its group's commit.
     pub async fn process(&self, d: &Delivery) -> Disposition {
-        let r = self.decide(d).await;
-        if let Some(metrics) = &self.metrics {
-            metrics.observe(d, &r);
+        match &self.group {
+            None => self.core.process(d).await,
+            Some(settings) => {
+                let committer =
+                    self.committer.get_or_init(|| group::Committer::start(self.core.clone(), settings));
+                committer.submit(d.clone()).await
+            }
         }
+    }
+
+    /// Processes `deliveries` as one group, in one transaction, whether or not group commit is
+    /// configured; the answers are in the deliveries' order.
+    pub async fn process_group(&self, deliveries: &[Delivery]) -> Vec<Disposition> {
+        self.core.process_group(deliveries).await
+    }
+}
+
+impl Core {
+    async fn process(&self, d: &Delivery) -> Disposition {
+        let r = self.decide(d).await;
+        self.observe(d, &r);
         r
+    }
+
+    fn observe(&self, d: &Delivery, r: &Disposition) {
+        if let Some(metrics) = &self.metrics {
+            metrics.observe(d, r);
+        }
     }
 
     async fn decide(&self, d: &Delivery) -> Disposition {
@@ -279,23 +339,8 @@ impl Gate {
         match attempt {
             Ok(Attempt::Committed { effect }) => {
                 let claim = crate::prefilter::claim_of(d, payload_hash);
-                let (outcome, layer) = match effect {
-                    Effect::Applied => (Outcome::Processed, None),
-                    Effect::AlreadyApplied { layer, .. } => (Outcome::Duplicate, Some(layer)),
-                };
-                let r = Disposition {
-                    outcome,
-                    verdict: Verdict::Ack,
-                    key: Some(key),
-                    cause: replay_cause(d).or(layer.map(|_| DuplicateCause::Unknown)),
-                    layer,
-                    payload_match: None,
-                    error: None,
-                    latency: started.elapsed(),
-                    logged: true,
-                    phases,
-                    prefilter: None,
-                };
+                let mut r = committed_disposition(d, key, &effect, phases);
+                r.latency = started.elapsed();
                 (r, Some(claim))
             }
             Ok(Attempt::Taken(table)) => {
@@ -311,6 +356,15 @@ impl Gate {
                 let why = HandlerError::Retryable(format!("database error: {e}"));
                 (self.refused(d, key, payload_hash, why, started, phases).await, None)
             }
+        }
+    }
+
+    /// This gate as the claimant of a key at `now_ms`.
+    fn claimant(&self, now_ms: i64) -> Claimant<'_> {
+        Claimant {
+            consumer_group: &self.identity.consumer_group,
+            instance_id: &self.identity.instance_id,
+            now_ms,
         }
     }
 
@@ -330,29 +384,20 @@ impl Gate {
     ) -> Result<Attempt, sqlx::Error> {
         let backend = self.store.backend();
         let now_ms = now_ms();
-        let who = Claimant {
-            consumer_group: &self.identity.consumer_group,
-            instance_id: &self.identity.instance_id,
-            now_ms,
-        };
-        let mut clock = Instant::now();
-        let mut lap = |slot: &mut u64| {
-            let now = Instant::now();
-            *slot += micros(now - clock);
-            clock = now;
-        };
+        let who = self.claimant(now_ms);
+        let mut watch = Stopwatch::start();
 
         let table =
             self.layout().await?.table_for(who.consumer_group, &key.biz_type, &key.biz_id, key.execute_time);
         let mut tx = self.store.begin().await?;
-        lap(&mut phases.begin_us);
+        watch.lap(&mut phases.begin_us);
         let claimed = claim::claim(&mut tx, backend, table, &who, key, d, payload_hash).await?;
         let archived = if claimed && self.late_duplicate_guard {
             crate::archive::guard::archived_claim(&mut tx, backend, who.consumer_group, key).await?
         } else {
             None
         };
-        lap(&mut phases.claim_us);
+        watch.lap(&mut phases.claim_us);
         if !claimed {
             tx.rollback().await?;
             return Ok(Attempt::Taken(table));
@@ -366,7 +411,7 @@ impl Gate {
             self.handlers.get(&key.handler).expect("Gate::new checked that every route's handler exists");
         let work = Work { delivery: d, key, backend, now_ms };
         let result = handler.handle(&work, &mut tx).await;
-        lap(&mut phases.handler_us);
+        watch.lap(&mut phases.handler_us);
         let effect = match result {
             Ok(effect) => effect,
             Err(HandlerError::Database(e)) => {
@@ -379,36 +424,17 @@ impl Gate {
             }
         };
 
-        let (outcome, layer, detail) = match &effect {
-            Effect::Applied => (Outcome::Processed, None, None),
-            Effect::AlreadyApplied { layer, detail } => {
-                (Outcome::Duplicate, Some(*layer), Some(detail.as_str()))
-            }
-        };
-        if let Some(layer) = layer {
-            self.warn_duplicate(d, key, DuplicateCause::Unknown, Some(layer));
+        if let Effect::AlreadyApplied { layer, .. } = &effect {
+            self.warn_duplicate(d, key, DuplicateCause::Unknown, Some(*layer));
         }
-        let entry = Entry {
-            logged_at_ms: now_ms,
-            instance_id: &self.identity.instance_id,
-            consumer_group: &self.identity.consumer_group,
-            delivery: d,
-            biz_type: &key.biz_type,
-            biz_id: &key.biz_id,
-            execute_time: key.execute_time,
-            outcome,
-            cause: replay_cause(d).or(layer.map(|_| DuplicateCause::Unknown)),
-            layer,
-            payload_match: None,
-            payload_hash: Some(payload_hash),
-            error: detail,
-            latency_us: micros(started.elapsed()) as i64,
-            keep_payload: false,
-        };
+        let mut done = committed_disposition(d, key.clone(), &effect, Phases::default());
+        done.latency = started.elapsed();
+        let mut entry = self.entry(d, Some(key), Some(payload_hash), &done, now_ms);
+        entry.error = effect.detail();
         delivery_log::append(&mut tx, backend, &entry).await?;
-        lap(&mut phases.log_us);
+        watch.lap(&mut phases.log_us);
         tx.commit().await?;
-        lap(&mut phases.commit_us);
+        watch.lap(&mut phases.commit_us);
         Ok(Attempt::Committed { effect })
     }
 
@@ -443,18 +469,33 @@ impl Gate {
                 (Layer::Db, earlier)
             }
         };
-        let (cause, payload_match) = classify(d, payload_hash, earlier.as_ref());
-        self.warn_duplicate(d, &key, cause, Some(layer));
+        let disposition = self.duplicate_disposition(d, &key, payload_hash, layer, earlier.as_ref(), phases);
+        (self.record(d, Some(key), Some(payload_hash), disposition, started).await, earlier)
+    }
+
+    /// A duplicate stopped at `layer`, whose key `earlier` claimed: its cause, whether the body
+    /// matches, and the warnings (rate-limited; a key collision always logs an error).
+    fn duplicate_disposition(
+        &self,
+        d: &Delivery,
+        key: &BizKey,
+        payload_hash: &str,
+        layer: Layer,
+        earlier: Option<&Claim>,
+        phases: Phases,
+    ) -> Disposition {
+        let (cause, payload_match) = classify(d, payload_hash, earlier);
+        self.warn_duplicate(d, key, cause, Some(layer));
         if payload_match == Some(false) {
             tracing::error!(
                 biz_type = %key.biz_type, biz_id = %key.biz_id, msg_id = ?d.msg_id, uniq_key = ?d.uniq_key,
-                claimed_by = ?earlier.as_ref().map(|c| c.msg_id.as_str()),
+                claimed_by = ?earlier.map(|c| c.msg_id.as_str()),
                 "key collision: a duplicate carries a different body than the delivery that claimed the key"
             );
         }
         let error =
             (payload_match == Some(false)).then_some("key collision: the body differs from the claim's");
-        let disposition = Disposition {
+        Disposition {
             outcome: Outcome::Duplicate,
             verdict: Verdict::Ack,
             cause: Some(cause),
@@ -466,8 +507,7 @@ impl Gate {
             phases,
             key: None,
             prefilter: None,
-        };
-        (self.record(d, Some(key), Some(payload_hash), disposition, started).await, earlier)
+        }
     }
 
     /// The handler or the database said no: retry, dead-letter or invalid.
@@ -478,6 +518,18 @@ impl Gate {
         payload_hash: &str,
         why: HandlerError,
         started: Instant,
+        phases: Phases,
+    ) -> Disposition {
+        let disposition = self.refusal_disposition(d, &key, why, phases);
+        self.record(d, Some(key), Some(payload_hash), disposition, started).await
+    }
+
+    /// What a refusal means: retry, dead-letter or invalid, logged at INFO or WARN.
+    fn refusal_disposition(
+        &self,
+        d: &Delivery,
+        key: &BizKey,
+        why: HandlerError,
         phases: Phases,
     ) -> Disposition {
         let (outcome, verdict) = match &why {
@@ -504,7 +556,7 @@ impl Gate {
                 reconsume_times = d.reconsume_times, outcome = %outcome, error = %error, "delivery given up"
             ),
         }
-        let disposition = Disposition {
+        Disposition {
             outcome,
             verdict,
             key: None,
@@ -517,35 +569,12 @@ impl Gate {
             logged: false,
             phases,
             prefilter: None,
-        };
-        self.record(d, Some(key), Some(payload_hash), disposition, started).await
+        }
     }
 
     /// The key could not be read: log `invalid` with the reason and the body.
     async fn reject(&self, d: &Delivery, rejection: Rejection, started: Instant) -> Disposition {
-        tracing::warn!(
-            msg_id = ?excerpt(&d.msg_id, MAX_ID_CHARS), topic = ?excerpt(&d.topic, 64),
-            reason = %rejection.reason, "invalid delivery"
-        );
-        let disposition = Disposition {
-            outcome: Outcome::Invalid,
-            verdict: Verdict::Ack,
-            key: None,
-            cause: None,
-            layer: None,
-            payload_match: None,
-            error: Some(rejection.reason),
-            latency: Duration::ZERO,
-            logged: false,
-            phases: Phases::default(),
-            prefilter: None,
-        };
-        let key = BizKey {
-            biz_type: rejection.biz_type,
-            biz_id: rejection.biz_id,
-            execute_time: 0,
-            handler: String::new(),
-        };
+        let (disposition, key) = rejection_disposition(d, rejection);
         self.record(d, Some(key), None, disposition, started).await
     }
 
@@ -560,28 +589,8 @@ impl Gate {
         started: Instant,
     ) -> Disposition {
         let backend = self.store.backend();
-        let (biz_type, biz_id, execute_time) = key
-            .as_ref()
-            .map(|k| (k.biz_type.as_str(), k.biz_id.as_str(), k.execute_time))
-            .unwrap_or(("", "", 0));
         disposition.latency = started.elapsed();
-        let entry = Entry {
-            logged_at_ms: now_ms(),
-            instance_id: &self.identity.instance_id,
-            consumer_group: &self.identity.consumer_group,
-            delivery: d,
-            biz_type,
-            biz_id,
-            execute_time,
-            outcome: disposition.outcome,
-            cause: disposition.cause.or(replay_cause(d)),
-            layer: disposition.layer,
-            payload_match: disposition.payload_match,
-            payload_hash,
-            error: disposition.error.as_deref(),
-            latency_us: micros(disposition.latency) as i64,
-            keep_payload: matches!(disposition.outcome, Outcome::DeadLettered | Outcome::Invalid),
-        };
+        let entry = self.entry(d, key.as_ref(), payload_hash, &disposition, now_ms());
         let log_started = Instant::now();
         let written = match self.store.pool().acquire().await {
             Ok(mut conn) => delivery_log::append(&mut conn, backend, &entry).await,
@@ -602,6 +611,34 @@ impl Gate {
             disposition.key = key;
         }
         disposition
+    }
+
+    /// The log row of `disposition`. A rejected delivery's `key` holds what could be read of it.
+    fn entry<'a>(
+        &'a self,
+        d: &'a Delivery,
+        key: Option<&'a BizKey>,
+        payload_hash: Option<&'a str>,
+        disposition: &'a Disposition,
+        logged_at_ms: i64,
+    ) -> Entry<'a> {
+        Entry {
+            logged_at_ms,
+            instance_id: &self.identity.instance_id,
+            consumer_group: &self.identity.consumer_group,
+            delivery: d,
+            biz_type: key.map_or("", |k| k.biz_type.as_str()),
+            biz_id: key.map_or("", |k| k.biz_id.as_str()),
+            execute_time: key.map_or(0, |k| k.execute_time),
+            outcome: disposition.outcome,
+            cause: disposition.cause.or(replay_cause(d)),
+            layer: disposition.layer,
+            payload_match: disposition.payload_match,
+            payload_hash,
+            error: disposition.error.as_deref(),
+            latency_us: micros(disposition.latency) as i64,
+            keep_payload: matches!(disposition.outcome, Outcome::DeadLettered | Outcome::Invalid),
+        }
     }
 
     fn warn_duplicate(&self, d: &Delivery, key: &BizKey, cause: DuplicateCause, layer: Option<Layer>) {
@@ -632,6 +669,57 @@ enum Found {
     Redis(Option<Claim>),
 }
 
+/// A delivery whose effect committed: `processed`, or a duplicate the handler itself found
+/// (a state-machine move already made).
+fn committed_disposition(d: &Delivery, key: BizKey, effect: &Effect, phases: Phases) -> Disposition {
+    let (outcome, layer) = match effect {
+        Effect::Applied => (Outcome::Processed, None),
+        Effect::AlreadyApplied { layer, .. } => (Outcome::Duplicate, Some(*layer)),
+    };
+    Disposition {
+        outcome,
+        verdict: Verdict::Ack,
+        key: Some(key),
+        cause: replay_cause(d).or(layer.map(|_| DuplicateCause::Unknown)),
+        layer,
+        payload_match: None,
+        error: None,
+        latency: Duration::ZERO,
+        logged: true,
+        phases,
+        prefilter: None,
+    }
+}
+
+/// An unreadable key: logged `invalid` with the reason and the body. The returned key holds
+/// what could be read of it, for the log row.
+fn rejection_disposition(d: &Delivery, rejection: Rejection) -> (Disposition, BizKey) {
+    tracing::warn!(
+        msg_id = ?excerpt(&d.msg_id, MAX_ID_CHARS), topic = ?excerpt(&d.topic, 64),
+        reason = %rejection.reason, "invalid delivery"
+    );
+    let disposition = Disposition {
+        outcome: Outcome::Invalid,
+        verdict: Verdict::Ack,
+        key: None,
+        cause: None,
+        layer: None,
+        payload_match: None,
+        error: Some(rejection.reason),
+        latency: Duration::ZERO,
+        logged: false,
+        phases: Phases::default(),
+        prefilter: None,
+    };
+    let key = BizKey {
+        biz_type: rejection.biz_type,
+        biz_id: rejection.biz_id,
+        execute_time: 0,
+        handler: String::new(),
+    };
+    (disposition, key)
+}
+
 /// `replay` for a delivery re-published by `idemgate replay`, whatever its outcome: the log
 /// then tells a replayed attempt from the original ones.
 fn replay_cause(d: &Delivery) -> Option<DuplicateCause> {
@@ -641,6 +729,21 @@ fn replay_cause(d: &Delivery) -> Option<DuplicateCause> {
 /// Epoch milliseconds now.
 pub fn now_ms() -> i64 {
     chrono::Utc::now().timestamp_millis()
+}
+
+/// Charges the time since its last lap to a phase.
+struct Stopwatch(Instant);
+
+impl Stopwatch {
+    fn start() -> Self {
+        Self(Instant::now())
+    }
+
+    fn lap(&mut self, phase: &mut u64) {
+        let now = Instant::now();
+        *phase += micros(now - self.0);
+        self.0 = now;
+    }
 }
 
 fn micros(d: Duration) -> u64 {

@@ -134,6 +134,9 @@ pub struct Phases {
     pub redis_us: u64,
     /// Transient conflicts (deadlock, busy file) retried inside the gate.
     pub transient_retries: u32,
+    /// With group commit: the deliveries that shared this one's transaction, itself included
+    /// (0 when it had a transaction of its own).
+    pub group_size: u32,
 }
 
 impl Phases {

@@ -11,28 +11,45 @@ use idemgate::store::Backend;
 use sqlx::Row;
 use support::*;
 
-async fn exactly_once_through_a_real_broker(backend: Backend) {
+async fn exactly_once_through_a_real_broker(backend: Backend, group_commit: bool) {
     let db = database(backend).await;
     let (topic, group, run) = (unique("shop"), unique("group"), unique("R").replace('_', ""));
-    let service = Service::start(&settings(&db.url, &topic, &group, "solo", 2));
+    let mut s = settings(&db.url, &topic, &group, "solo", 2);
+    if group_commit {
+        s = with_group_commit(s);
+    }
+    let service = Service::start(&s);
     let (report, sends) = produce(&topic, &run, 2000, 0, &["--duplicates", "0.3"]);
     let t = &report.tally;
     for kind in ["redelivery", "producer_resend", "late_duplicate", "poison", "malformed"] {
         assert!(t.sends.get(kind).copied().unwrap_or(0) > 0, "the traffic has {kind} sends: {:?}", t.sends);
     }
     assert_converges(&db.store, &run, &group, &report, &sends).await;
+    if group_commit {
+        assert_groups_formed(&service);
+    }
     assert_eq!(service.terminate().code(), Some(0));
     db.drop_now().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_thousand_messages_with_thirty_percent_duplicates_are_applied_exactly_once_on_postgres() {
-    exactly_once_through_a_real_broker(Backend::Postgres).await;
+    exactly_once_through_a_real_broker(Backend::Postgres, false).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_thousand_messages_with_thirty_percent_duplicates_are_applied_exactly_once_on_mariadb() {
-    exactly_once_through_a_real_broker(Backend::MySql).await;
+    exactly_once_through_a_real_broker(Backend::MySql, false).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_group_commit_two_thousand_messages_are_applied_exactly_once_on_postgres() {
+    exactly_once_through_a_real_broker(Backend::Postgres, true).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_group_commit_two_thousand_messages_are_applied_exactly_once_on_mariadb() {
+    exactly_once_through_a_real_broker(Backend::MySql, true).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -80,18 +97,30 @@ async fn a_poison_message_is_retried_with_growing_reconsume_counts_and_ends_dead
 
 /// Starts a consumer, stops it with `stop` two seconds into a 2,000-message stream, starts a
 /// second one in the same group, and checks that the books converge.
-async fn interrupted_mid_stream(prefix: &str, names: [&str; 2], stop: impl FnOnce(Service)) {
+async fn interrupted_mid_stream(
+    prefix: &str,
+    names: [&str; 2],
+    group_commit: bool,
+    stop: impl FnOnce(Service),
+) {
     let db = database(Backend::Postgres).await;
     let (topic, group, run) = (unique(prefix), unique("group"), unique(prefix).replace('_', ""));
-    let first = Service::start(&settings(&db.url, &topic, &group, names[0], 2));
+    let configure = |name: &str| {
+        let s = settings(&db.url, &topic, &group, name, 2);
+        if group_commit { with_group_commit(s) } else { s }
+    };
+    let first = Service::start(&configure(names[0]));
     let producer = {
         let (topic, run) = (topic.clone(), run.clone());
         std::thread::spawn(move || produce(&topic, &run, 2000, 500, &["--duplicates", "0.3"]))
     };
     // About 2 of the stream's 4 seconds in.
     tokio::time::sleep(Duration::from_secs(2)).await;
+    if group_commit {
+        assert_groups_formed(&first);
+    }
     stop(first);
-    let second = Service::start(&settings(&db.url, &topic, &group, names[1], 2));
+    let second = Service::start(&configure(names[1]));
     let (report, sends) = producer.join().expect("producer thread");
     assert_converges(&db.store, &run, &group, &report, &sends).await;
     let by_instance = processed_by_instance(&db.store, &group).await;
@@ -102,12 +131,17 @@ async fn interrupted_mid_stream(prefix: &str, names: [&str; 2], stop: impl FnOnc
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_consumer_killed_mid_stream_converges_to_the_same_books_after_restart() {
-    interrupted_mid_stream("crash", ["before-crash", "after-crash"], Service::kill_hard).await;
+    interrupted_mid_stream("crash", ["before-crash", "after-crash"], false, Service::kill_hard).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_consumer_killed_mid_group_converges_to_the_same_books_after_restart() {
+    interrupted_mid_stream("gcrash", ["before-crash", "after-crash"], true, Service::kill_hard).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sigterm_mid_stream_exits_zero_after_the_deliveries_in_flight_and_loses_nothing() {
-    interrupted_mid_stream("term", ["terminated", "restarted"], |first| {
+    interrupted_mid_stream("term", ["terminated", "restarted"], false, |first| {
         let exit = first.terminate();
         assert_eq!(exit.code(), Some(0), "{}", tail(&exit.log));
         assert!(exit.log.contains("SIGTERM") && exit.log.contains("idemgate stopped"), "{}", tail(&exit.log));

@@ -2,8 +2,7 @@
 //! the dashboard and of the recording rules returns data, the duplicate ratio agrees with the
 //! delivery log, and `promtool check metrics` accepts the exposition.
 
-use std::io::{Read, Write};
-use std::net::TcpStream;
+use std::io::Write;
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -84,55 +83,6 @@ fn repo_path(rel: &str) -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join(rel)
 }
 
-/// A plain HTTP/1.1 GET; (status, body).
-pub fn http_get(addr: &str, path: &str) -> Option<(u16, String)> {
-    http_request(addr, "GET", path, None)
-}
-
-/// A form POST, as a browser on the service's own page sends it.
-pub fn http_post_form(addr: &str, path: &str, form: &str) -> Option<(u16, String)> {
-    http_request(addr, "POST", path, Some(form))
-}
-
-fn http_request(addr: &str, method: &str, path: &str, form: Option<&str>) -> Option<(u16, String)> {
-    let mut s = TcpStream::connect(addr).ok()?;
-    s.set_read_timeout(Some(Duration::from_secs(30))).ok()?;
-    match form {
-        None => write!(s, "{method} {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n").ok()?,
-        Some(body) => write!(
-            s,
-            "{method} {path} HTTP/1.1\r\nHost: {addr}\r\nOrigin: http://{addr}\r\nConnection: close\r\n\
-             Content-Type: application/x-www-form-urlencoded\r\nContent-Length: {}\r\n\r\n{body}",
-            body.len()
-        )
-        .ok()?,
-    }
-    let mut raw = Vec::new();
-    s.read_to_end(&mut raw).ok()?;
-    let text = String::from_utf8_lossy(&raw).into_owned();
-    let status = text.split_whitespace().nth(1)?.parse().ok()?;
-    let (head, body) = text.split_once("\r\n\r\n")?;
-    let body = if head.to_ascii_lowercase().contains("transfer-encoding: chunked") {
-        dechunk(body)
-    } else {
-        body.to_owned()
-    };
-    Some((status, body))
-}
-
-fn dechunk(mut body: &str) -> String {
-    let mut out = String::new();
-    while let Some((size, rest)) = body.split_once("\r\n") {
-        let Ok(n) = usize::from_str_radix(size.trim(), 16) else { break };
-        if n == 0 || rest.len() < n {
-            break;
-        }
-        out.push_str(&rest[..n]);
-        body = rest[n..].trim_start_matches("\r\n");
-    }
-    out
-}
-
 fn percent_encode(s: &str) -> String {
     s.bytes()
         .map(|b| match b {
@@ -183,7 +133,7 @@ static RATIO: Sql = Sql::new(
 async fn a_real_prometheus_gets_data_for_every_dashboard_and_rule_expression_and_the_true_duplicate_ratio() {
     let db = database(Backend::Postgres).await;
     let (topic, group, run) = (unique("prom"), unique("group"), unique("M").replace('_', ""));
-    let service = Service::start(&settings(&db.url, &topic, &group, "scraped", 2));
+    let service = Service::start(&with_group_commit(settings(&db.url, &topic, &group, "scraped", 2)));
     let addr = service_addr(&service);
     let prometheus = Prometheus::start(&addr);
     let (report, sends) = produce(&topic, &run, 2000, 0, &["--duplicates", "0.3", "--early-payments", "0.2"]);

@@ -18,8 +18,8 @@ use idemgate::shop;
 use idemgate::store::{Backend, Conn, Sql, Store, query};
 use sqlx::Row;
 
-use super::prometheus::{http_get, http_post_form};
 use super::support::*;
+use super::support::{http_get, http_post_form};
 
 static STATUS: Sql = Sql::new("SELECT status FROM shop_order WHERE order_no = ?");
 

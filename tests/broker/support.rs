@@ -3,7 +3,8 @@
 //! back from the database. A missing broker install or database fails the test.
 
 use std::collections::BTreeMap;
-use std::io::BufRead;
+use std::io::{BufRead, Read, Write};
+use std::net::TcpStream;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::OnceLock;
@@ -58,6 +59,30 @@ pub fn settings(
     s.http.bind = "127.0.0.1:0".to_owned();
     s.routes = shop::routes(topic);
     s
+}
+
+/// `settings` with group commit on, and enough consume threads to fill its groups.
+pub fn with_group_commit(mut s: Settings) -> Settings {
+    s.group_commit.enabled = true;
+    s.group_commit.max_batch = 32;
+    s.broker.consume_threads = 64;
+    s
+}
+
+/// The service's groups held more than one delivery each on average: group commit was on and
+/// deliveries met in groups.
+pub fn assert_groups_formed(service: &Service) {
+    let (status, text) = http_get(&service_addr(service), "/metrics").expect("/metrics answers");
+    assert_eq!(status, 200);
+    let sample = |name: &str| -> f64 {
+        text.lines()
+            .filter(|l| l.starts_with(name) && !l.starts_with('#'))
+            .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+            .sum()
+    };
+    let (groups, deliveries) = (sample("idemgate_group_size_count"), sample("idemgate_group_size_sum"));
+    assert!(groups > 0.0, "no group committed:\n{text}");
+    assert!(deliveries / groups > 1.0, "{deliveries} deliveries in {groups} groups");
 }
 
 /// A running `idemgate serve`.
@@ -414,4 +439,53 @@ pub async fn wait_for_log(
         assert!(started.elapsed() < Duration::from_secs(240), "no {what} for {key} within 240 s: {seen:?}");
         tokio::time::sleep(Duration::from_millis(300)).await;
     }
+}
+
+/// A plain HTTP/1.1 GET; (status, body).
+pub fn http_get(addr: &str, path: &str) -> Option<(u16, String)> {
+    http_request(addr, "GET", path, None)
+}
+
+/// A form POST, as a browser on the service's own page sends it.
+pub fn http_post_form(addr: &str, path: &str, form: &str) -> Option<(u16, String)> {
+    http_request(addr, "POST", path, Some(form))
+}
+
+fn http_request(addr: &str, method: &str, path: &str, form: Option<&str>) -> Option<(u16, String)> {
+    let mut s = TcpStream::connect(addr).ok()?;
+    s.set_read_timeout(Some(Duration::from_secs(30))).ok()?;
+    match form {
+        None => write!(s, "{method} {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n").ok()?,
+        Some(body) => write!(
+            s,
+            "{method} {path} HTTP/1.1\r\nHost: {addr}\r\nOrigin: http://{addr}\r\nConnection: close\r\n\
+             Content-Type: application/x-www-form-urlencoded\r\nContent-Length: {}\r\n\r\n{body}",
+            body.len()
+        )
+        .ok()?,
+    }
+    let mut raw = Vec::new();
+    s.read_to_end(&mut raw).ok()?;
+    let text = String::from_utf8_lossy(&raw).into_owned();
+    let status = text.split_whitespace().nth(1)?.parse().ok()?;
+    let (head, body) = text.split_once("\r\n\r\n")?;
+    let body = if head.to_ascii_lowercase().contains("transfer-encoding: chunked") {
+        dechunk(body)
+    } else {
+        body.to_owned()
+    };
+    Some((status, body))
+}
+
+fn dechunk(mut body: &str) -> String {
+    let mut out = String::new();
+    while let Some((size, rest)) = body.split_once("\r\n") {
+        let Ok(n) = usize::from_str_radix(size.trim(), 16) else { break };
+        if n == 0 || rest.len() < n {
+            break;
+        }
+        out.push_str(&rest[..n]);
+        body = rest[n..].trim_start_matches("\r\n");
+    }
+    out
 }

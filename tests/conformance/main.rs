@@ -90,6 +90,26 @@ impl Handler for Flaky {
     }
 }
 
+/// A handler for the group cases: writes a ledger row, then fails when the body says so
+/// (`fail`: retry; `never`: dead letter), so that only that delivery's savepoint must go.
+struct Picky;
+
+static PICKY_EFFECT: Sql = Sql::new(
+    "INSERT INTO shop_stock_ledger (deduction_id, sku, quantity, applied_at_ms) VALUES (?, 'PICKY', 1, 0)",
+);
+
+#[async_trait]
+impl Handler for Picky {
+    async fn handle(&self, work: &Work<'_>, conn: &mut Conn) -> Result<Effect, HandlerError> {
+        query(work.backend, &PICKY_EFFECT).bind(work.key.biz_id.as_str()).execute(&mut *conn).await?;
+        match &work.delivery.body[..] {
+            b"fail" => Err(HandlerError::Retryable("downstream said no".to_owned())),
+            b"never" => Err(HandlerError::Permanent("this can never work".to_owned())),
+            _ => Ok(Effect::Applied),
+        }
+    }
+}
+
 const TEST_TOPIC: &str = "conformance";
 
 fn test_route(tags: &str, biz_type: &str, biz_id: &str, execute_time: Option<&str>) -> RouteConfig {
@@ -104,12 +124,15 @@ fn test_route(tags: &str, biz_type: &str, biz_id: &str, execute_time: Option<&st
 }
 
 fn flaky_gate(db: &TestDb, failing: Arc<AtomicBool>) -> Gate {
+    let mut picky = test_route("picky", "test.picky", "keys", None);
+    picky.handler = Some("test.picky".into());
     let routes = vec![
         test_route("flaky", "test.flaky", "keys", None),
         test_route("scheduled", "test.scheduled", "keys", Some("property:EXECUTE_TIME")),
         test_route("json", "test.json", "json:/id", None),
+        picky,
     ];
-    let handlers = Handlers::new().with("test.flaky", Flaky { failing });
+    let handlers = Handlers::new().with("test.flaky", Flaky { failing }).with("test.picky", Picky);
     gate(db.store.clone(), identity("orders-service", "instance-a"), routes, handlers)
 }
 
@@ -125,8 +148,127 @@ fn test_delivery(tag: &str, key: &str, msg_id: &str) -> Delivery {
     }
 }
 
+/// A `picky` delivery of `key` with `body`.
+fn picky(key: &str, msg_id: &str, uniq_key: &str, body: &[u8]) -> Delivery {
+    Delivery { uniq_key: uniq_key.into(), body: body.to_vec(), ..test_delivery("picky", key, msg_id) }
+}
+
+static PICKY_ROWS_OF: Sql =
+    Sql::new("SELECT COUNT(*) FROM shop_stock_ledger WHERE sku = 'PICKY' AND deduction_id = ?");
+
 mod cases {
     use super::*;
+
+    pub async fn a_failing_handler_in_the_middle_of_a_group_rolls_back_only_itself(backend: Backend) {
+        let db = TestDb::new(backend).await;
+        let g = flaky_gate(&db, Arc::new(AtomicBool::new(false)));
+        shop::seed_stock(&db.store, "SKU-G", 100).await.unwrap();
+        let group = vec![
+            stock_deduct("G-D1", "M-1", "U-1", "SKU-G", 3),
+            picky("G-OK1", "M-2", "U-2", b"{}"),
+            picky("G-FAIL", "M-3", "U-3", b"fail"),
+            stock_deduct("G-D2", "M-4", "U-4", "SKU-G", 5),
+            picky("G-NEVER", "M-5", "U-5", b"never"),
+            // A redelivery of M-1 and a resend of G-D2 in the same group.
+            stock_deduct("G-D1", "M-6", "U-1", "SKU-G", 3),
+            stock_deduct("G-D2", "M-7", "U-7", "SKU-G", 5),
+            Delivery { keys: vec![], ..picky("x", "M-8", "U-8", b"{}") },
+            picky("G-OK2", "M-9", "U-9", b"{}"),
+        ];
+        let answers = g.process_group(&group).await;
+        let got: Vec<_> = answers.iter().map(|r| (r.outcome, r.verdict, r.logged)).collect();
+        use Outcome::*;
+        assert_eq!(
+            got,
+            vec![
+                (Processed, Verdict::Ack, true),
+                (Processed, Verdict::Ack, true),
+                (Failed, Verdict::Retry, true),
+                (Processed, Verdict::Ack, true),
+                (DeadLettered, Verdict::DeadLetter, true),
+                (Duplicate, Verdict::Ack, true),
+                (Duplicate, Verdict::Ack, true),
+                (Invalid, Verdict::Ack, true),
+                (Processed, Verdict::Ack, true),
+            ]
+        );
+        assert_eq!(answers[5].cause, Some(DuplicateCause::Redelivery));
+        assert_eq!(answers[6].cause, Some(DuplicateCause::ProducerResend));
+        assert_eq!(answers[5].layer, Some(Layer::Db));
+        // The failed and the dead-lettered deliveries left nothing behind: no claim, no effect.
+        for key in ["G-FAIL", "G-NEVER"] {
+            assert_eq!(db.scalar(&CLAIMS_OF, &[key]).await, 0, "{key} stays unclaimed");
+            assert_eq!(db.scalar(&PICKY_ROWS_OF, &[key]).await, 0, "{key}'s effect was rolled back");
+        }
+        for key in ["G-OK1", "G-OK2"] {
+            assert_eq!(db.scalar(&CLAIMS_OF, &[key]).await, 1);
+            assert_eq!(db.scalar(&PICKY_ROWS_OF, &[key]).await, 1);
+        }
+        assert_eq!(db.scalar(&STOCK_OF, &["SKU-G"]).await, 92, "each deduction once");
+        assert_eq!(db.scalar(&LEDGER_ROWS_OF, &["G-D1"]).await, 1);
+        assert_eq!(db.scalar(&LEDGER_ROWS_OF, &["G-D2"]).await, 1);
+        // Exactly one log row per delivery, the dead letter with its body.
+        assert_eq!(db.scalar(&ALL_LOG_ROWS, &[]).await, group.len() as i64);
+        let never = only_log_row(&db, "M-5").await;
+        assert_eq!(
+            (never.outcome.as_str(), never.payload.as_deref()),
+            ("dead_lettered", Some(&b"never"[..]))
+        );
+        assert_eq!(only_log_row(&db, "M-3").await.outcome, "failed");
+        assert_eq!(only_log_row(&db, "M-8").await.outcome, "invalid");
+
+        // The retry of the failed delivery, in a group of its own, applies it.
+        let retry = Delivery { reconsume_times: 1, ..picky("G-FAIL", "M-10", "U-3", b"{}") };
+        let again = g.process_group(&[retry]).await;
+        assert_eq!((again[0].outcome, again[0].verdict), (Processed, Verdict::Ack));
+        assert_eq!(db.scalar(&PICKY_ROWS_OF, &["G-FAIL"]).await, 1);
+    }
+
+    pub async fn a_copy_after_a_failed_first_copy_in_one_group_claims_the_key_in_a_later_round(
+        backend: Backend,
+    ) {
+        let db = TestDb::new(backend).await;
+        let g = flaky_gate(&db, Arc::new(AtomicBool::new(false)));
+        let group = vec![
+            picky("G-K", "M-1", "U-1", b"fail"),
+            picky("G-K", "M-2", "U-1", b"fail"),
+            picky("G-K", "M-3", "U-1", b"{}"),
+            picky("G-K", "M-4", "U-4", b"{}"),
+        ];
+        let answers = g.process_group(&group).await;
+        let got: Vec<_> = answers.iter().map(|r| r.outcome).collect();
+        assert_eq!(got, vec![Outcome::Failed, Outcome::Failed, Outcome::Processed, Outcome::Duplicate]);
+        assert_eq!(answers[3].cause, Some(DuplicateCause::ProducerResend), "a duplicate of M-3's claim");
+        assert_eq!(db.scalar(&CLAIMS_OF, &["G-K"]).await, 1);
+        assert_eq!(db.scalar(&PICKY_ROWS_OF, &["G-K"]).await, 1, "applied once, by the third copy");
+        assert_eq!(db.scalar(&ALL_LOG_ROWS, &[]).await, 4);
+        assert_eq!(db.scalar_text(&CLAIM_MSG_OF, "G-K").await, "M-3");
+    }
+
+    pub async fn a_group_whose_transaction_cannot_commit_is_split_and_each_delivery_answers_alone(
+        backend: Backend,
+    ) {
+        let db = TestDb::new(backend).await;
+        let g = flaky_gate(&db, Arc::new(AtomicBool::new(false)));
+        // Without its log table the group cannot commit: it is split, each delivery fails
+        // alone and is not acknowledged; with the table back, the same group goes through.
+        let group = vec![
+            picky("S-1", "M-1", "U-1", b"{}"),
+            stock_deduct("S-2", "M-2", "U-2", "SKU-S", 1),
+            picky("S-3", "M-3", "U-3", b"{}"),
+        ];
+        shop::seed_stock(&db.store, "SKU-S", 10).await.unwrap();
+        drop_log_table_for_a_moment(&db).await;
+        let answers = g.process_group(&group).await;
+        for r in &answers {
+            assert_eq!((r.outcome, r.verdict, r.logged), (Outcome::Failed, Verdict::Retry, false), "{r:?}");
+        }
+        restore_log_table(&db).await;
+        assert_eq!(db.scalar(&CLAIMS_OF, &["S-1"]).await, 0, "nothing committed without its log row");
+        assert_eq!(db.scalar(&STOCK_OF, &["SKU-S"]).await, 10);
+        let again = g.process_group(&group).await;
+        assert!(again.iter().all(|r| r.outcome == Outcome::Processed && r.logged), "{again:?}");
+    }
 
     pub async fn sixteen_concurrent_deliveries_of_one_key_apply_the_effect_exactly_once(backend: Backend) {
         let db = TestDb::new(backend).await;
@@ -445,6 +587,37 @@ impl WithTopic for Delivery {
     }
 }
 
+async fn drop_log_table_for_a_moment(db: &TestDb) {
+    sqlx::query("ALTER TABLE delivery_log RENAME TO delivery_log_away")
+        .execute(db.store.pool())
+        .await
+        .unwrap();
+}
+
+async fn restore_log_table(db: &TestDb) {
+    sqlx::query("ALTER TABLE delivery_log_away RENAME TO delivery_log")
+        .execute(db.store.pool())
+        .await
+        .unwrap();
+}
+
+static CLAIM_MSG_OF: Sql = Sql::new("SELECT msg_id FROM idempotent_record WHERE biz_id = ?");
+
+on_every_backend_with_group_commit!(
+    sixteen_concurrent_deliveries_of_one_key_apply_the_effect_exactly_once,
+    a_failed_handler_leaves_the_key_unclaimed_and_a_retry_succeeds,
+    the_last_allowed_attempt_is_dead_lettered_with_its_body_kept,
+    a_permanent_refusal_is_dead_lettered_at_once,
+    different_execute_times_under_one_biz_id_are_processed_independently,
+    duplicate_causes_are_classified_from_uniq_key_and_replay_marks,
+    a_duplicate_with_a_different_body_is_flagged_as_a_key_collision,
+    every_invalid_input_is_logged_with_its_reason_and_nothing_panics,
+    a_handler_that_finds_the_body_malformed_makes_the_delivery_invalid,
+    two_consumer_groups_apply_their_own_effects_and_one_group_blocks_itself,
+    a_state_machine_move_made_twice_is_a_duplicate_and_an_illegal_one_is_refused,
+    a_delivery_whose_log_row_cannot_be_written_is_not_acknowledged,
+);
+
 on_every_backend!(
     sixteen_concurrent_deliveries_of_one_key_apply_the_effect_exactly_once,
     a_failed_handler_leaves_the_key_unclaimed_and_a_retry_succeeds,
@@ -458,4 +631,7 @@ on_every_backend!(
     two_consumer_groups_apply_their_own_effects_and_one_group_blocks_itself,
     a_state_machine_move_made_twice_is_a_duplicate_and_an_illegal_one_is_refused,
     a_delivery_whose_log_row_cannot_be_written_is_not_acknowledged,
+    a_failing_handler_in_the_middle_of_a_group_rolls_back_only_itself,
+    a_copy_after_a_failed_first_copy_in_one_group_claims_the_key_in_a_later_round,
+    a_group_whose_transaction_cannot_commit_is_split_and_each_delivery_answers_alone,
 );

@@ -453,3 +453,11 @@ on_every_backend!(
     movers_racing_for_one_row_move_it_once,
     the_library_api_tells_every_answer_apart_and_binds_every_value,
 );
+
+on_every_backend_with_group_commit!(
+    a_configured_move_is_made_once_and_asked_again_is_a_duplicate_at_the_state_machine,
+    an_illegal_move_is_dead_lettered_at_the_state_machine_and_counted_apart,
+    a_missing_row_is_retried_or_dead_lettered_as_configured,
+    a_configured_move_sets_its_time_column_and_shows_the_row_on_the_trace_page,
+    movers_racing_for_one_row_move_it_once,
+);

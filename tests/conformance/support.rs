@@ -4,7 +4,7 @@
 use std::sync::Arc;
 
 use idemgate::delivery::Delivery;
-use idemgate::gate::{Gate, Identity, Outcome, Policy, Verdict};
+use idemgate::gate::{Gate, GroupSettings, Identity, Outcome, Policy, Verdict};
 use idemgate::handler::Handlers;
 use idemgate::route::{RouteConfig, Routes};
 use idemgate::scratch::ScratchDb;
@@ -57,13 +57,31 @@ pub fn identity(group: &str, instance: &str) -> Identity {
     Identity { consumer_group: group.to_owned(), instance_id: instance.to_owned() }
 }
 
-/// A gate on the shop routes and handlers, plus `extra` routes and handlers.
+tokio::task_local! {
+    /// Set by [`on_every_backend_with_group_commit!`]: the gates a case makes commit in groups.
+    pub static GROUP_COMMIT: bool;
+}
+
+/// The group commit of the grouped runs: small groups and a linger long enough for the cases'
+/// concurrent deliveries to meet in one group.
+pub fn test_group_settings() -> GroupSettings {
+    GroupSettings { max_batch: 8, linger: std::time::Duration::from_millis(20), in_flight: 2, queue: 64 }
+}
+
+/// A gate on the shop routes and handlers, plus `extra` routes and handlers; with group
+/// commit when the case runs under [`on_every_backend_with_group_commit!`].
 pub fn gate(store: Store, id: Identity, extra_routes: Vec<RouteConfig>, extra: Handlers) -> Gate {
     let mut routes = shop::routes(shop::TOPIC);
     routes.extend(extra_routes);
     let mut handlers = shop::handlers();
     handlers.extend(extra);
-    Gate::new(store, Routes::new(&routes).expect("routes"), handlers, id, Policy::default()).expect("gate")
+    let gate = Gate::new(store, Routes::new(&routes).expect("routes"), handlers, id, Policy::default())
+        .expect("gate");
+    if GROUP_COMMIT.try_with(|on| *on).unwrap_or(false) {
+        gate.with_group_commit(test_group_settings())
+    } else {
+        gate
+    }
 }
 
 pub fn stock_deduct(biz_id: &str, msg_id: &str, uniq_key: &str, sku: &str, quantity: i64) -> Delivery {
@@ -135,6 +153,38 @@ macro_rules! on_every_backend {
     };
 }
 
+/// Runs each `cases::$case(backend)` as a test on SQLite, PostgreSQL and MariaDB with group
+/// commit on: every gate the case makes through [`gate`] commits in groups.
+#[allow(unused_macros)]
+macro_rules! on_every_backend_with_group_commit {
+    ($($case:ident),* $(,)?) => {
+        mod sqlite_group_commit {
+            $(#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+            async fn $case() {
+                crate::support::GROUP_COMMIT
+                    .scope(true, super::cases::$case(idemgate::store::Backend::Sqlite))
+                    .await
+            })*
+        }
+        mod postgres_group_commit {
+            $(#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+            async fn $case() {
+                crate::support::GROUP_COMMIT
+                    .scope(true, super::cases::$case(idemgate::store::Backend::Postgres))
+                    .await
+            })*
+        }
+        mod mariadb_group_commit {
+            $(#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+            async fn $case() {
+                crate::support::GROUP_COMMIT
+                    .scope(true, super::cases::$case(idemgate::store::Backend::MySql))
+                    .await
+            })*
+        }
+    };
+}
+
 static RACE_STOCK_OF: Sql = Sql::new("SELECT quantity FROM shop_stock WHERE sku = ?");
 static RACE_LEDGER_ROWS_OF: Sql = Sql::new("SELECT COUNT(*) FROM shop_stock_ledger WHERE deduction_id = ?");
 static CLAIMS_OF: Sql = Sql::new("SELECT COUNT(*) FROM idempotent_record_all WHERE biz_id = ?");
@@ -158,11 +208,16 @@ pub async fn race(db: &TestDb, a: Arc<Gate>, b: Arc<Gate>, biz_id: &str, sku: &s
         })
         .collect();
     let mut outcomes = Vec::new();
+    let mut largest_group = 0;
     for t in tasks {
         let r = t.await.expect("no panic");
         assert_eq!(r.verdict, Verdict::Ack, "{r:?}");
         assert!(r.logged);
         outcomes.push(r.outcome);
+        largest_group = largest_group.max(r.phases.group_size);
+    }
+    if GROUP_COMMIT.try_with(|on| *on).unwrap_or(false) {
+        assert!(largest_group > 1, "racing deliveries met in one group: {largest_group}");
     }
     assert_eq!(outcomes.iter().filter(|o| **o == Outcome::Processed).count(), 1, "{outcomes:?}");
     assert_eq!(outcomes.iter().filter(|o| **o == Outcome::Duplicate).count(), 15, "{outcomes:?}");

@@ -707,3 +707,11 @@ async fn a_gate_starts_and_works_while_redis_is_down() {
     let again = g.process(&stock_deduct("D-D", "M-2", "U-1", "SKU-D", 1)).await;
     assert_eq!((again.outcome, again.layer), (Outcome::Duplicate, Some(Layer::Db)), "the database stops it");
 }
+
+on_every_backend_with_group_commit!(
+    sixteen_racing_deliveries_apply_once_with_redis_on,
+    sixteen_racing_deliveries_apply_once_on_sharded_tables,
+    redis_stops_copies_of_finished_keys_and_names_their_cause,
+    a_rollback_leaves_no_redis_key_and_the_retry_applies,
+    a_delivery_never_deletes_another_deliverys_redis_key,
+);
