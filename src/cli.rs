@@ -301,8 +301,11 @@ pub struct BenchBrokerArgs {
     #[arg(long, default_value = "postgres")]
     pub backend: String,
     /// Consume threads of the group-commit run.
-    #[arg(long, default_value_t = 64)]
+    #[arg(long, default_value_t = 4)]
     pub group_threads: u32,
+    /// Messages per listener call in the group-commit run (1 to 32), handed to the gate at once.
+    #[arg(long, default_value_t = 32)]
+    pub group_listener_batch: u32,
     /// Deliveries per group transaction (1 to 64).
     #[arg(long, default_value_t = 32)]
     pub max_batch: usize,
@@ -329,6 +332,12 @@ pub struct BenchGateArgs {
     /// Deliveries in flight; one run per value.
     #[arg(long, value_delimiter = ',', default_value = "1,8")]
     pub concurrency: Vec<usize>,
+    /// Deliveries per transaction of the group-commit pattern (1 to 64).
+    #[arg(long, default_value_t = 32)]
+    pub max_batch: usize,
+    /// Groups committing at once in the group-commit pattern.
+    #[arg(long, default_value_t = 2)]
+    pub in_flight: usize,
 }
 
 /// Runs the parsed command line.
@@ -699,20 +708,22 @@ async fn bench_broker(args: BenchBrokerArgs) -> anyhow::Result<ExitCode> {
         duplicates: share("duplicates", args.duplicates, 0.9)?,
         consume_threads: args.consume_threads,
         group_threads: args.group_threads,
+        group_listener_batch: args.group_listener_batch.clamp(1, 32),
         group: crate::gate::GroupSettings {
             max_batch: args.max_batch,
             linger: std::time::Duration::from_millis(args.linger_ms),
             in_flight: args.in_flight.max(1),
-            queue: 4 * args.group_threads as usize,
+            queue: 4 * (args.group_threads * args.group_listener_batch.clamp(1, 32)) as usize,
         },
         client_defaults: args.client_defaults,
     };
     println!(
-        "bench broker: {} stock.deduct messages, {:.0}% duplicates, RocketMQ -> {backend}, {} cores; group commit: {} threads, max_batch {}, linger {} ms, {} in flight",
+        "bench broker: {} stock.deduct messages, {:.0}% duplicates, RocketMQ -> {backend}, {} cores; group commit: {} threads × {} messages per call, max_batch {}, linger {} ms, {} in flight",
         options.messages,
         options.duplicates * 100.0,
         std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1),
         options.group_threads,
+        options.group_listener_batch,
         options.group.max_batch,
         args.linger_ms,
         options.group.in_flight,
@@ -728,6 +739,11 @@ async fn bench_gate(args: BenchGateArgs) -> anyhow::Result<ExitCode> {
         messages: args.messages,
         duplicates: args.duplicates,
         concurrency: args.concurrency,
+        group: crate::gate::GroupSettings {
+            max_batch: args.max_batch.clamp(1, crate::gate::group::MAX_BATCH),
+            in_flight: args.in_flight.max(1),
+            ..Default::default()
+        },
     };
     println!(
         "bench gate: {} stock.deduct messages, {:.0}% duplicates, {} cores",

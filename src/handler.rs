@@ -110,6 +110,14 @@ pub trait Handler: Send + Sync + 'static {
     fn checks(&self) -> Vec<crate::reconcile::Check> {
         Vec::new()
     }
+
+    /// The contended row this delivery will lock, if the handler knows it (the SKU of a stock
+    /// deduction). Group commit runs a group's handlers in this order, so that two groups in
+    /// flight lock shared rows in the same order and never deadlock each other. The default,
+    /// `None`, keeps the deliveries' order; handlers that touch no shared row need nothing.
+    fn lock_order(&self, _work: &Work<'_>) -> Option<String> {
+        None
+    }
 }
 
 /// Handlers by name. Routes name the handler for their biz_type.

@@ -42,6 +42,8 @@ pub struct Options {
     pub consume_threads: u32,
     /// Consume threads of the group-commit mode: enough deliveries in flight to fill its groups.
     pub group_threads: u32,
+    /// Messages per listener call in the group-commit mode.
+    pub group_listener_batch: u32,
     pub group: GroupSettings,
     /// Also run idemgate on the client's default runtime (slow: the client refuses most calls).
     pub client_defaults: bool,
@@ -51,6 +53,8 @@ pub struct Options {
 pub struct Run {
     pub mode: &'static str,
     pub consume_threads: u32,
+    /// Messages per listener call.
+    pub listener_batch: u32,
     pub messages: usize,
     pub elapsed: Duration,
     pub deliveries: u64,
@@ -122,6 +126,10 @@ impl<S> Timed<S> {
 
 #[async_trait]
 impl<S: Sink> Sink for Timed<S> {
+    fn takes_batches(&self) -> bool {
+        self.inner.takes_batches()
+    }
+
     async fn consume(&self, d: &Delivery) -> Verdict {
         self.first.lock().unwrap_or_else(|p| p.into_inner()).get_or_insert_with(Instant::now);
         if d.reconsume_times > 0 {
@@ -165,6 +173,10 @@ impl Sink for Profiled {
         totals.1 += share;
         totals.2 += 1;
         r.verdict
+    }
+
+    fn takes_batches(&self) -> bool {
+        self.gate.takes_batches()
     }
 }
 
@@ -301,7 +313,7 @@ pub async fn run(options: &Options, mut report: impl FnMut(&Run)) -> anyhow::Res
         let consumer_options = ConsumerOptions {
             name_server: name_server.clone(),
             consume_threads,
-            batch_size: 1,
+            batch_size: if mode == Mode::GroupCommit { options.group_listener_batch } else { 1 },
             pull_batch_size: 32,
             buffered_messages: 4_000,
             buffered_mib: 64,
@@ -326,6 +338,7 @@ pub async fn run(options: &Options, mut report: impl FnMut(&Run)) -> anyhow::Res
         let r = Run {
             mode: mode.name(),
             consume_threads,
+            listener_batch: consumer_options.batch_size,
             messages: stream.len(),
             elapsed: last - first,
             deliveries: counters.deliveries.load(Ordering::Relaxed),
@@ -350,6 +363,7 @@ pub async fn run(options: &Options, mut report: impl FnMut(&Run)) -> anyhow::Res
     let r = Run {
         mode: "raw batched insert, no broker, no handler",
         consume_threads: 0,
+        listener_batch: 0,
         messages: options.messages,
         elapsed: started.elapsed(),
         deliveries: 0,
@@ -421,14 +435,17 @@ async fn raw_batched_inserts(
 pub fn table(runs: &[Run]) -> String {
     let naive = runs.iter().find(|r| r.mode == Mode::Naive.name()).map(Run::rate);
     let mut out = String::from(
-        "| mode | consume threads | msg/s | × naive | deliveries | retries asked | redeliveries asked | redeliveries not asked | effects | applied twice | peak RSS MiB |\n\
+        "| mode | consume threads × messages per call | msg/s | × naive | deliveries | retries asked | redeliveries asked | redeliveries not asked | effects | applied twice | peak RSS MiB |\n\
          |---|---|---|---|---|---|---|---|---|---|---|\n",
     );
     for r in runs {
         out.push_str(&format!(
             "| {} | {} | {:.0} | {} | {} | {} | {} | {} | {} | {} | {:.0} |\n",
             r.mode,
-            r.consume_threads,
+            match r.consume_threads {
+                0 => "–".to_owned(),
+                t => format!("{t} × {}", r.listener_batch),
+            },
             r.rate(),
             naive.map_or("".to_owned(), |n| format!("{:.2}", r.rate() / n)),
             r.deliveries,

@@ -35,6 +35,8 @@ pub struct Options {
     pub duplicates: f64,
     /// Deliveries in flight, one run per value.
     pub concurrency: Vec<usize>,
+    /// The group commit of the group-commit pattern.
+    pub group: crate::gate::GroupSettings,
 }
 
 /// One pattern's run.
@@ -124,10 +126,21 @@ pub async fn run(options: &Options, mut report: impl FnMut(&RunReport)) -> anyho
             Identity { consumer_group: GROUP.to_owned(), instance_id: "bench".to_owned() },
             Policy { duplicate_warnings_per_second: 0, ..Policy::default() },
         )?);
+        let grouped = Arc::new(
+            Gate::new(
+                db.store.clone(),
+                Routes::new(&shop::routes(shop::TOPIC))?,
+                shop::handlers(),
+                Identity { consumer_group: GROUP.to_owned(), instance_id: "bench".to_owned() },
+                Policy { duplicate_warnings_per_second: 0, ..Policy::default() },
+            )?
+            .with_group_commit(options.group.clone()),
+        );
         for &concurrency in &options.concurrency {
-            for pattern in [Pattern::Naive, Pattern::Gate] {
+            for pattern in [Pattern::Naive, Pattern::Gate, Pattern::GroupCommit] {
                 reset(&db.store).await?;
-                let r = run_one(&gate, &db.store, pattern, &stream, concurrency).await?;
+                let gate = if pattern == Pattern::GroupCommit { &grouped } else { &gate };
+                let r = run_one(gate, &db.store, pattern, &stream, concurrency).await?;
                 let (applied, double_applied) = books(&db.store).await?;
                 let r = RunReport {
                     backend,
@@ -142,7 +155,7 @@ pub async fn run(options: &Options, mut report: impl FnMut(&RunReport)) -> anyho
                     phases: r.phases,
                     peak_rss_mib: peak_rss_mib(),
                 };
-                if pattern == Pattern::Gate && (applied != distinct as i64 || double_applied != 0) {
+                if pattern != Pattern::Naive && (applied != distinct as i64 || double_applied != 0) {
                     anyhow::bail!(
                         "the gate applied {applied} effects for {distinct} keys ({double_applied} twice) on {backend}"
                     );
@@ -160,6 +173,7 @@ pub async fn run(options: &Options, mut report: impl FnMut(&RunReport)) -> anyho
 enum Pattern {
     Naive,
     Gate,
+    GroupCommit,
 }
 
 impl Pattern {
@@ -167,6 +181,7 @@ impl Pattern {
         match self {
             Self::Naive => "naive select-then-insert",
             Self::Gate => "idemgate",
+            Self::GroupCommit => "idemgate, group commit",
         }
     }
 }
@@ -199,7 +214,7 @@ async fn run_one(
                 let Some(d) = stream.get(i) else { break };
                 let t = Instant::now();
                 let ok = match pattern {
-                    Pattern::Gate => {
+                    Pattern::Gate | Pattern::GroupCommit => {
                         let r = gate.process(d).await;
                         phases.add(&r.phases);
                         matches!(r.outcome, Outcome::Processed | Outcome::Duplicate)
@@ -221,7 +236,7 @@ async fn run_one(
     let elapsed = started.elapsed();
     let mut totals = totals.lock().await;
     let n = stream.len() as u64;
-    let phases = (pattern == Pattern::Gate).then(|| {
+    let phases = (pattern != Pattern::Naive).then(|| {
         let p = totals.2;
         Phases {
             begin_us: p.begin_us / n,

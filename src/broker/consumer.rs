@@ -63,6 +63,12 @@ pub struct ConsumerCounters {
 #[async_trait]
 pub trait Sink: Send + Sync + 'static {
     async fn consume(&self, d: &Delivery) -> Verdict;
+
+    /// True when the deliveries of one listener call should be handed over all at once rather
+    /// than one after the other: a gate with group commit puts them in one group.
+    fn takes_batches(&self) -> bool {
+        false
+    }
 }
 
 #[async_trait]
@@ -70,12 +76,20 @@ impl<S: Sink + ?Sized> Sink for Arc<S> {
     async fn consume(&self, d: &Delivery) -> Verdict {
         (**self).consume(d).await
     }
+
+    fn takes_batches(&self) -> bool {
+        (**self).takes_batches()
+    }
 }
 
 #[async_trait]
 impl Sink for Gate {
     async fn consume(&self, d: &Delivery) -> Verdict {
         self.process(d).await.verdict
+    }
+
+    fn takes_batches(&self) -> bool {
+        self.group_commit().is_some()
     }
 }
 
@@ -182,6 +196,11 @@ impl MessageListenerConcurrently for SinkListener {
         let deliveries: Vec<Delivery> = msgs.iter().map(|m| to_delivery(m)).collect();
         let sink = &self.sink;
         let retry = self.runtime.block_on(async {
+            if sink.takes_batches() {
+                let verdicts =
+                    futures_util::future::join_all(deliveries.iter().map(|d| sink.consume(d))).await;
+                return verdicts.contains(&Verdict::Retry);
+            }
             let mut retry = false;
             for d in &deliveries {
                 retry |= sink.consume(d).await == Verdict::Retry;

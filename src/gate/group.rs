@@ -408,22 +408,36 @@ impl Core {
             }
             watch.lap(&mut shared.claim_us);
 
-            for &i in &round {
-                if decided[i].is_some() {
-                    continue;
-                }
+            // Handlers that name the shared row they lock run in that row's order, so that
+            // two groups in flight take their locks in one order and never deadlock.
+            let mut fresh: Vec<(Option<String>, usize)> = round
+                .iter()
+                .filter(|&&i| decided[i].is_none())
+                .filter_map(|&i| match &slots[i].before {
+                    Before::Claim(key, _) => {
+                        let handler = self.handlers.get(&key.handler)?;
+                        let work = Work { delivery: slots[i].d, key, backend, now_ms };
+                        Some((handler.lock_order(&work), i))
+                    }
+                    _ => None,
+                })
+                .collect();
+            fresh.sort();
+            for (_, i) in fresh {
                 let Before::Claim(key, table) = &slots[i].before else { continue };
                 let d = slots[i].d;
                 (&mut *tx).execute(AssertSqlSafe(SAVEPOINT)).await?;
-                if self.late_duplicate_guard {
-                    if let Some(archived) =
+                let archived = match self.late_duplicate_guard {
+                    true => {
                         crate::archive::guard::archived_claim(&mut tx, backend, who.consumer_group, key)
                             .await?
-                    {
-                        take_back(&mut tx, backend, table, who.consumer_group, key).await?;
-                        decided[i] = Some(Decided::Archived(archived));
-                        continue;
                     }
+                    false => None,
+                };
+                if let Some(archived) = archived {
+                    take_back(&mut tx, backend, table, who.consumer_group, key).await?;
+                    decided[i] = Some(Decided::Archived(archived));
+                    continue;
                 }
                 let handler = self
                     .handlers
@@ -477,7 +491,7 @@ impl Core {
                 };
             }
         }
-        let earlier = self.earlier_claims(backend, slots, &decided).await;
+        let earlier = self.earlier_claims(&mut tx, backend, slots, &decided).await;
         watch.lap(&mut shared.lookup_us);
 
         let phases_of = |i: usize| Phases {
@@ -575,11 +589,13 @@ impl Core {
         Ok(answers)
     }
 
-    /// The claims that deliveries outside the group hold, read in one statement per table on a
-    /// connection of its own: a read inside the group's transaction could miss a claim
-    /// committed after the transaction's snapshot (MariaDB's repeatable read).
+    /// The claims that deliveries outside the group hold, read in one statement per table. On
+    /// MariaDB on a connection of its own: a read inside the group's transaction could miss a
+    /// claim committed after the transaction's snapshot (repeatable read). PostgreSQL's read
+    /// committed sees it from inside, and SQLite's writer is the only one.
     async fn earlier_claims(
         &self,
+        tx: &mut Conn,
         backend: Backend,
         slots: &[Slot<'_>],
         decided: &[Option<Decided>],
@@ -595,18 +611,14 @@ impl Core {
             return found;
         }
         let read = async {
-            let mut conn = self.store.pool().acquire().await?;
+            let mut own: Option<sqlx::pool::PoolConnection<sqlx::Any>> = None;
+            let conn: &mut Conn = match backend {
+                Backend::MySql => &mut *own.insert(self.store.pool().acquire().await?),
+                Backend::Postgres | Backend::Sqlite => tx,
+            };
             for (table, members) in by_table.values() {
-                find_many(
-                    &mut conn,
-                    backend,
-                    table,
-                    &self.identity.consumer_group,
-                    slots,
-                    members,
-                    &mut found,
-                )
-                .await?;
+                find_many(conn, backend, table, &self.identity.consumer_group, slots, members, &mut found)
+                    .await?;
             }
             Ok::<_, sqlx::Error>(())
         };
@@ -734,7 +746,10 @@ async fn claim_many(
     Ok(claimed)
 }
 
-/// Reads the claims of `members`' keys from `table` in one statement per [`MAX_BATCH`] keys.
+/// Keys per statement that reads earlier claims.
+const FIND_CHUNK: usize = 16;
+
+/// Reads the claims of `members`' keys from `table` in one statement per [`FIND_CHUNK`] keys.
 async fn find_many(
     conn: &mut Conn,
     backend: Backend,
@@ -751,15 +766,18 @@ async fn find_many(
             _ => None,
         })
         .collect();
-    for chunk in keyed.chunks(MAX_BATCH) {
-        let any_of = vec!["(biz_type = ? AND biz_id = ? AND execute_time = ?)"; chunk.len()].join(" OR ");
+    for chunk in keyed.chunks(FIND_CHUNK) {
+        // Always FIND_CHUNK conditions, the last key repeated: one statement text, prepared
+        // once per connection, instead of one per count of duplicates.
+        let any_of = vec!["(biz_type = ? AND biz_id = ? AND execute_time = ?)"; FIND_CHUNK].join(" OR ");
         let sql = format!(
             "SELECT msg_id, uniq_key, payload_hash, biz_type, biz_id, execute_time FROM {} \
              WHERE consumer_group = ? AND ({any_of})",
             table.name
         );
         let mut q = query_built(backend, sql).bind(consumer_group.to_owned());
-        for (_, key) in chunk {
+        let last = chunk[chunk.len() - 1].1;
+        for key in chunk.iter().map(|(_, k)| *k).chain(std::iter::repeat(last)).take(FIND_CHUNK) {
             q = q.bind(key.biz_type.clone()).bind(key.biz_id.clone()).bind(key.execute_time);
         }
         let mut claims: HashMap<(String, String, i64), Claim> = HashMap::new();

@@ -76,6 +76,11 @@ impl Handler for StockDeduct {
         vec![crate::reconcile::STOCK_LEDGER_CHECK]
     }
 
+    /// Every deduction of one SKU updates its one stock row.
+    fn lock_order(&self, work: &Work<'_>) -> Option<String> {
+        super::parse_body::<DeductStock>(&work.delivery.body).ok().map(|d| d.sku)
+    }
+
     /// The ledger rows of this deduction: exactly one when it was applied, none when it was
     /// not; two or more is the double application the gate exists to prevent.
     async fn describe(&self, store: &Store, biz_id: &str) -> Result<Vec<Fact>, sqlx::Error> {

@@ -11,12 +11,13 @@ use idemgate::store::Backend;
 use sqlx::Row;
 use support::*;
 
-async fn exactly_once_through_a_real_broker(backend: Backend, group_commit: bool) {
+/// `group_commit`: none, or the messages per listener call under group commit.
+async fn exactly_once_through_a_real_broker(backend: Backend, group_commit: Option<u32>) {
     let db = database(backend).await;
     let (topic, group, run) = (unique("shop"), unique("group"), unique("R").replace('_', ""));
     let mut s = settings(&db.url, &topic, &group, "solo", 2);
-    if group_commit {
-        s = with_group_commit(s);
+    if let Some(listener_batch) = group_commit {
+        s = with_group_commit(s, listener_batch);
     }
     let service = Service::start(&s);
     let (report, sends) = produce(&topic, &run, 2000, 0, &["--duplicates", "0.3"]);
@@ -25,7 +26,7 @@ async fn exactly_once_through_a_real_broker(backend: Backend, group_commit: bool
         assert!(t.sends.get(kind).copied().unwrap_or(0) > 0, "the traffic has {kind} sends: {:?}", t.sends);
     }
     assert_converges(&db.store, &run, &group, &report, &sends).await;
-    if group_commit {
+    if group_commit.is_some() {
         assert_groups_formed(&service);
     }
     assert_eq!(service.terminate().code(), Some(0));
@@ -34,22 +35,22 @@ async fn exactly_once_through_a_real_broker(backend: Backend, group_commit: bool
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_thousand_messages_with_thirty_percent_duplicates_are_applied_exactly_once_on_postgres() {
-    exactly_once_through_a_real_broker(Backend::Postgres, false).await;
+    exactly_once_through_a_real_broker(Backend::Postgres, None).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_thousand_messages_with_thirty_percent_duplicates_are_applied_exactly_once_on_mariadb() {
-    exactly_once_through_a_real_broker(Backend::MySql, false).await;
+    exactly_once_through_a_real_broker(Backend::MySql, None).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn with_group_commit_two_thousand_messages_are_applied_exactly_once_on_postgres() {
-    exactly_once_through_a_real_broker(Backend::Postgres, true).await;
+    exactly_once_through_a_real_broker(Backend::Postgres, Some(1)).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn with_group_commit_two_thousand_messages_are_applied_exactly_once_on_mariadb() {
-    exactly_once_through_a_real_broker(Backend::MySql, true).await;
+    exactly_once_through_a_real_broker(Backend::MySql, Some(16)).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -107,17 +108,20 @@ async fn interrupted_mid_stream(
     let (topic, group, run) = (unique(prefix), unique("group"), unique(prefix).replace('_', ""));
     let configure = |name: &str| {
         let s = settings(&db.url, &topic, &group, name, 2);
-        if group_commit { with_group_commit(s) } else { s }
+        if group_commit { with_group_commit(s, 16) } else { s }
     };
     let first = Service::start(&configure(names[0]));
     let producer = {
         let (topic, run) = (topic.clone(), run.clone());
         std::thread::spawn(move || produce(&topic, &run, 2000, 500, &["--duplicates", "0.3"]))
     };
-    // About 2 of the stream's 4 seconds in.
-    tokio::time::sleep(Duration::from_secs(2)).await;
     if group_commit {
+        // Once groups are committing, so that the stop lands among groups in flight.
+        wait_for_groups(&first, 3, Duration::from_secs(30));
         assert_groups_formed(&first);
+    } else {
+        // About 2 of the stream's 4 seconds in.
+        tokio::time::sleep(Duration::from_secs(2)).await;
     }
     stop(first);
     let second = Service::start(&configure(names[1]));

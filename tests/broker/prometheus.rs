@@ -133,7 +133,7 @@ static RATIO: Sql = Sql::new(
 async fn a_real_prometheus_gets_data_for_every_dashboard_and_rule_expression_and_the_true_duplicate_ratio() {
     let db = database(Backend::Postgres).await;
     let (topic, group, run) = (unique("prom"), unique("group"), unique("M").replace('_', ""));
-    let service = Service::start(&with_group_commit(settings(&db.url, &topic, &group, "scraped", 2)));
+    let service = Service::start(&with_group_commit(settings(&db.url, &topic, &group, "scraped", 2), 1));
     let addr = service_addr(&service);
     let prometheus = Prometheus::start(&addr);
     let (report, sends) = produce(&topic, &run, 2000, 0, &["--duplicates", "0.3", "--early-payments", "0.2"]);

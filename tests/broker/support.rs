@@ -61,17 +61,19 @@ pub fn settings(
     s
 }
 
-/// `settings` with group commit on, and enough consume threads to fill its groups.
-pub fn with_group_commit(mut s: Settings) -> Settings {
+/// `settings` with group commit on, and enough deliveries in flight to fill its groups: 64
+/// consume threads of one message each (`listener_batch` 1), or 4 threads of `listener_batch`
+/// messages handed over together.
+pub fn with_group_commit(mut s: Settings, listener_batch: u32) -> Settings {
     s.group_commit.enabled = true;
     s.group_commit.max_batch = 32;
-    s.broker.consume_threads = 64;
+    s.broker.batch_size = listener_batch;
+    s.broker.consume_threads = if listener_batch == 1 { 64 } else { 4 };
     s
 }
 
-/// The service's groups held more than one delivery each on average: group commit was on and
-/// deliveries met in groups.
-pub fn assert_groups_formed(service: &Service) {
+/// The service's groups so far: how many committed, and the deliveries they held.
+pub fn groups_of(service: &Service) -> (f64, f64) {
     let (status, text) = http_get(&service_addr(service), "/metrics").expect("/metrics answers");
     assert_eq!(status, 200);
     let sample = |name: &str| -> f64 {
@@ -80,8 +82,23 @@ pub fn assert_groups_formed(service: &Service) {
             .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
             .sum()
     };
-    let (groups, deliveries) = (sample("idemgate_group_size_count"), sample("idemgate_group_size_sum"));
-    assert!(groups > 0.0, "no group committed:\n{text}");
+    (sample("idemgate_group_size_count"), sample("idemgate_group_size_sum"))
+}
+
+/// Waits until the service has committed `groups` groups.
+pub fn wait_for_groups(service: &Service, groups: u32, limit: Duration) {
+    let started = Instant::now();
+    while groups_of(service).0 < f64::from(groups) {
+        assert!(started.elapsed() < limit, "no {groups} groups committed within {limit:?}");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+/// The service's groups held more than one delivery each on average: group commit was on and
+/// deliveries met in groups.
+pub fn assert_groups_formed(service: &Service) {
+    let (groups, deliveries) = groups_of(service);
+    assert!(groups > 0.0, "no group committed");
     assert!(deliveries / groups > 1.0, "{deliveries} deliveries in {groups} groups");
 }
 

@@ -38,11 +38,14 @@ fn sample(text: &str, name: &str, with: &str) -> f64 {
 async fn postgres_restarted_mid_stream_loses_nothing_applies_nothing_twice_and_the_consumer_recovers() {
     let db = database(Backend::Postgres).await;
     let (topic, group, run) = (unique("pgrestart"), unique("group"), unique("P").replace('_', ""));
-    // Retries enough for every delivery that meets the outage to come back after it.
-    let service = Service::start(&with_group_commit(settings(&db.url, &topic, &group, "solo", 16)));
+    // Retries enough for every delivery that meets the outage to come back after it; no poison,
+    // which would take those 16 retries (hours) to be dead-lettered.
+    let service = Service::start(&with_group_commit(settings(&db.url, &topic, &group, "solo", 16), 16));
     let producer = {
         let (topic, run) = (topic.clone(), run.clone());
-        std::thread::spawn(move || produce(&topic, &run, 2000, 400, &["--duplicates", "0.3"]))
+        std::thread::spawn(move || {
+            produce(&topic, &run, 2000, 400, &["--duplicates", "0.3", "--poison", "0"])
+        })
     };
     tokio::time::sleep(Duration::from_secs(2)).await;
     pg_ctlcluster("stop");
