@@ -415,9 +415,8 @@ impl Core {
                 .filter(|&&i| decided[i].is_none())
                 .filter_map(|&i| match &slots[i].before {
                     Before::Claim(key, _) => {
-                        let handler = self.handlers.get(&key.handler)?;
                         let work = Work { delivery: slots[i].d, key, backend, now_ms };
-                        Some((handler.lock_order(&work), i))
+                        Some((self.handlers.get(&key.handler).and_then(|h| h.lock_order(&work)), i))
                     }
                     _ => None,
                 })

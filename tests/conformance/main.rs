@@ -603,34 +603,33 @@ async fn restore_log_table(db: &TestDb) {
 
 static CLAIM_MSG_OF: Sql = Sql::new("SELECT msg_id FROM idempotent_record WHERE biz_id = ?");
 
-on_every_backend_with_group_commit!(
-    sixteen_concurrent_deliveries_of_one_key_apply_the_effect_exactly_once,
-    a_failed_handler_leaves_the_key_unclaimed_and_a_retry_succeeds,
-    the_last_allowed_attempt_is_dead_lettered_with_its_body_kept,
-    a_permanent_refusal_is_dead_lettered_at_once,
-    different_execute_times_under_one_biz_id_are_processed_independently,
-    duplicate_causes_are_classified_from_uniq_key_and_replay_marks,
-    a_duplicate_with_a_different_body_is_flagged_as_a_key_collision,
-    every_invalid_input_is_logged_with_its_reason_and_nothing_panics,
-    a_handler_that_finds_the_body_malformed_makes_the_delivery_invalid,
-    two_consumer_groups_apply_their_own_effects_and_one_group_blocks_itself,
-    a_state_machine_move_made_twice_is_a_duplicate_and_an_illegal_one_is_refused,
-    a_delivery_whose_log_row_cannot_be_written_is_not_acknowledged,
-);
+/// The gate's exactly-once cases, run by `$runner` (alone or with group commit on), followed by
+/// `$extra` cases.
+macro_rules! exactly_once_cases {
+    ($runner:ident $(, $extra:ident)* $(,)?) => {
+        $runner!(
+            sixteen_concurrent_deliveries_of_one_key_apply_the_effect_exactly_once,
+            a_failed_handler_leaves_the_key_unclaimed_and_a_retry_succeeds,
+            the_last_allowed_attempt_is_dead_lettered_with_its_body_kept,
+            a_permanent_refusal_is_dead_lettered_at_once,
+            different_execute_times_under_one_biz_id_are_processed_independently,
+            duplicate_causes_are_classified_from_uniq_key_and_replay_marks,
+            a_duplicate_with_a_different_body_is_flagged_as_a_key_collision,
+            every_invalid_input_is_logged_with_its_reason_and_nothing_panics,
+            a_handler_that_finds_the_body_malformed_makes_the_delivery_invalid,
+            two_consumer_groups_apply_their_own_effects_and_one_group_blocks_itself,
+            a_state_machine_move_made_twice_is_a_duplicate_and_an_illegal_one_is_refused,
+            a_delivery_whose_log_row_cannot_be_written_is_not_acknowledged,
+            $($extra,)*
+        );
+    };
+}
 
-on_every_backend!(
-    sixteen_concurrent_deliveries_of_one_key_apply_the_effect_exactly_once,
-    a_failed_handler_leaves_the_key_unclaimed_and_a_retry_succeeds,
-    the_last_allowed_attempt_is_dead_lettered_with_its_body_kept,
-    a_permanent_refusal_is_dead_lettered_at_once,
-    different_execute_times_under_one_biz_id_are_processed_independently,
-    duplicate_causes_are_classified_from_uniq_key_and_replay_marks,
-    a_duplicate_with_a_different_body_is_flagged_as_a_key_collision,
-    every_invalid_input_is_logged_with_its_reason_and_nothing_panics,
-    a_handler_that_finds_the_body_malformed_makes_the_delivery_invalid,
-    two_consumer_groups_apply_their_own_effects_and_one_group_blocks_itself,
-    a_state_machine_move_made_twice_is_a_duplicate_and_an_illegal_one_is_refused,
-    a_delivery_whose_log_row_cannot_be_written_is_not_acknowledged,
+exactly_once_cases!(on_every_backend_with_group_commit);
+
+// Group commit's own cases call `process_group` directly, so they run once per backend.
+exactly_once_cases!(
+    on_every_backend,
     a_failing_handler_in_the_middle_of_a_group_rolls_back_only_itself,
     a_copy_after_a_failed_first_copy_in_one_group_claims_the_key_in_a_later_round,
     a_group_whose_transaction_cannot_commit_is_split_and_each_delivery_answers_alone,
