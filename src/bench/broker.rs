@@ -160,17 +160,9 @@ struct Profiled {
 impl Sink for Profiled {
     async fn consume(&self, d: &Delivery) -> Verdict {
         let r = self.gate.process(d).await;
-        let share = f64::from(r.phases.group_size.max(1));
         let mut totals = self.totals.lock().unwrap_or_else(|p| p.into_inner());
-        let p = &mut totals.0;
-        let shared = |us: u64| (us as f64 / share).round() as u64;
-        p.begin_us += shared(r.phases.begin_us);
-        p.claim_us += shared(r.phases.claim_us);
-        p.handler_us += r.phases.handler_us;
-        p.lookup_us += shared(r.phases.lookup_us);
-        p.log_us += shared(r.phases.log_us);
-        p.commit_us += shared(r.phases.commit_us);
-        totals.1 += share;
+        totals.0.add(&r.phases.per_delivery());
+        totals.1 += f64::from(r.phases.group_size.max(1));
         totals.2 += 1;
         r.verdict
     }

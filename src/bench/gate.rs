@@ -216,7 +216,7 @@ async fn run_one(
                 let ok = match pattern {
                     Pattern::Gate | Pattern::GroupCommit => {
                         let r = gate.process(d).await;
-                        phases.add(&r.phases);
+                        phases.add(&r.phases.per_delivery());
                         matches!(r.outcome, Outcome::Processed | Outcome::Duplicate)
                     }
                     Pattern::Naive => naive(&store, d).await.is_ok(),
@@ -380,15 +380,16 @@ pub fn table(reports: &[RunReport]) -> String {
 /// Where the gate's time goes, per message, as a Markdown table.
 pub fn phase_table(reports: &[RunReport]) -> String {
     let mut out = String::from(
-        "| backend | in flight | begin µs | claim µs | handler µs | log µs | commit µs | duplicate lookup µs | transient retries |\n\
-         |---|---|---|---|---|---|---|---|---|\n",
+        "| backend | in flight | pattern | begin µs | claim µs | handler µs | log µs | commit µs | duplicate lookup µs | transient retries |\n\
+         |---|---|---|---|---|---|---|---|---|---|\n",
     );
     for r in reports {
         if let Some(p) = r.phases {
             out.push_str(&format!(
-                "| {} | {} | {} | {} | {} | {} | {} | {} | {} |\n",
+                "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |\n",
                 r.backend,
                 r.concurrency,
+                r.pattern,
                 p.begin_us,
                 p.claim_us,
                 p.handler_us,

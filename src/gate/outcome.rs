@@ -140,6 +140,20 @@ pub struct Phases {
 }
 
 impl Phases {
+    /// This delivery's share: a group's shared phases (begin, claim, lookup, log, commit)
+    /// divided among the deliveries that shared them; its own handler and Redis time whole.
+    pub fn per_delivery(&self) -> Phases {
+        let n = u64::from(self.group_size.max(1));
+        Phases {
+            begin_us: self.begin_us / n,
+            claim_us: self.claim_us / n,
+            lookup_us: self.lookup_us / n,
+            log_us: self.log_us / n,
+            commit_us: self.commit_us / n,
+            ..*self
+        }
+    }
+
     pub fn add(&mut self, other: &Phases) {
         self.begin_us += other.begin_us;
         self.claim_us += other.claim_us;
