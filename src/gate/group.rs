@@ -392,13 +392,7 @@ impl Core {
             let mut round: Vec<usize> = leaders.values().copied().collect();
             round.sort_unstable();
 
-            let mut by_table: BTreeMap<&str, (&'static ClaimTable, Vec<usize>)> = BTreeMap::new();
-            for &i in &round {
-                if let Before::Claim(_, table) = &slots[i].before {
-                    by_table.entry(table.name).or_insert_with(|| (table, Vec::new())).1.push(i);
-                }
-            }
-            for (table, members) in by_table.values() {
+            for (table, members) in by_table(slots, round.iter().copied()).values() {
                 let claimed = claim_many(&mut tx, backend, table, &who, slots, members).await?;
                 for &i in members {
                     if !claimed.contains(&i) {
@@ -599,12 +593,8 @@ impl Core {
         slots: &[Slot<'_>],
         decided: &[Option<Decided>],
     ) -> HashMap<usize, Claim> {
-        let mut by_table: BTreeMap<&str, (&'static ClaimTable, Vec<usize>)> = BTreeMap::new();
-        for (i, d) in decided.iter().enumerate() {
-            if let Some(Decided::Taken(table)) = d {
-                by_table.entry(table.name).or_insert_with(|| (table, Vec::new())).1.push(i);
-            }
-        }
+        let taken = (0..slots.len()).filter(|&i| matches!(decided[i], Some(Decided::Taken(_))));
+        let by_table = by_table(slots, taken);
         let mut found = HashMap::new();
         if by_table.is_empty() {
             return found;
@@ -650,6 +640,20 @@ impl Core {
             metrics.observe_group(&report);
         }
     }
+}
+
+/// The slots `indices` (deliveries with a key to claim) by their claim table, in table order.
+fn by_table<'t>(
+    slots: &[Slot<'_>],
+    indices: impl Iterator<Item = usize>,
+) -> BTreeMap<&'t str, (&'static ClaimTable, Vec<usize>)> {
+    let mut tables: BTreeMap<&str, (&'static ClaimTable, Vec<usize>)> = BTreeMap::new();
+    for i in indices {
+        if let Before::Claim(_, table) = &slots[i].before {
+            tables.entry(table.name).or_insert_with(|| (*table, Vec::new())).1.push(i);
+        }
+    }
+    tables
 }
 
 fn rejected(d: &Delivery, rejection: Rejection) -> Before {
