@@ -8,10 +8,10 @@ use std::time::Duration;
 use anyhow::Context;
 use clap::{Args, Parser, Subcommand};
 
+use crate::app::{Application, Feed};
 use crate::bench;
 use crate::config::Settings;
 use crate::demo::{self, DemoOptions};
-use crate::gate::Policy;
 use crate::shop;
 use crate::store::{Backend, Store, redact_url};
 use crate::traffic::Mix;
@@ -75,6 +75,10 @@ pub struct DemoArgs {
     /// Seconds between status lines.
     #[arg(long, default_value_t = 5)]
     pub status_every: u64,
+    /// Where the demo's log goes, so that the terminal keeps the status lines; `-` writes it
+    /// to the terminal (standard error) instead.
+    #[arg(long, default_value = "idemgate-demo.log")]
+    pub log_file: String,
 }
 
 #[derive(Debug, Args)]
@@ -343,12 +347,20 @@ pub struct BenchGateArgs {
 /// Runs the parsed command line.
 pub async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
     let settings = Settings::load(cli.config.as_deref())?;
-    crate::telemetry::init(&settings.log);
+    match &cli.command {
+        Command::Demo(args) if args.log_file != "-" => {
+            let file = std::fs::OpenOptions::new()
+                .create(true)
+                .append(true)
+                .open(&args.log_file)
+                .with_context(|| format!("--log-file {}: cannot open it for appending", args.log_file))?;
+            crate::telemetry::init_to(&settings.log, Some(file));
+        }
+        _ => crate::telemetry::init(&settings.log),
+    }
     match cli.command {
         Command::Serve => {
-            let store = open_store(&settings).await?;
-            shop::ensure_example_stock(&store).await.context("creating the example shop's stock")?;
-            crate::serve::run(&settings, store, settings.handlers()?).await?;
+            crate::serve::run(&settings).await?;
             Ok(ExitCode::SUCCESS)
         }
         Command::Produce(args) => produce_command(&settings, args).await,
@@ -454,22 +466,21 @@ pub async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
     }
 }
 
-async fn demo_command(settings: Settings, args: DemoArgs) -> anyhow::Result<ExitCode> {
+async fn demo_command(mut settings: Settings, args: DemoArgs) -> anyhow::Result<ExitCode> {
     let duplicates = share("duplicates", args.duplicates, 0.9)?;
-    let store = open_store(&settings).await?;
-    let policy = Policy { max_reconsume_times: args.max_reconsume_times, ..settings.policy() };
-    let handlers = settings.handlers()?;
-    let running = crate::serve::Running::start(&settings, store, handlers, policy, false).await?;
-    running.set_ready(true);
+    settings.consumer.max_reconsume_times = args.max_reconsume_times;
+    let mut running = Application::build(&settings, Feed::Caller).await?.start().await?;
+    let log = if args.log_file == "-" { "the terminal".to_owned() } else { args.log_file.clone() };
     println!(
         "idemgate demo: {} deliveries/s with {:.0}% duplicates into {} (instance {}).\n\
          Web UI at {url}/  (trace any bizId, msgId or UNIQ_KEY; dead letters at {url}/dead-letters)\n\
-         Metrics at {url}/metrics  (Ctrl-C stops)",
+         Metrics at {url}/metrics  (Ctrl-C stops)\n\
+         Log in {log}",
         args.rate,
         duplicates * 100.0,
         redact_url(&settings.database.url),
-        running.gate.identity().instance_id,
-        url = running.url
+        running.gate().identity().instance_id,
+        url = running.url()
     );
     let options = DemoOptions {
         rate: args.rate,
@@ -482,9 +493,16 @@ async fn demo_command(settings: Settings, args: DemoArgs) -> anyhow::Result<Exit
     let shutdown = async {
         let _ = tokio::signal::ctrl_c().await;
     };
-    demo::run(running.gate.clone(), options, shutdown, |line| println!("{line}")).await?;
-    running.stop().await?;
-    Ok(ExitCode::SUCCESS)
+    let gate = running.gate().clone();
+    let fault = tokio::select! {
+        ran = demo::run(gate, options, shutdown, |line| println!("{line}")) => { ran?; None }
+        (part, ended) = running.failed() => Some(anyhow::anyhow!("the {part} ended on its own ({ended})")),
+    };
+    let stopped = running.stop().await;
+    match fault {
+        Some(e) => Err(e),
+        None => stopped.map(|()| ExitCode::SUCCESS),
+    }
 }
 
 /// Exit codes of `idemgate replay`: 0 every key sent (or, dry, would be), 2 any refused or

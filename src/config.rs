@@ -154,8 +154,18 @@ pub struct HttpSettings {
     /// Empty: no links.
     pub grafana_url: String,
     /// `IDEMGATE_HTTP__QUERY_TIMEOUT_MS`: the longest a page or API call may wait on the
-    /// database before it answers 503.
+    /// database before it answers 503. On PostgreSQL and MariaDB the UI's connections also
+    /// carry it as a server-side statement timeout, so an abandoned query stops on the server
+    /// too.
     pub query_timeout_ms: u64,
+    /// `IDEMGATE_HTTP__MAX_CONNECTIONS`: the web UI's, JSON API's and `/metrics`' own pool,
+    /// 1 to 64. The consumer's connections (`database.max_connections`) are never lent to a
+    /// page, so no flood of requests can starve the deliveries.
+    pub max_connections: u32,
+    /// `IDEMGATE_HTTP__MAX_CONCURRENT_REQUESTS`: pages and API calls served at once, 1 to
+    /// 1024; one more is answered 503 at once with `Retry-After`. Health and `/metrics` are
+    /// not counted.
+    pub max_concurrent_requests: u32,
 }
 
 impl std::fmt::Debug for HttpSettings {
@@ -168,6 +178,8 @@ impl std::fmt::Debug for HttpSettings {
             .field("basic_password", &shown.basic_password)
             .field("grafana_url", &shown.grafana_url)
             .field("query_timeout_ms", &shown.query_timeout_ms)
+            .field("max_connections", &shown.max_connections)
+            .field("max_concurrent_requests", &shown.max_concurrent_requests)
             .finish()
     }
 }
@@ -213,6 +225,12 @@ impl HttpSettings {
         }
         if !(100..=600_000).contains(&self.query_timeout_ms) {
             return Err(invalid("http.query_timeout_ms", "must be from 100 to 600000"));
+        }
+        if !(1..=64).contains(&self.max_connections) {
+            return Err(invalid("http.max_connections", "must be from 1 to 64"));
+        }
+        if !(1..=1024).contains(&self.max_concurrent_requests) {
+            return Err(invalid("http.max_concurrent_requests", "must be from 1 to 1024"));
         }
         Ok(())
     }
@@ -303,6 +321,8 @@ impl Default for Settings {
                 basic_password: String::new(),
                 grafana_url: String::new(),
                 query_timeout_ms: 5_000,
+                max_connections: 4,
+                max_concurrent_requests: 16,
             },
             log: LogSettings { filter: DEFAULT_LOG_FILTER.to_owned(), format: LogFormat::Text },
             archive: ArchiveSettings::default(),
@@ -361,6 +381,14 @@ impl Settings {
 
     /// Checks what types alone cannot.
     pub fn validate(&self) -> Result<(), ConfigError> {
+        self.validate_with(&self.handlers()?)
+    }
+
+    /// [`Settings::validate`] against `handlers` instead of the configured ones: for a program
+    /// that brings handlers of its own, whose routes name them.
+    pub fn validate_with(&self, handlers: &Handlers) -> Result<(), ConfigError> {
+        // The configured handlers are checked even when others are given.
+        self.handlers()?;
         Backend::from_url(&self.database.url).map_err(|e| invalid("database.url", e.to_string()))?;
         if self.database.max_connections == 0 {
             return Err(invalid("database.max_connections", "must be at least 1"));
@@ -447,7 +475,6 @@ impl Settings {
             return Err(invalid("routes", "at least one route is needed"));
         }
         let routes = Routes::new(&self.routes).map_err(|e| invalid(&e.field, e.message))?;
-        let handlers = self.handlers()?;
         for (route, name) in routes.handler_names() {
             if handlers.get(name).is_none() {
                 return Err(invalid(
@@ -503,10 +530,23 @@ impl Settings {
         Routes::new(&self.routes).expect("validated by Settings::load")
     }
 
+    /// The consumer's pool: the gate, the schedulers and replay.
     pub fn store_options(&self) -> StoreOptions {
         StoreOptions {
             max_connections: self.database.max_connections,
             acquire_timeout: std::time::Duration::from_millis(self.database.acquire_timeout_ms),
+            statement_timeout: None,
+        }
+    }
+
+    /// The web UI's own pool: `http.max_connections`, and every statement bounded by
+    /// `http.query_timeout_ms` on the server as well.
+    pub fn ui_store_options(&self) -> StoreOptions {
+        let timeout = std::time::Duration::from_millis(self.http.query_timeout_ms);
+        StoreOptions {
+            max_connections: self.http.max_connections,
+            acquire_timeout: timeout,
+            statement_timeout: Some(timeout),
         }
     }
 

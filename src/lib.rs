@@ -23,7 +23,10 @@
 //! - [`scratch`]: throwaway databases for benchmarks and tests.
 //! - [`shop`]: the built-in example business (orders, payments, stock).
 //! - [`broker`]: the RocketMQ client: the push consumer that feeds the gate, and the producer.
-//! - [`serve`]: `idemgate serve`, the service: store, gate, HTTP server and consumer.
+//! - [`app`]: the service assembled from its settings, once for `serve`, the demo, embedding
+//!   programs and the tests; its parts run as named tasks, watched.
+//! - [`cron`]: the cron job the archive and reconcile schedules run on.
+//! - [`serve`]: `idemgate serve`: the service fed by the broker, until a signal.
 //! - [`produce`]: `idemgate produce`, the example traffic sent to a real topic.
 //! - [`inspect`]: reading the story back: a key's trace, the overview, the lists of trouble.
 //! - [`http`]: the HTTP server: the web UI, the JSON API, health and `/metrics`.
@@ -34,11 +37,13 @@
 //! - [`cli`]: the command line.
 //! - [`config`]: the typed, layered configuration.
 
+pub mod app;
 pub mod archive;
 pub mod bench;
 pub mod broker;
 pub mod cli;
 pub mod config;
+pub mod cron;
 pub mod delivery;
 pub mod delivery_log;
 pub mod demo;

@@ -66,6 +66,7 @@ pub struct Metrics {
     group_commits: IntCounterVec,
     group_retries: IntCounterVec,
     group_wait_seconds: HistogramVec,
+    http_shed: IntCounterVec,
     windows: Mutex<BTreeMap<String, Window>>,
     from_database: tokio::sync::Mutex<Option<(Instant, FromDatabase)>>,
 }
@@ -254,6 +255,11 @@ impl Metrics {
                 "Time a delivery waited in the group-commit queue before its group started: grows when the database is the bottleneck.",
                 &["consumer_group"],
             ),
+            http_shed: counter(
+                "idemgate_http_requests_shed_total",
+                "Pages and API calls answered 503 at once because http.max_concurrent_requests were already in flight.",
+                &[],
+            ),
             windows: Mutex::new(BTreeMap::new()),
             from_database: tokio::sync::Mutex::new(None),
             group: info.consumer_group.clone(),
@@ -324,6 +330,7 @@ impl Metrics {
         self.group_retries.with_label_values(&[g]);
         self.group_size.with_label_values(&[g]);
         self.group_wait_seconds.with_label_values(&[g]);
+        self.http_shed.with_label_values(NO_LABELS);
         for kind in AnomalyKind::ALL {
             self.reconcile_anomalies.with_label_values(&[g, kind.as_str()]);
         }
@@ -389,6 +396,11 @@ impl Metrics {
     /// Records how long one delivery waited for its group.
     pub fn observe_group_wait(&self, waited: Duration) {
         self.group_wait_seconds.with_label_values(&[self.group.as_str()]).observe(waited.as_secs_f64());
+    }
+
+    /// Counts a page or API call turned away because too many were in flight.
+    pub fn observe_http_shed(&self) {
+        self.http_shed.with_label_values(NO_LABELS).inc();
     }
 
     /// The text exposition, with the scrape-time values filled in first.

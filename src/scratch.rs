@@ -106,6 +106,20 @@ async fn drop_database(backend: Backend, admin: &str, name: &str) {
     let Ok(pool) = AnyPool::connect(admin).await else {
         return;
     };
+    if backend == Backend::MySql {
+        // MariaDB has no DROP … FORCE: a session left inside a transaction (a test that
+        // panicked with its service running) would hold the drop forever. End them first.
+        let sessions = sqlx::query("SELECT CAST(ID AS SIGNED) FROM information_schema.PROCESSLIST WHERE DB = ? AND ID <> CONNECTION_ID()")
+            .bind(name)
+            .fetch_all(&pool)
+            .await
+            .unwrap_or_default();
+        for session in sessions {
+            if let Ok(id) = sqlx::Row::try_get::<i64, _>(&session, 0) {
+                let _ = pool.execute(AssertSqlSafe(format!("KILL {id}"))).await;
+            }
+        }
+    }
     let sql = match backend {
         Backend::Postgres => format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)"),
         _ => format!("DROP DATABASE IF EXISTS {name}"),

@@ -247,11 +247,15 @@ impl fmt::Debug for Store {
 pub struct StoreOptions {
     pub max_connections: u32,
     pub acquire_timeout: Duration,
+    /// A server-side limit on every statement of the pool's connections (PostgreSQL
+    /// `statement_timeout`, MariaDB `max_statement_time`), set when each connection opens. A
+    /// query abandoned by its caller then also stops on the server. SQLite has no such limit.
+    pub statement_timeout: Option<Duration>,
 }
 
 impl Default for StoreOptions {
     fn default() -> Self {
-        Self { max_connections: 16, acquire_timeout: Duration::from_secs(10) }
+        Self { max_connections: 16, acquire_timeout: Duration::from_secs(10), statement_timeout: None }
     }
 }
 
@@ -260,12 +264,23 @@ impl Store {
     pub async fn connect(url: &str, options: &StoreOptions) -> Result<Self, StoreError> {
         install_default_drivers();
         let backend = Backend::from_url(url)?;
-        let pool = AnyPoolOptions::new()
+        let mut pool_options = AnyPoolOptions::new()
             .max_connections(options.max_connections)
-            .acquire_timeout(options.acquire_timeout)
-            .connect(url)
-            .await
-            .map_err(|source| StoreError::Connect { backend, url: redact_url(url), source })?;
+            .acquire_timeout(options.acquire_timeout);
+        if let Some(limit) = options.statement_timeout.and_then(|t| statement_timeout(backend, t)) {
+            pool_options = pool_options.after_connect(move |conn, _| {
+                let limit = limit.clone();
+                Box::pin(async move {
+                    conn.execute(AssertSqlSafe(limit)).await?;
+                    Ok(())
+                })
+            });
+        }
+        let pool = pool_options.connect(url).await.map_err(|source| StoreError::Connect {
+            backend,
+            url: redact_url(url),
+            source,
+        })?;
         if backend == Backend::Sqlite {
             // WAL lets readers (the UI, the reconciler) run beside the single writer. The
             // setting is stored in the file, so once is enough.
@@ -335,6 +350,16 @@ impl Store {
 
     pub async fn close(&self) {
         self.pool.close().await;
+    }
+}
+
+/// The session statement that bounds every later statement of a connection to `limit`, on
+/// the servers that have one. The value is a number this process formats, never outside text.
+fn statement_timeout(backend: Backend, limit: Duration) -> Option<String> {
+    match backend {
+        Backend::Postgres => Some(format!("SET statement_timeout = {}", limit.as_millis())),
+        Backend::MySql => Some(format!("SET SESSION max_statement_time = {:.3}", limit.as_secs_f64())),
+        Backend::Sqlite => None,
     }
 }
 

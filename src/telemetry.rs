@@ -6,6 +6,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
 use tracing::subscriber::Interest;
 use tracing_subscriber::filter::DynFilterFn;
+use tracing_subscriber::fmt::writer::BoxMakeWriter;
 use tracing_subscriber::layer::{Context, SubscriberExt};
 use tracing_subscriber::util::SubscriberInitExt;
 use tracing_subscriber::{EnvFilter, Layer};
@@ -43,17 +44,25 @@ impl<S: tracing::Subscriber> Layer<S> for StatementCounter {
     }
 }
 
-/// Installs the global subscriber. Safe to call twice (the second call does nothing), so tests
-/// and the CLI can both call it.
+/// Installs the global subscriber, writing to standard error. Safe to call twice (the second
+/// call does nothing), so tests and the CLI can both call it.
 pub fn init(settings: &LogSettings) {
+    init_to(settings, None);
+}
+
+/// Installs the global subscriber, writing to `file` when given (the demo keeps its terminal
+/// for status lines), else to standard error.
+pub fn init_to(settings: &LogSettings, file: Option<std::fs::File>) {
+    use std::io::IsTerminal;
     let filter = EnvFilter::try_from_default_env()
         .or_else(|_| EnvFilter::try_new(&settings.filter))
         .unwrap_or_else(|_| EnvFilter::new("info"));
-    use std::io::IsTerminal;
     // Colours only on a terminal: a log file or a collector gets plain text.
-    let text = tracing_subscriber::fmt::layer()
-        .with_writer(std::io::stderr)
-        .with_ansi(std::io::stderr().is_terminal());
+    let (writer, ansi) = match file {
+        Some(file) => (BoxMakeWriter::new(std::sync::Mutex::new(file)), false),
+        None => (BoxMakeWriter::new(std::io::stderr), std::io::stderr().is_terminal()),
+    };
+    let text = tracing_subscriber::fmt::layer().with_writer(writer).with_ansi(ansi);
     let output = match settings.format {
         LogFormat::Text => text.boxed(),
         LogFormat::Json => text.json().boxed(),

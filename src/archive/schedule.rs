@@ -6,9 +6,10 @@
 
 use std::fmt;
 
-use tokio_cron_scheduler::{Job, JobScheduler};
+use tokio_cron_scheduler::Job;
 
 use super::{ArchiveOptions, ArchiveOutcome, ArchiveSettings, StartedBy, archive_once};
+use crate::cron::CronJob;
 use crate::store::Store;
 
 /// A checked 6-field cron expression, in UTC.
@@ -66,7 +67,7 @@ impl fmt::Display for Schedule {
 /// The running scheduler. Stop it with [`ArchiveScheduler::shutdown`]; a run in progress is
 /// then abandoned at its next await, which is safe: each batch is one transaction.
 pub struct ArchiveScheduler {
-    scheduler: JobScheduler,
+    job: CronJob,
 }
 
 /// The scheduler could not start.
@@ -81,19 +82,14 @@ impl ArchiveScheduler {
         options: ArchiveOptions,
         schedule: &Schedule,
     ) -> Result<Self, SchedulerError> {
-        let failed = |e: tokio_cron_scheduler::JobSchedulerError| SchedulerError(e.to_string());
-        let scheduler = JobScheduler::new().await.map_err(failed)?;
-        let job = Job::new_async(schedule.as_str(), move |_, _| {
+        let job = CronJob::start("archive", schedule.as_str(), move || {
             let (store, options) = (store.clone(), options.clone());
-            Box::pin(async move {
-                run_tick(&store, &options).await;
-            })
+            async move { run_tick(&store, &options).await }
         })
-        .map_err(failed)?;
-        scheduler.add(job).await.map_err(failed)?;
-        scheduler.start().await.map_err(failed)?;
+        .await
+        .map_err(|e| SchedulerError(e.to_string()))?;
         tracing::info!(schedule = %schedule, "archive job scheduled (UTC)");
-        Ok(Self { scheduler })
+        Ok(Self { job })
     }
 
     /// What `serve` does at start: warns when the dedup retention is shorter than the
@@ -117,10 +113,13 @@ impl ArchiveScheduler {
         Self::start(store, options, &schedule).await.map(Some)
     }
 
-    pub async fn shutdown(mut self) {
-        if let Err(e) = self.scheduler.shutdown().await {
-            tracing::warn!(error = %e, "the archive scheduler did not stop cleanly");
-        }
+    /// Resolves when a tick has panicked, with the panic's message.
+    pub async fn fault(&mut self) -> String {
+        self.job.fault().await
+    }
+
+    pub async fn shutdown(self) {
+        self.job.shutdown().await;
     }
 }
 

@@ -16,6 +16,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use anyhow::Context;
 use async_trait::async_trait;
+use futures_util::FutureExt;
 use rocketmq_client_rust::{
     ClientResult, ConsumeConcurrentlyContext, ConsumeConcurrentlyStatus, DefaultMQPushConsumer,
     MQPushConsumer, MessageListenerConcurrently,
@@ -118,6 +119,7 @@ pub struct Consumer {
     consumer: DefaultMQPushConsumer,
     host: ClientHost,
     counters: Arc<ConsumerCounters>,
+    faults: tokio::sync::mpsc::UnboundedReceiver<String>,
 }
 
 impl Consumer {
@@ -136,8 +138,13 @@ impl Consumer {
         host: ClientHost,
     ) -> anyhow::Result<Self> {
         let counters = Arc::new(ConsumerCounters::default());
-        let listener =
-            SinkListener { sink, runtime: tokio::runtime::Handle::current(), counters: counters.clone() };
+        let (faults_tx, faults) = tokio::sync::mpsc::unbounded_channel();
+        let listener = SinkListener {
+            sink,
+            runtime: tokio::runtime::Handle::current(),
+            counters: counters.clone(),
+            faults: faults_tx,
+        };
         let mut consumer = DefaultMQPushConsumer::builder(host.client_runtime())
             .consumer_group(subscription.group.clone())
             .name_server_addr(options.name_server.clone())
@@ -165,11 +172,21 @@ impl Consumer {
             .await
             .with_context(|| format!("starting the consumer against name server {}", options.name_server))?;
         tracing::info!(group = %subscription.group, name_server = %options.name_server, "consumer started");
-        Ok(Self { consumer, host, counters })
+        Ok(Self { consumer, host, counters, faults })
     }
 
     pub fn counters(&self) -> &Arc<ConsumerCounters> {
         &self.counters
+    }
+
+    /// Resolves when a listener call has panicked, with the panic's message; never otherwise.
+    /// The delivery it held was answered `ReconsumeLater`, so nothing is lost, but the process
+    /// is no longer trustworthy: the service stops on it.
+    pub async fn fault(&mut self) -> String {
+        match self.faults.recv().await {
+            Some(what) => what,
+            None => std::future::pending().await,
+        }
     }
 
     /// Stops pulling, waits for the listener calls in flight (each finishes or rolls back its
@@ -184,6 +201,7 @@ struct SinkListener {
     sink: Arc<dyn Sink>,
     runtime: tokio::runtime::Handle,
     counters: Arc<ConsumerCounters>,
+    faults: tokio::sync::mpsc::UnboundedSender<String>,
 }
 
 impl MessageListenerConcurrently for SinkListener {
@@ -195,17 +213,28 @@ impl MessageListenerConcurrently for SinkListener {
         self.counters.listener_calls.fetch_add(1, Ordering::Relaxed);
         let deliveries: Vec<Delivery> = msgs.iter().map(|m| to_delivery(m)).collect();
         let sink = &self.sink;
-        let retry = self.runtime.block_on(async {
-            if sink.takes_batches() {
-                let verdicts =
-                    futures_util::future::join_all(deliveries.iter().map(|d| sink.consume(d))).await;
-                return verdicts.contains(&Verdict::Retry);
-            }
-            let mut retry = false;
-            for d in &deliveries {
-                retry |= sink.consume(d).await == Verdict::Retry;
-            }
-            retry
+        let consumed = self.runtime.block_on(
+            std::panic::AssertUnwindSafe(async {
+                if sink.takes_batches() {
+                    let verdicts =
+                        futures_util::future::join_all(deliveries.iter().map(|d| sink.consume(d))).await;
+                    return verdicts.contains(&Verdict::Retry);
+                }
+                let mut retry = false;
+                for d in &deliveries {
+                    retry |= sink.consume(d).await == Verdict::Retry;
+                }
+                retry
+            })
+            .catch_unwind(),
+        );
+        // A panic is a defect, not an answer: the batch comes back later, and the service
+        // is told so that it can stop rather than run on in an unknown state.
+        let retry = consumed.unwrap_or_else(|panic| {
+            let what = crate::cron::panic_message(panic.as_ref());
+            tracing::error!(panic = %what, "a listener call panicked; its messages will be redelivered");
+            let _ = self.faults.send(what);
+            true
         });
         let redelivered = deliveries.iter().filter(|d| d.reconsume_times > 0).count() as u64;
         self.counters.redelivered.fetch_add(redelivered, Ordering::Relaxed);

@@ -40,6 +40,12 @@ pub(super) fn not_found() -> ApiError {
 /// A [`Problem`] answered as JSON.
 pub struct ApiError(Problem);
 
+impl From<Problem> for ApiError {
+    fn from(problem: Problem) -> Self {
+        Self(problem)
+    }
+}
+
 impl From<InspectError> for ApiError {
     fn from(e: InspectError) -> Self {
         Self(Problem::from(e))

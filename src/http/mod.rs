@@ -54,6 +54,8 @@ pub struct Web {
     pub replay: Option<Arc<Replayer>>,
     /// The per-process secret the replay form's CSRF token is made with.
     csrf_secret: Secret,
+    /// One permit per page or API call in flight (`http.max_concurrent_requests`).
+    in_flight: Arc<tokio::sync::Semaphore>,
 }
 
 /// Random bytes that `Debug` does not print.
@@ -81,6 +83,7 @@ impl Web {
             auth: auth::Auth::from_settings(http),
             replay: None,
             csrf_secret: Secret(rand::random()),
+            in_flight: Arc::new(tokio::sync::Semaphore::new(http.max_concurrent_requests as usize)),
         }
     }
 
@@ -123,6 +126,32 @@ async fn security_headers(request: Request, next: Next) -> Response {
     response
 }
 
+/// Serves a page or API call only while fewer than `http.max_concurrent_requests` are in
+/// flight; one more is answered 503 at once, with `Retry-After`, and counted. A flood of
+/// requests then costs the database at most that many queries, on the UI's own pool.
+async fn limit_in_flight(
+    axum::extract::State(state): axum::extract::State<AppState>,
+    request: Request,
+    next: Next,
+) -> Response {
+    use axum::response::IntoResponse;
+    let Ok(_permit) = state.web.in_flight.clone().try_acquire_owned() else {
+        state.metrics.observe_http_shed();
+        let problem = ui::Problem {
+            status: axum::http::StatusCode::SERVICE_UNAVAILABLE,
+            message: "too many pages and API calls in flight; try again in a moment".to_owned(),
+        };
+        let mut response = if request.uri().path().starts_with("/api/") {
+            api::ApiError::from(problem).into_response()
+        } else {
+            problem.into_response()
+        };
+        response.headers_mut().insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
+        return response;
+    };
+    next.run(request).await
+}
+
 /// A path no route has: a JSON 404 under `/api/`, the 404 page elsewhere.
 async fn not_found(uri: axum::http::Uri) -> Response {
     use axum::response::IntoResponse;
@@ -135,10 +164,13 @@ async fn not_found(uri: axum::http::Uri) -> Response {
 
 /// The whole application's routes.
 pub fn router(state: AppState) -> Router {
-    let guarded = Router::new()
-        .merge(metrics::router())
+    let pages = Router::new()
         .merge(ui::router())
         .merge(api::router())
+        .route_layer(middleware::from_fn_with_state(state.clone(), limit_in_flight));
+    let guarded = Router::new()
+        .merge(metrics::router())
+        .merge(pages)
         .fallback(not_found)
         .route_layer(middleware::from_fn_with_state(state.clone(), auth::require));
     Router::new()

@@ -1,16 +1,15 @@
 //! The reconciler inside `serve`: a cron job that runs [`reconcile_once`] over the configured
 //! window. Instances of one group take a lease first, so one of them reconciles per tick.
 
-use tokio_cron_scheduler::{Job, JobScheduler};
-
 use super::settings::Runner;
 use super::{Check, ReconcileSettings, reconcile_once};
 use crate::archive::Lease;
+use crate::cron::CronJob;
 use crate::store::Store;
 
 /// The running job. Stop it with [`ReconcileScheduler::shutdown`].
 pub struct ReconcileScheduler {
-    scheduler: JobScheduler,
+    job: CronJob,
 }
 
 /// Everything one tick needs, owned.
@@ -48,21 +47,22 @@ impl ReconcileScheduler {
             log_retention_days,
             checks,
         };
-        let scheduler = JobScheduler::new().await?;
-        let job = Job::new_async(settings.schedule.as_str(), move |_, _| {
+        let job = CronJob::start("reconcile", &settings.schedule, move || {
             let tick = tick.clone();
-            Box::pin(async move { run_tick(&tick).await })
-        })?;
-        scheduler.add(job).await?;
-        scheduler.start().await?;
+            async move { run_tick(&tick).await }
+        })
+        .await?;
         tracing::info!(schedule = %settings.schedule, window_hours = settings.window_hours, "reconciler scheduled (UTC)");
-        Ok(Some(Self { scheduler }))
+        Ok(Some(Self { job }))
     }
 
-    pub async fn shutdown(mut self) {
-        if let Err(e) = self.scheduler.shutdown().await {
-            tracing::warn!(error = %e, "the reconcile scheduler did not stop cleanly");
-        }
+    /// Resolves when a tick has panicked, with the panic's message.
+    pub async fn fault(&mut self) -> String {
+        self.job.fault().await
+    }
+
+    pub async fn shutdown(self) {
+        self.job.shutdown().await;
     }
 }
 

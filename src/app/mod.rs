@@ -1,0 +1,335 @@
+//! The service, assembled from its settings: the one place that turns [`Settings`] into a
+//! running idemgate. `idemgate serve`, `idemgate demo`, an embedding binary and the
+//! integration tests all build it here, so what is tested is what ships: every option of the
+//! gate (late-duplicate guard, Redis pre-filter, shards, group commit, metrics), the HTTP
+//! state with its own pool, the consumer and the schedules come from one function each.
+//!
+//! [`Application::build`] opens and migrates the database, binds the HTTP listener (port 0
+//! picks a free one, see [`Application::url`]) and assembles the gate; nothing runs yet.
+//! [`Application::start`] starts the parts as named tasks ([`tasks`]) and marks the service
+//! ready; [`Running::run_until`] waits for the shutdown signal or for a part that ends on its
+//! own, which turns `/readyz` to 503 and stops the service with an error naming the part.
+//!
+//! This module wires; it must not decide anything about deliveries.
+
+pub mod tasks;
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use anyhow::Context;
+
+use crate::archive::ArchiveScheduler;
+use crate::broker::Consumer;
+use crate::config::Settings;
+use crate::gate::Gate;
+use crate::handler::Handlers;
+use crate::http::{self, AppState, Web};
+use crate::metrics::{BuildInfo, Metrics};
+use crate::prefilter::Prefilter;
+use crate::reconcile::{Check, ReconcileScheduler};
+use crate::store::{Backend, Store, redact_url};
+use tasks::Tasks;
+
+/// Where the gate's deliveries come from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Feed {
+    /// The RocketMQ push consumer of `[broker]` (`serve`). The trace page offers replay
+    /// through the same broker.
+    Broker,
+    /// The caller hands deliveries to [`Running::gate`]: the demo's traffic, a test, an
+    /// embedding program with its own source. No consumer is started and replay is off.
+    Caller,
+}
+
+/// The service, built and not yet started.
+pub struct Application {
+    settings: Settings,
+    feed: Feed,
+    store: Store,
+    ui_store: Store,
+    gate: Arc<Gate>,
+    state: AppState,
+    server: http::Server,
+    url: String,
+    checks: Vec<Check>,
+}
+
+impl Application {
+    /// Builds the service `settings` describe, with the built-in and configured handlers.
+    pub async fn build(settings: &Settings, feed: Feed) -> anyhow::Result<Self> {
+        let handlers = settings.handlers()?;
+        Self::build_with(settings, handlers, feed).await
+    }
+
+    /// Builds the service with `handlers` instead of the configured ones: for a program that
+    /// brings handlers of its own.
+    pub async fn build_with(settings: &Settings, handlers: Handlers, feed: Feed) -> anyhow::Result<Self> {
+        settings.validate_with(&handlers)?;
+        let mut settings = settings.clone();
+        if settings.consumer.instance.is_empty() {
+            // Fixed once, so that the gate, the schedules and the metrics name one instance.
+            settings.consumer.instance = crate::gate::Identity::default_instance_id();
+        }
+        let shown = redact_url(&settings.database.url);
+        let store = Store::open(&settings.database.url, &settings.store_options())
+            .await
+            .with_context(|| format!("opening {shown}"))?;
+        crate::shop::ensure_example_stock(&store).await.context("creating the example shop's stock")?;
+        let ui_store =
+            ui_store(&settings, &store).await.with_context(|| format!("opening the UI's pool on {shown}"))?;
+        let server = http::Server::bind(&settings.http.bind).await?;
+        let url = format!("http://{}", server.local_addr()?);
+
+        let routes = settings.routes();
+        let identity = settings.identity();
+        let topics = routes.topics().into_iter().map(|(topic, _)| topic).collect();
+        let info = BuildInfo {
+            backend: store.backend(),
+            consumer_group: identity.consumer_group.clone(),
+            instance_id: identity.instance_id.clone(),
+            ui_url: url.clone(),
+        };
+        let metrics = Arc::new(Metrics::new(&info, &routes.biz_types(), &topics));
+        let web = Web::new(&settings, &handlers);
+        let web = Arc::new(match feed {
+            Feed::Broker => web.with_replay(&settings),
+            Feed::Caller => web,
+        });
+        let checks = handlers.checks(&routes);
+        let gate = Arc::new(gate(&settings, store.clone(), handlers, Some(metrics.clone())).await?);
+        let state = AppState {
+            store: ui_store.clone(),
+            consumer_ready: Arc::new(AtomicBool::new(false)),
+            metrics,
+            web,
+        };
+        Ok(Self { settings, feed, store, ui_store, gate, state, server, url, checks })
+    }
+
+    /// The web UI's base URL, such as `http://127.0.0.1:8080`.
+    pub fn url(&self) -> &str {
+        &self.url
+    }
+
+    pub fn gate(&self) -> &Arc<Gate> {
+        &self.gate
+    }
+
+    /// The settings the service runs with (the instance id filled in).
+    pub fn settings(&self) -> &Settings {
+        &self.settings
+    }
+
+    /// Starts every part: the HTTP server, the archive and reconcile schedules when enabled,
+    /// and, fed by the broker, the consumer last, so that deliveries begin only once the rest
+    /// runs. They stop in the reverse order.
+    pub async fn start(self) -> anyhow::Result<Running> {
+        let Self { settings, feed, store, ui_store, gate, state, server, url, checks } = self;
+        let ready = state.consumer_ready.clone();
+        let mut tasks = Tasks::default();
+        tasks.spawn("http server", |stop| server.run(state, stop));
+        let started = start_parts(&settings, feed, &store, &gate, checks, &mut tasks).await;
+        let running = Running { gate, url, store, ui_store, ready, tasks };
+        if let Err(e) = started {
+            let _ = running.stop().await;
+            return Err(e);
+        }
+        running.ready.store(true, Ordering::Release);
+        Ok(running)
+    }
+}
+
+/// The schedules and the consumer, each as a task of `tasks`.
+async fn start_parts(
+    settings: &Settings,
+    feed: Feed,
+    store: &Store,
+    gate: &Arc<Gate>,
+    checks: Vec<Check>,
+    tasks: &mut Tasks,
+) -> anyhow::Result<()> {
+    let identity = gate.identity();
+    let archiver = ArchiveScheduler::start_for_serve(
+        store.clone(),
+        &settings.archive,
+        &identity.instance_id,
+        settings.consumer.max_reconsume_times,
+    )
+    .await?;
+    if let Some(mut archiver) = archiver {
+        tasks.spawn("archive schedule", |stop| async move {
+            tokio::select! {
+                () = stop => {
+                    archiver.shutdown().await;
+                    Ok(())
+                }
+                what = archiver.fault() => {
+                    archiver.shutdown().await;
+                    anyhow::bail!("an archive run panicked: {what}")
+                }
+            }
+        });
+    }
+    let reconciler = ReconcileScheduler::start_for_serve(
+        store.clone(),
+        &settings.reconcile,
+        &identity.consumer_group,
+        &identity.instance_id,
+        settings.archive.log_retention_days,
+        checks,
+    )
+    .await?;
+    if let Some(mut reconciler) = reconciler {
+        tasks.spawn("reconcile schedule", |stop| async move {
+            tokio::select! {
+                () = stop => {
+                    reconciler.shutdown().await;
+                    Ok(())
+                }
+                what = reconciler.fault() => {
+                    reconciler.shutdown().await;
+                    anyhow::bail!("a reconcile run panicked: {what}")
+                }
+            }
+        });
+    }
+    if feed == Feed::Broker {
+        let mut consumer = Consumer::start(gate.clone(), &settings.consumer_options()).await?;
+        tasks.spawn("consumer", |stop| async move {
+            tokio::select! {
+                () = stop => {
+                    consumer.shutdown().await;
+                    Ok(())
+                }
+                what = consumer.fault() => {
+                    consumer.shutdown().await;
+                    anyhow::bail!("a listener call panicked: {what}")
+                }
+            }
+        });
+    }
+    Ok(())
+}
+
+/// The service, running.
+pub struct Running {
+    gate: Arc<Gate>,
+    url: String,
+    store: Store,
+    ui_store: Store,
+    ready: Arc<AtomicBool>,
+    tasks: Tasks,
+}
+
+impl Running {
+    pub fn gate(&self) -> &Arc<Gate> {
+        &self.gate
+    }
+
+    /// The web UI's base URL, such as `http://127.0.0.1:8080`.
+    pub fn url(&self) -> &str {
+        &self.url
+    }
+
+    /// The parts running, in the order they started.
+    pub fn parts(&self) -> Vec<&'static str> {
+        self.tasks.names().collect()
+    }
+
+    /// Resolves when a part has ended on its own, with its name and how it ended; `/readyz`
+    /// answers 503 from then on.
+    pub async fn failed(&mut self) -> (&'static str, String) {
+        let (name, ended) = self.tasks.first_exit().await;
+        self.ready.store(false, Ordering::Release);
+        tracing::error!(part = name, ended = %ended, "a part of the service ended on its own; stopping");
+        (name, ended.to_string())
+    }
+
+    /// Runs until `shutdown` resolves (then stops and returns `Ok`) or a part ends on its own
+    /// (then stops and returns an error naming it).
+    pub async fn run_until(
+        mut self,
+        shutdown: impl std::future::Future<Output = &'static str>,
+    ) -> anyhow::Result<()> {
+        let fault = tokio::select! {
+            signal = shutdown => {
+                tracing::info!(signal, "shutting down: no new pulls; finishing the deliveries in flight");
+                None
+            }
+            (name, ended) = self.failed() => Some((name, ended)),
+        };
+        let stopped = self.stop().await;
+        match fault {
+            Some((name, ended)) => Err(anyhow::anyhow!("the {name} ended on its own ({ended})")),
+            None => stopped,
+        }
+    }
+
+    /// Stops every part (the consumer first: no new pulls, the deliveries in flight finish or
+    /// roll back; the HTTP server last), then closes both pools.
+    pub async fn stop(self) -> anyhow::Result<()> {
+        self.ready.store(false, Ordering::Release);
+        let faults = self.tasks.stop_all().await;
+        self.ui_store.close().await;
+        self.store.close().await;
+        match faults.as_slice() {
+            [] => Ok(()),
+            [(name, ended), ..] => Err(anyhow::anyhow!("the {name} did not stop cleanly ({ended})")),
+        }
+    }
+}
+
+/// The gate `settings` describe on `store`: every option of `[archive]`, `[redis]`, `[dedup]`,
+/// `[group_commit]` and `[consumer]` that concerns a delivery is applied here and nowhere
+/// else. [`Application::build`] calls it, and so does a test that needs a gate alone.
+pub async fn gate(
+    settings: &Settings,
+    store: Store,
+    handlers: Handlers,
+    metrics: Option<Arc<Metrics>>,
+) -> anyhow::Result<Gate> {
+    let identity = settings.identity();
+    let layout = crate::layout::ensure(&store, settings.dedup.shards, &identity.instance_id).await?;
+    let mut gate = Gate::new(store, settings.routes(), handlers, identity, settings.policy())?
+        .with_layout(layout)
+        .with_late_duplicate_guard(settings.archive.late_duplicate_guard);
+    if settings.archive.late_duplicate_guard {
+        tracing::info!("the late-duplicate guard is on: fresh claims are looked up in the archive");
+    }
+    if let Some(metrics) = metrics {
+        gate = gate.with_metrics(metrics);
+    }
+    if let Some(group) = settings.group_commit.group_settings() {
+        tracing::info!(
+            max_batch = group.max_batch,
+            linger_ms = group.linger.as_millis() as u64,
+            in_flight = group.in_flight,
+            "group commit is on"
+        );
+        gate = gate.with_group_commit(group);
+    }
+    if settings.redis.enabled() {
+        let prefilter = Prefilter::new(&settings.redis)
+            .with_context(|| format!("redis.url {}", redact_url(&settings.redis.url)))?;
+        if prefilter.warm_up().await {
+            tracing::info!(
+                redis = %redact_url(&settings.redis.url), biz_types = ?settings.redis.biz_types,
+                "the Redis pre-filter is on"
+            );
+        }
+        gate = gate.with_prefilter(Arc::new(prefilter));
+    }
+    Ok(gate)
+}
+
+/// The web UI's own pool (`http.max_connections`, statements bounded on the server), so that
+/// pages never take the consumer's connections. An in-memory SQLite database exists once per
+/// pool, so there the UI shares the consumer's.
+async fn ui_store(settings: &Settings, store: &Store) -> anyhow::Result<Store> {
+    let url = &settings.database.url;
+    if store.backend() == Backend::Sqlite && (url.contains(":memory:") || url.contains("mode=memory")) {
+        return Ok(store.clone());
+    }
+    Ok(Store::connect(url, &settings.ui_store_options()).await?)
+}

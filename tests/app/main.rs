@@ -1,0 +1,967 @@
+//! The assembled service, as `serve` and the demo run it, on SQLite, PostgreSQL and MariaDB.
+//!
+//! The settings table: every key of `[archive]`, `[redis]`, `[dedup]`, `[group_commit]`,
+//! `[reconcile]`, `[http]` and `[consumer]` has a probe that changes that one setting from its
+//! default, starts the service through `Application::build`, and observes from outside (rows
+//! in tables, HTTP answers, metrics, Redis keys, timings, log lines) a behaviour the default
+//! does not have. A setting that is parsed but not honoured fails its probe, and a new key
+//! without a probe fails `every_setting_of_the_service_sections_has_a_probe`.
+
+mod support;
+
+use std::collections::BTreeSet;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use idemgate::config::Settings;
+use idemgate::gate::{Layer, Outcome, Verdict};
+use idemgate::handler::Handlers;
+use idemgate::prefilter::{FallbackCause, Step};
+use idemgate::shop;
+use idemgate::store::Backend;
+use support::*;
+use tokio::io::AsyncWriteExt;
+
+const EVERY_SECOND: &str = "* * * * * *";
+const DAY: i64 = 86_400_000;
+const PATIENCE: Duration = Duration::from_secs(8);
+
+/// The sections whose every key must have a probe.
+const SECTIONS: [&str; 7] = ["archive", "redis", "dedup", "group_commit", "reconcile", "http", "consumer"];
+
+macro_rules! settings_table {
+    (
+        everywhere: [$($key:literal => $probe:ident),* $(,)?],
+        servers: [$($skey:literal => $sprobe:ident),* $(,)?] $(,)?
+    ) => {
+        /// Every key that has a probe.
+        const PROBED: &[&str] = &[$($key,)* $($skey,)*];
+
+        mod sqlite {
+            $(#[tokio::test] async fn $probe() { super::$probe(idemgate::store::Backend::Sqlite).await })*
+        }
+        mod postgres {
+            $(#[tokio::test] async fn $probe() { super::$probe(idemgate::store::Backend::Postgres).await })*
+            $(#[tokio::test] async fn $sprobe() { super::$sprobe(idemgate::store::Backend::Postgres).await })*
+        }
+        mod mariadb {
+            $(#[tokio::test] async fn $probe() { super::$probe(idemgate::store::Backend::MySql).await })*
+            $(#[tokio::test] async fn $sprobe() { super::$sprobe(idemgate::store::Backend::MySql).await })*
+        }
+    };
+}
+
+settings_table! {
+    everywhere: [
+        "archive.enabled" => archive_enabled,
+        "archive.schedule" => archive_schedule,
+        "archive.dedup_retention_days" => archive_dedup_retention_days,
+        "archive.log_retention_days" => archive_log_retention_days,
+        "archive.batch_size" => archive_batch_size,
+        "archive.pause_ms" => archive_pause_ms,
+        "archive.max_run_seconds" => archive_max_run_seconds,
+        "archive.lease_seconds" => archive_lease_seconds,
+        "archive.replay_horizon_hours" => archive_replay_horizon_hours,
+        "archive.late_duplicate_guard" => archive_late_duplicate_guard,
+        "redis.url" => redis_url,
+        "redis.biz_types" => redis_biz_types,
+        "redis.ttl_seconds" => redis_ttl_seconds,
+        "redis.timeout_ms" => redis_timeout_ms,
+        "redis.cooldown_ms" => redis_cooldown_ms,
+        "redis.key_prefix" => redis_key_prefix,
+        "dedup.shards" => dedup_shards,
+        "group_commit.enabled" => group_commit_enabled,
+        "group_commit.max_batch" => group_commit_max_batch,
+        "group_commit.linger_ms" => group_commit_linger_ms,
+        "group_commit.in_flight" => group_commit_in_flight,
+        "group_commit.queue" => group_commit_queue,
+        "reconcile.enabled" => reconcile_enabled,
+        "reconcile.schedule" => reconcile_schedule,
+        "reconcile.window_hours" => reconcile_window_hours,
+        "reconcile.stuck_after_minutes" => reconcile_stuck_after_minutes,
+        "reconcile.max_per_kind" => reconcile_max_per_kind,
+        "http.bind" => http_bind,
+        "http.auth_token" => http_auth_token,
+        "http.basic_user" => http_basic_user,
+        "http.basic_password" => http_basic_password,
+        "http.grafana_url" => http_grafana_url,
+        "http.max_concurrent_requests" => http_max_concurrent_requests,
+        "consumer.group" => consumer_group,
+        "consumer.instance" => consumer_instance,
+        "consumer.max_reconsume_times" => consumer_max_reconsume_times,
+        "consumer.transient_retries" => consumer_transient_retries,
+        "consumer.duplicate_warnings_per_second" => consumer_duplicate_warnings_per_second,
+    ],
+    // SQLite has no server to hold a lock or count sessions on.
+    servers: [
+        "http.query_timeout_ms" => http_query_timeout_ms,
+        "http.max_connections" => http_max_connections,
+    ],
+}
+
+#[test]
+fn every_setting_of_the_service_sections_has_a_probe() {
+    let defaults = toml::Value::try_from(Settings::default()).expect("settings as TOML");
+    let mut keys = BTreeSet::new();
+    for section in SECTIONS {
+        let table = defaults.get(section).and_then(|v| v.as_table()).unwrap_or_else(|| panic!("[{section}]"));
+        keys.extend(table.keys().map(|k| format!("{section}.{k}")));
+    }
+    let probed: BTreeSet<String> = PROBED.iter().map(|k| k.to_string()).collect();
+    let missing: Vec<_> = keys.difference(&probed).collect();
+    let unknown: Vec<_> = probed.difference(&keys).collect();
+    assert!(missing.is_empty(), "settings without a probe: {missing:?}");
+    assert!(unknown.is_empty(), "probes of settings that do not exist: {unknown:?}");
+}
+
+// ---------------------------------------------------------------------------------------------
+// The assembled service as a whole.
+
+#[tokio::test]
+async fn the_assembled_service_runs_its_parts_and_is_ready() {
+    for backend in [Backend::Sqlite, Backend::Postgres, Backend::MySql] {
+        let app = spawn_app(backend, |_| {}).await;
+        assert_eq!(app.running().parts(), ["http server", "archive schedule", "reconcile schedule"]);
+        assert_eq!(app.get("/readyz").await.status, 200);
+        let d = app.gate().process(&deduct("whole-1")).await;
+        assert_eq!(d.outcome, Outcome::Processed);
+        assert_eq!(
+            app.scalar("SELECT COUNT(*) FROM shop_stock_ledger WHERE deduction_id = ?", &["whole-1"]).await,
+            1
+        );
+        app.stop().await;
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// [archive]
+
+async fn archive_enabled(b: Backend) {
+    let app = spawn_app(b, |s| {
+        s.archive.enabled = false;
+        s.archive.schedule = EVERY_SECOND.to_owned();
+    })
+    .await;
+    assert!(!app.running().parts().contains(&"archive schedule"), "{:?}", app.running().parts());
+    tokio::time::sleep(Duration::from_millis(2_500)).await;
+    assert_eq!(app.scalar("SELECT COUNT(*) FROM archive_run", &[]).await, 0, "no run while archiving is off");
+    app.stop().await;
+}
+
+async fn archive_schedule(b: Backend) {
+    let app = spawn_app(b, |s| s.archive.schedule = EVERY_SECOND.to_owned()).await;
+    let ran =
+        app.eventually(PATIENCE, async |a| a.scalar("SELECT COUNT(*) FROM archive_run", &[]).await > 0).await;
+    assert!(ran, "the every-second schedule ran the archive");
+    app.stop().await;
+}
+
+async fn archive_dedup_retention_days(b: Backend) {
+    let app = spawn_app(b, |s| {
+        s.archive.schedule = EVERY_SECOND.to_owned();
+        s.archive.dedup_retention_days = 1;
+    })
+    .await;
+    app.seed_claims("ret", 1, 2 * DAY).await;
+    let moved = app
+        .eventually(PATIENCE, async |a| {
+            a.scalar("SELECT COUNT(*) FROM idempotent_record_archive WHERE biz_id = ?", &["ret-0"]).await == 1
+        })
+        .await;
+    assert!(moved, "a claim of two days moved with a retention of one day (the default keeps 90)");
+    app.stop().await;
+}
+
+async fn archive_log_retention_days(b: Backend) {
+    let app = spawn_app(b, |s| {
+        s.archive.schedule = EVERY_SECOND.to_owned();
+        s.archive.log_retention_days = 1;
+    })
+    .await;
+    app.seed_log_row("old-log", "processed", 2 * DAY).await;
+    let deleted = app
+        .eventually(PATIENCE, async |a| {
+            a.scalar("SELECT COUNT(*) FROM delivery_log WHERE biz_id = ?", &["old-log"]).await == 0
+        })
+        .await;
+    assert!(deleted, "a log row of two days was deleted with a retention of one day (the default keeps 14)");
+    app.stop().await;
+}
+
+/// Waits for an archive run that moved all `count` claims, and returns (batches, duration ms).
+async fn archive_run_that_moved(app: &TestApp, count: i64) -> (i64, i64) {
+    let moved = app
+        .eventually(Duration::from_secs(15), async |a| {
+            a.scalar(
+                &format!("SELECT COUNT(*) FROM archive_run WHERE kind = 'dedup' AND rows_moved = {count} AND finished_at_ms IS NOT NULL"),
+                &[],
+            )
+            .await
+                > 0
+        })
+        .await;
+    assert!(moved, "a run moved the {count} claims");
+    let sql = format!("WHERE kind = 'dedup' AND rows_moved = {count}");
+    let batches = app.scalar(&format!("SELECT MAX(batches) FROM archive_run {sql}"), &[]).await;
+    let took =
+        app.scalar(&format!("SELECT MAX(finished_at_ms - started_at_ms) FROM archive_run {sql}"), &[]).await;
+    (batches, took)
+}
+
+async fn archive_batch_size(b: Backend) {
+    let app = spawn_app(b, |s| {
+        s.archive.schedule = EVERY_SECOND.to_owned();
+        s.archive.dedup_retention_days = 1;
+        s.archive.batch_size = 1;
+    })
+    .await;
+    app.seed_claims("batch", 3, 2 * DAY).await;
+    let (batches, _) = archive_run_that_moved(&app, 3).await;
+    assert!(batches >= 3, "three claims in batches of one took {batches} batches (the default takes one)");
+    app.stop().await;
+}
+
+async fn archive_pause_ms(b: Backend) {
+    let app = spawn_app(b, |s| {
+        s.archive.schedule = EVERY_SECOND.to_owned();
+        s.archive.dedup_retention_days = 1;
+        s.archive.batch_size = 1;
+        s.archive.pause_ms = 700;
+    })
+    .await;
+    app.seed_claims("pause", 3, 2 * DAY).await;
+    let (_, took) = archive_run_that_moved(&app, 3).await;
+    assert!(took >= 1_400, "three batches with 700 ms pauses took {took} ms (the default pauses 50 ms)");
+    app.stop().await;
+}
+
+async fn archive_max_run_seconds(b: Backend) {
+    let app = spawn_app(b, |s| {
+        s.archive.schedule = EVERY_SECOND.to_owned();
+        s.archive.dedup_retention_days = 1;
+        s.archive.batch_size = 1;
+        s.archive.pause_ms = 700;
+        s.archive.max_run_seconds = 1;
+    })
+    .await;
+    app.seed_claims("budget", 6, 2 * DAY).await;
+    let cut = app
+        .eventually(Duration::from_secs(15), async |a| {
+            a.scalar(
+                "SELECT COUNT(*) FROM archive_run WHERE kind = 'dedup' AND finished_at_ms IS NOT NULL \
+                 AND rows_moved > 0 AND rows_moved < 6",
+                &[],
+            )
+            .await
+                > 0
+        })
+        .await;
+    assert!(cut, "a run with a one-second budget stopped before moving all six claims");
+    app.stop().await;
+}
+
+async fn archive_lease_seconds(b: Backend) {
+    let app = spawn_app(b, |s| {
+        s.archive.schedule = EVERY_SECOND.to_owned();
+        s.archive.dedup_retention_days = 1;
+        s.archive.batch_size = 1;
+        s.archive.pause_ms = 1_500;
+        s.archive.lease_seconds = 3_600;
+    })
+    .await;
+    app.seed_claims("lease", 4, 2 * DAY).await;
+    // While a run holds it, the lease reaches an hour ahead; the default reaches 5 minutes.
+    let held = app
+        .eventually(PATIENCE, async |a| {
+            let far = (now_ms() + 3_000_000).to_string();
+            a.scalar("SELECT COUNT(*) FROM archive_lease WHERE expires_at_ms > CAST(? AS BIGINT)", &[&far])
+                .await
+                > 0
+        })
+        .await;
+    assert!(held, "a lease of an hour was taken");
+    app.stop().await;
+}
+
+async fn archive_replay_horizon_hours(b: Backend) {
+    let (log, _guard) = LogCapture::start();
+    // Four days of retention cover the default horizon (72 h of replay plus the broker's
+    // retries); a horizon of 100 h does not, and the start says so.
+    let app = spawn_app(b, |s| {
+        s.archive.dedup_retention_days = 4;
+        s.archive.replay_horizon_hours = 100;
+    })
+    .await;
+    let text = log.text();
+    assert!(
+        text.contains("plus archive.replay_horizon_hours 4 d 4 h"),
+        "the retention warning names the horizon:\n{text}"
+    );
+    app.stop().await;
+}
+
+async fn archive_late_duplicate_guard(b: Backend) {
+    let app = spawn_app(b, |s| {
+        s.archive.late_duplicate_guard = true;
+        s.archive.schedule = EVERY_SECOND.to_owned();
+        s.archive.dedup_retention_days = 1;
+    })
+    .await;
+    let gate = app.gate();
+    assert_eq!(gate.process(&deduct("late-1")).await.outcome, Outcome::Processed);
+    // Two days pass for the claim; the scheduled archive moves it.
+    app.execute(
+        "UPDATE idempotent_record SET claimed_at_ms = ? WHERE biz_id = ?",
+        &[Arg::Int(now_ms() - 2 * DAY), Arg::Text("late-1")],
+    )
+    .await;
+    let archived = app
+        .eventually(PATIENCE, async |a| {
+            a.scalar("SELECT COUNT(*) FROM idempotent_record_archive WHERE biz_id = ?", &["late-1"]).await
+                == 1
+        })
+        .await;
+    assert!(archived, "the claim was archived by the service's own schedule");
+    let late = gate.process(&deduct("late-1")).await;
+    assert_eq!((late.outcome, late.layer), (Outcome::Duplicate, Some(Layer::LateDuplicate)), "{late:?}");
+    assert_eq!(late.verdict, Verdict::Ack);
+    assert_eq!(
+        app.scalar("SELECT COUNT(*) FROM shop_stock_ledger WHERE deduction_id = ?", &["late-1"]).await,
+        1
+    );
+    assert_eq!(
+        app.scalar(
+            "SELECT COUNT(*) FROM delivery_log WHERE biz_id = ? AND outcome = 'duplicate' AND layer = 'late_duplicate'",
+            &["late-1"]
+        )
+        .await,
+        1
+    );
+    app.stop().await;
+}
+
+// ---------------------------------------------------------------------------------------------
+// [redis]
+
+fn unique(prefix: &str) -> String {
+    format!("{prefix}-{}-{}", std::process::id(), rand::random::<u32>())
+}
+
+async fn redis_keys(url: &str, pattern: &str) -> Vec<String> {
+    let client = redis::Client::open(url).expect("redis url");
+    let mut conn = client.get_multiplexed_async_connection().await.expect("Redis must run for these tests");
+    redis::cmd("KEYS").arg(pattern).query_async(&mut conn).await.expect("KEYS")
+}
+
+const REDIS: &str = "redis://127.0.0.1:6379";
+
+async fn redis_url(b: Backend) {
+    let prefix = unique("url");
+    let app = spawn_app(b, |s| {
+        s.redis.url = REDIS.to_owned();
+        s.redis.key_prefix = prefix.clone();
+    })
+    .await;
+    let gate = app.gate();
+    assert_eq!(gate.process(&deduct("r-1")).await.outcome, Outcome::Processed);
+    let copy = gate.process(&deduct("r-1")).await;
+    assert_eq!((copy.outcome, copy.layer), (Outcome::Duplicate, Some(Layer::Redis)), "{copy:?}");
+    app.stop().await;
+}
+
+async fn redis_biz_types(b: Backend) {
+    let prefix = unique("types");
+    let app = spawn_app(b, |s| {
+        s.redis.url = REDIS.to_owned();
+        s.redis.key_prefix = prefix.clone();
+        s.redis.biz_types = vec![shop::PAYMENT_CONFIRM.to_owned()];
+    })
+    .await;
+    let gate = app.gate();
+    let first = gate.process(&deduct("t-1")).await;
+    assert!(first.prefilter.is_none(), "stock.deduct is not covered: {first:?}");
+    let copy = gate.process(&deduct("t-1")).await;
+    assert_eq!((copy.outcome, copy.layer), (Outcome::Duplicate, Some(Layer::Db)));
+    assert!(redis_keys(REDIS, &format!("{prefix}*")).await.is_empty());
+    app.stop().await;
+}
+
+async fn redis_ttl_seconds(b: Backend) {
+    let prefix = unique("ttl");
+    let app = spawn_app(b, |s| {
+        s.redis.url = REDIS.to_owned();
+        s.redis.key_prefix = prefix.clone();
+        s.redis.ttl_seconds = 37;
+    })
+    .await;
+    app.gate().process(&deduct("ttl-1")).await;
+    let keys = redis_keys(REDIS, &format!("{prefix}*")).await;
+    assert_eq!(keys.len(), 1, "{keys:?}");
+    let client = redis::Client::open(REDIS).expect("url");
+    let mut conn = client.get_multiplexed_async_connection().await.expect("redis");
+    let ttl: i64 = redis::cmd("TTL").arg(&keys[0]).query_async(&mut conn).await.expect("TTL");
+    assert!((1..=37).contains(&ttl), "TTL {ttl} (the default is 600)");
+    app.stop().await;
+}
+
+async fn redis_key_prefix(b: Backend) {
+    let prefix = unique("prefix");
+    let app = spawn_app(b, |s| {
+        s.redis.url = REDIS.to_owned();
+        s.redis.key_prefix = prefix.clone();
+    })
+    .await;
+    app.gate().process(&deduct("p-1")).await;
+    assert_eq!(redis_keys(REDIS, &format!("{prefix}*")).await.len(), 1);
+    app.stop().await;
+}
+
+async fn redis_timeout_ms(b: Backend) {
+    let server = PrivateRedis::started().await;
+    let app = spawn_app(b, |s| {
+        s.redis.url = server.url();
+        s.redis.timeout_ms = 600;
+    })
+    .await;
+    let gate = app.gate();
+    assert_eq!(gate.process(&deduct("to-1")).await.prefilter.map(|p| p.step), Some(Step::Claimed));
+    // Redis busy for two seconds: the delivery waits out its 600 ms, then the database decides.
+    let sleeper = server.debug_sleep(2);
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let started = Instant::now();
+    let d = gate.process(&deduct("to-2")).await;
+    let waited = started.elapsed();
+    assert_eq!(d.outcome, Outcome::Processed);
+    assert_eq!(d.prefilter.and_then(|p| p.fallback), Some(FallbackCause::Timeout));
+    assert!(waited >= Duration::from_millis(500), "waited {waited:?} (the default waits 5 ms)");
+    sleeper.await.expect("DEBUG SLEEP");
+    app.stop().await;
+}
+
+async fn redis_cooldown_ms(b: Backend) {
+    let mut server = PrivateRedis::reserved();
+    let app = spawn_app(b, |s| {
+        s.redis.url = server.url();
+        s.redis.cooldown_ms = 600_000;
+    })
+    .await;
+    // Redis was down at the start: the circuit is open. It comes up; with the default
+    // cooldown of a second the probe would have closed the circuit within this wait.
+    server.start().await;
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let d = app.gate().process(&deduct("cool-1")).await;
+    assert_eq!(d.outcome, Outcome::Processed);
+    assert_eq!(d.prefilter.and_then(|p| p.fallback), Some(FallbackCause::CircuitOpen), "{d:?}");
+    app.stop().await;
+}
+
+/// A `redis-server` of the test's own, on a free port.
+struct PrivateRedis {
+    port: u16,
+    child: Option<std::process::Child>,
+}
+
+impl PrivateRedis {
+    /// A free port, with no server on it yet.
+    fn reserved() -> Self {
+        let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+        Self { port, child: None }
+    }
+
+    async fn started() -> Self {
+        let mut server = Self::reserved();
+        server.start().await;
+        server
+    }
+
+    fn url(&self) -> String {
+        format!("redis://127.0.0.1:{}", self.port)
+    }
+
+    async fn start(&mut self) {
+        let child = std::process::Command::new("redis-server")
+            .args([
+                "--port",
+                &self.port.to_string(),
+                "--bind",
+                "127.0.0.1",
+                "--save",
+                "",
+                "--appendonly",
+                "no",
+            ])
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .unwrap_or_else(|e| panic!("redis-server must be installed: {e}"));
+        self.child = Some(child);
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            let client = redis::Client::open(self.url()).unwrap();
+            if let Ok(mut c) = client.get_multiplexed_async_connection().await
+                && redis::cmd("PING").query_async::<String>(&mut c).await.is_ok()
+            {
+                return;
+            }
+            assert!(Instant::now() < deadline, "redis-server on port {} did not come up", self.port);
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
+    /// `DEBUG SLEEP seconds` on its own connection, in the background.
+    fn debug_sleep(&self, seconds: u32) -> tokio::task::JoinHandle<()> {
+        let url = self.url();
+        tokio::spawn(async move {
+            let client = redis::Client::open(url).unwrap();
+            let mut c = client.get_multiplexed_async_connection().await.expect("connect");
+            let _: () =
+                redis::cmd("DEBUG").arg("SLEEP").arg(seconds).query_async(&mut c).await.expect("DEBUG SLEEP");
+        })
+    }
+}
+
+impl Drop for PrivateRedis {
+    fn drop(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// [dedup]
+
+async fn dedup_shards(b: Backend) {
+    let app = spawn_app(b, |s| s.dedup.shards = 4).await;
+    assert_eq!(app.gate().process(&deduct("shard-1")).await.outcome, Outcome::Processed);
+    assert_eq!(app.scalar("SELECT COUNT(*) FROM idempotent_record WHERE biz_id = ?", &["shard-1"]).await, 0);
+    assert_eq!(
+        app.scalar("SELECT COUNT(*) FROM idempotent_record_all WHERE biz_id = ?", &["shard-1"]).await,
+        1
+    );
+    assert_eq!(app.scalar("SELECT shards FROM dedup_layout", &[]).await, 4);
+    app.stop().await;
+}
+
+// ---------------------------------------------------------------------------------------------
+// [group_commit]
+
+async fn group_commit_enabled(b: Backend) {
+    let app = spawn_app(b, |s| s.group_commit.enabled = true).await;
+    assert_eq!(app.gate().process(&deduct("gc-1")).await.outcome, Outcome::Processed);
+    assert_eq!(app.metric("idemgate_group_size_count").await, 1.0);
+    app.stop().await;
+}
+
+/// Processes `deliveries` at once through the service's gate; how long it took.
+async fn all_at_once(app: &TestApp, deliveries: Vec<idemgate::delivery::Delivery>) -> Duration {
+    let gate = app.gate();
+    let started = Instant::now();
+    let answers = futures_util::future::join_all(deliveries.iter().map(|d| gate.process(d))).await;
+    assert!(answers.iter().all(|d| d.outcome == Outcome::Processed), "{answers:?}");
+    started.elapsed()
+}
+
+async fn group_commit_max_batch(b: Backend) {
+    let app = spawn_app(b, |s| {
+        s.group_commit.enabled = true;
+        s.group_commit.max_batch = 2;
+        s.group_commit.linger_ms = 300;
+    })
+    .await;
+    all_at_once(&app, (0..8).map(|i| deduct(&format!("mb-{i}"))).collect()).await;
+    let groups = app.metric("idemgate_group_size_count").await;
+    assert!(groups >= 4.0, "eight deliveries in groups of two make {groups} groups (the default makes one)");
+    app.stop().await;
+}
+
+async fn group_commit_linger_ms(b: Backend) {
+    let app = spawn_app(b, |s| {
+        s.group_commit.enabled = true;
+        s.group_commit.linger_ms = 800;
+    })
+    .await;
+    let took = all_at_once(&app, vec![deduct("linger-1")]).await;
+    assert!(
+        took >= Duration::from_millis(700),
+        "a lone delivery lingered {took:?} (the default lingers 2 ms)"
+    );
+    app.stop().await;
+}
+
+async fn group_commit_in_flight(b: Backend) {
+    let app = spawn_app_with(
+        b,
+        |s| {
+            s.group_commit.enabled = true;
+            s.group_commit.max_batch = 1;
+            s.group_commit.linger_ms = 0;
+            s.group_commit.in_flight = 1;
+        },
+        Handlers::new().with("slow", Sleepy(Duration::from_millis(300))),
+    )
+    .await;
+    let took = all_at_once(&app, (0..4).map(|i| for_handler("slow", &format!("if-{i}"))).collect()).await;
+    assert!(
+        took >= Duration::from_millis(1_100),
+        "four 300 ms groups one at a time took {took:?} (the default runs two at once)"
+    );
+    app.stop().await;
+}
+
+async fn group_commit_queue(b: Backend) {
+    let open = Arc::new(tokio::sync::Semaphore::new(0));
+    let app = spawn_app_with(
+        b,
+        |s| {
+            s.group_commit.enabled = true;
+            s.group_commit.max_batch = 1;
+            s.group_commit.linger_ms = 0;
+            s.group_commit.in_flight = 1;
+            s.group_commit.queue = 1;
+        },
+        Handlers::new().with("gated", Gated(open.clone())),
+    )
+    .await;
+    let gate = app.gate();
+    let deliveries: Vec<_> = (0..20).map(|i| for_handler("gated", &format!("q-{i}"))).collect();
+    let opener = async {
+        tokio::time::sleep(Duration::from_millis(600)).await;
+        open.add_permits(1_000);
+    };
+    let (answers, ()) =
+        tokio::join!(futures_util::future::join_all(deliveries.iter().map(|d| gate.process(d))), opener);
+    assert!(answers.iter().all(|d| d.outcome == Outcome::Processed));
+    // With room for one, the others wait before the queue, not in it; with the default room
+    // for 256, nineteen deliveries would each wait 600 ms in the queue.
+    let waited = app.metric("idemgate_group_queue_wait_seconds_sum").await;
+    assert!(waited < 3.0, "{waited} s waited in a queue of one");
+    app.stop().await;
+}
+
+// ---------------------------------------------------------------------------------------------
+// [reconcile]
+
+async fn reconcile_enabled(b: Backend) {
+    let app = spawn_app(b, |s| {
+        s.reconcile.enabled = false;
+        s.reconcile.schedule = EVERY_SECOND.to_owned();
+    })
+    .await;
+    assert!(!app.running().parts().contains(&"reconcile schedule"));
+    tokio::time::sleep(Duration::from_millis(2_500)).await;
+    assert_eq!(app.scalar("SELECT COUNT(*) FROM reconcile_run", &[]).await, 0);
+    app.stop().await;
+}
+
+async fn reconcile_schedule(b: Backend) {
+    let app = spawn_app(b, |s| s.reconcile.schedule = EVERY_SECOND.to_owned()).await;
+    let ran = app
+        .eventually(PATIENCE, async |a| a.scalar("SELECT COUNT(*) FROM reconcile_run", &[]).await > 0)
+        .await;
+    assert!(ran, "the every-second schedule ran the reconciler");
+    app.stop().await;
+}
+
+async fn reconcile_window_hours(b: Backend) {
+    let app = spawn_app(b, |s| {
+        s.reconcile.schedule = EVERY_SECOND.to_owned();
+        s.reconcile.window_hours = 2;
+    })
+    .await;
+    let ran = app
+        .eventually(PATIENCE, async |a| {
+            a.scalar("SELECT COUNT(*) FROM reconcile_run WHERE until_ms - since_ms = 7200000", &[]).await > 0
+        })
+        .await;
+    assert!(ran, "a run over two hours (the default reads 24)");
+    app.stop().await;
+}
+
+async fn reconcile_stuck_after_minutes(b: Backend) {
+    let app = spawn_app(b, |s| {
+        s.reconcile.schedule = EVERY_SECOND.to_owned();
+        s.reconcile.stuck_after_minutes = 5;
+    })
+    .await;
+    app.seed_log_row("stuck-1", "failed", 10 * 60_000).await;
+    let found = app
+        .eventually(PATIENCE, async |a| {
+            a.scalar(
+                "SELECT COUNT(*) FROM reconcile_anomaly WHERE kind = 'stuck' AND biz_id = ?",
+                &["stuck-1"],
+            )
+            .await
+                > 0
+        })
+        .await;
+    assert!(found, "retried for 10 minutes is stuck after 5 (the default waits 30)");
+    app.stop().await;
+}
+
+async fn reconcile_max_per_kind(b: Backend) {
+    let app = spawn_app(b, |s| {
+        s.reconcile.schedule = EVERY_SECOND.to_owned();
+        s.reconcile.max_per_kind = 1;
+    })
+    .await;
+    for i in 0..3 {
+        app.seed_log_row(&format!("lost-{i}"), "dead_lettered", 60_000).await;
+    }
+    let found = app
+        .eventually(PATIENCE, async |a| {
+            a.scalar("SELECT COUNT(*) FROM reconcile_anomaly WHERE kind = 'lost'", &[]).await > 0
+        })
+        .await;
+    assert!(found, "a run found lost keys");
+    let most = app
+        .scalar("SELECT MAX(n) FROM (SELECT COUNT(*) AS n FROM reconcile_anomaly WHERE kind = 'lost' GROUP BY run_id) per_run", &[])
+        .await;
+    assert_eq!(most, 1, "three lost keys, at most one reported per run (the default reports all three)");
+    app.stop().await;
+}
+
+// ---------------------------------------------------------------------------------------------
+// [http]
+
+async fn http_bind(b: Backend) {
+    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let app = spawn_app(b, |s| s.http.bind = format!("127.0.0.1:{port}")).await;
+    assert_eq!(app.addr, format!("127.0.0.1:{port}"));
+    assert_eq!(request(&format!("127.0.0.1:{port}"), "GET", "/healthz", &[], b"").await.status, 200);
+    app.stop().await;
+}
+
+async fn http_auth_token(b: Backend) {
+    let token = "a-long-enough-test-token-0123456789";
+    let app = spawn_app(b, |s| s.http.auth_token = token.to_owned()).await;
+    assert_eq!(app.get("/api/overview").await.status, 401);
+    let bearer = format!("Bearer {token}");
+    let reply = request(&app.addr, "GET", "/api/overview", &[("Authorization", &bearer)], b"").await;
+    assert_eq!(reply.status, 200, "{}", reply.body);
+    app.stop().await;
+}
+
+fn basic(user: &str, password: &str) -> String {
+    use base64::Engine;
+    format!("Basic {}", base64::engine::general_purpose::STANDARD.encode(format!("{user}:{password}")))
+}
+
+async fn http_basic_user(b: Backend) {
+    let app = spawn_app(b, |s| {
+        s.http.basic_user = "oncall".to_owned();
+        s.http.basic_password = "correct horse".to_owned();
+    })
+    .await;
+    assert_eq!(app.get("/").await.status, 401);
+    let right = basic("oncall", "correct horse");
+    assert_eq!(request(&app.addr, "GET", "/", &[("Authorization", &right)], b"").await.status, 200);
+    let wrong_user = basic("someone", "correct horse");
+    assert_eq!(request(&app.addr, "GET", "/", &[("Authorization", &wrong_user)], b"").await.status, 401);
+    app.stop().await;
+}
+
+async fn http_basic_password(b: Backend) {
+    let app = spawn_app(b, |s| {
+        s.http.basic_user = "oncall".to_owned();
+        s.http.basic_password = "correct horse".to_owned();
+    })
+    .await;
+    let wrong = basic("oncall", "battery staple");
+    assert_eq!(request(&app.addr, "GET", "/", &[("Authorization", &wrong)], b"").await.status, 401);
+    app.stop().await;
+}
+
+async fn http_grafana_url(b: Backend) {
+    let app =
+        spawn_app(b, |s| s.http.grafana_url = "http://grafana.example:3000/d/idemgate".to_owned()).await;
+    app.gate().process(&deduct("graf-1")).await;
+    let page = app.get("/trace?q=graf-1").await;
+    assert_eq!(page.status, 200);
+    assert!(page.body.contains("http://grafana.example:3000/d/idemgate"), "{}", page.body);
+    app.stop().await;
+}
+
+async fn http_max_concurrent_requests(b: Backend) {
+    let app = spawn_app(b, |s| s.http.max_concurrent_requests = 1).await;
+    // A form whose body is still arriving holds the one place.
+    let mut slow = tokio::net::TcpStream::connect(&app.addr).await.expect("connect");
+    let form = [("Content-Type", "application/x-www-form-urlencoded")];
+    slow.write_all(&head(&app.addr, "POST", "/replay", &form, 100)).await.expect("send");
+    slow.write_all(b"biz_id=x").await.expect("send");
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let turned_away = app.get("/api/overview").await;
+    assert_eq!(turned_away.status, 503, "{}", turned_away.body);
+    assert!(turned_away.headers.contains("retry-after: 1"), "{}", turned_away.headers);
+    assert_eq!(app.get("/healthz").await.status, 200, "health is not counted");
+    assert_eq!(app.metric("idemgate_http_requests_shed_total").await, 1.0);
+    drop(slow);
+    let served =
+        app.eventually(Duration::from_secs(5), async |a| a.get("/api/overview").await.status == 200).await;
+    assert!(served, "the place is free again once the slow request is gone");
+    app.stop().await;
+}
+
+/// Holds a table lock that blocks every reader of `delivery_log` until released.
+struct LogLock(sqlx::pool::PoolConnection<sqlx::Any>, Backend);
+
+impl LogLock {
+    async fn take(app: &TestApp) -> Self {
+        let mut conn = app.db.store.pool().acquire().await.expect("a connection");
+        use sqlx::Executor;
+        match app.db.store.backend() {
+            Backend::Postgres => {
+                conn.execute("BEGIN").await.expect("begin");
+                conn.execute("LOCK TABLE delivery_log IN ACCESS EXCLUSIVE MODE").await.expect("lock");
+            }
+            Backend::MySql => {
+                conn.execute("LOCK TABLES delivery_log WRITE").await.expect("lock");
+            }
+            Backend::Sqlite => unreachable!("the server probes run on PostgreSQL and MariaDB"),
+        }
+        Self(conn, app.db.store.backend())
+    }
+
+    async fn release(mut self) {
+        use sqlx::Executor;
+        let unlock = if self.1 == Backend::MySql { "UNLOCK TABLES" } else { "ROLLBACK" };
+        self.0.execute(unlock).await.expect("unlock");
+    }
+}
+
+/// Sessions of the test database waiting on a lock.
+async fn waiting_on_locks(app: &TestApp) -> i64 {
+    match app.db.store.backend() {
+        Backend::Postgres => {
+            app.scalar(
+                "SELECT COUNT(*) FROM pg_stat_activity WHERE datname = current_database() AND wait_event_type = 'Lock'",
+                &[],
+            )
+            .await
+        }
+        _ => {
+            app.scalar(
+                "SELECT COUNT(*) FROM information_schema.PROCESSLIST WHERE DB = DATABASE() AND STATE LIKE 'Waiting for table%'",
+                &[],
+            )
+            .await
+        }
+    }
+}
+
+async fn http_query_timeout_ms(b: Backend) {
+    let app = spawn_app(b, |s| s.http.query_timeout_ms = 300).await;
+    let lock = LogLock::take(&app).await;
+    let started = Instant::now();
+    let reply = app.get("/api/overview").await;
+    let took = started.elapsed();
+    assert_eq!(reply.status, 503, "{}", reply.body);
+    assert!(took < Duration::from_secs(3), "answered in {took:?} (the default waits 5 s)");
+    // The server stopped the query too: nothing of the UI's is left waiting on the lock.
+    let gone = app.eventually(Duration::from_secs(3), async |a| waiting_on_locks(a).await == 0).await;
+    assert!(gone, "the abandoned query still runs on the server");
+    lock.release().await;
+    app.stop().await;
+}
+
+async fn http_max_connections(b: Backend) {
+    let app = spawn_app(b, |s| {
+        s.http.max_connections = 2;
+        s.http.query_timeout_ms = 4_000;
+    })
+    .await;
+    let lock = LogLock::take(&app).await;
+    let addr = app.addr.clone();
+    let requests: Vec<_> = (0..6)
+        .map(|_| {
+            let addr = addr.clone();
+            tokio::spawn(async move { request(&addr, "GET", "/api/overview", &[], b"").await })
+        })
+        .collect();
+    tokio::time::sleep(Duration::from_millis(1_500)).await;
+    let waiting = waiting_on_locks(&app).await;
+    lock.release().await;
+    for r in requests {
+        r.await.expect("request");
+    }
+    assert_eq!(waiting, 2, "six pages at once reach the database through two connections (the default four)");
+    app.stop().await;
+}
+
+// ---------------------------------------------------------------------------------------------
+// [consumer]
+
+async fn consumer_group(b: Backend) {
+    let app = spawn_app(b, |s| s.consumer.group = "row-group".to_owned()).await;
+    app.gate().process(&deduct("grp-1")).await;
+    assert_eq!(
+        app.scalar(
+            "SELECT COUNT(*) FROM idempotent_record WHERE consumer_group = ? AND biz_id = ?",
+            &["row-group", "grp-1"]
+        )
+        .await,
+        1
+    );
+    app.stop().await;
+}
+
+async fn consumer_instance(b: Backend) {
+    let app = spawn_app(b, |s| s.consumer.instance = "row-instance".to_owned()).await;
+    app.gate().process(&deduct("inst-1")).await;
+    assert_eq!(
+        app.scalar(
+            "SELECT COUNT(*) FROM delivery_log WHERE instance_id = ? AND biz_id = ?",
+            &["row-instance", "inst-1"]
+        )
+        .await,
+        1
+    );
+    app.stop().await;
+}
+
+async fn consumer_max_reconsume_times(b: Backend) {
+    let app =
+        spawn_app_with(b, |s| s.consumer.max_reconsume_times = 0, Handlers::new().with("flaky", AlwaysRetry))
+            .await;
+    let d = app.gate().process(&for_handler("flaky", "mr-1")).await;
+    assert_eq!(
+        d.outcome,
+        Outcome::DeadLettered,
+        "the first failure is the last attempt (the default allows 16)"
+    );
+    app.stop().await;
+}
+
+async fn consumer_transient_retries(b: Backend) {
+    let calls = Arc::new(Mutex::new(0));
+    let handler = TransientlyFailing { fail: 1, calls: calls.clone() };
+    let app =
+        spawn_app_with(b, |s| s.consumer.transient_retries = 0, Handlers::new().with("transient", handler))
+            .await;
+    let d = app.gate().process(&for_handler("transient", "tr-1")).await;
+    assert_eq!(
+        (d.outcome, d.verdict),
+        (Outcome::Failed, Verdict::Retry),
+        "no retry inside the gate (the default retries 3 times)"
+    );
+    assert_eq!(*calls.lock().unwrap(), 1);
+    app.stop().await;
+}
+
+async fn consumer_duplicate_warnings_per_second(b: Backend) {
+    let (log, _guard) = LogCapture::start();
+    let app = spawn_app(b, |s| s.consumer.duplicate_warnings_per_second = 1).await;
+    let gate = app.gate();
+    gate.process(&deduct("warn-1")).await;
+    for _ in 0..6 {
+        assert_eq!(gate.process(&deduct("warn-1")).await.outcome, Outcome::Duplicate);
+    }
+    // One a second: the six fall in one window, or two when a second boundary cuts them.
+    let warnings = log.text().matches("duplicate delivery skipped").count();
+    assert!(
+        (1..=2).contains(&warnings),
+        "{warnings} warnings for six duplicates (the default allows 20 a second)"
+    );
+    app.stop().await;
+}
