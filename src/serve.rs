@@ -71,6 +71,8 @@ impl Running {
                 max_batch = group.max_batch,
                 linger_ms = group.linger.as_millis() as u64,
                 in_flight = group.in_flight,
+                server = store.mysql_flavour().map_or(store.backend().name(), |f| f.name()),
+                claim = crate::gate::group::ClaimPath::of(&store).describe(),
                 "group commit is on"
             );
             gate = gate.with_group_commit(group);

@@ -176,6 +176,7 @@ mod cases {
             picky("G-OK2", "M-9", "U-9", b"{}"),
         ];
         let answers = g.process_group(&group).await;
+        assert!(answers.iter().all(|r| r.phases.group_size == 9), "one transaction, not split: {answers:?}");
         let got: Vec<_> = answers.iter().map(|r| (r.outcome, r.verdict, r.logged)).collect();
         use Outcome::*;
         assert_eq!(
@@ -236,6 +237,7 @@ mod cases {
             picky("G-K", "M-4", "U-4", b"{}"),
         ];
         let answers = g.process_group(&group).await;
+        assert!(answers.iter().all(|r| r.phases.group_size == 4), "one transaction, not split: {answers:?}");
         let got: Vec<_> = answers.iter().map(|r| r.outcome).collect();
         assert_eq!(got, vec![Outcome::Failed, Outcome::Failed, Outcome::Processed, Outcome::Duplicate]);
         assert_eq!(answers[3].cause, Some(DuplicateCause::ProducerResend), "a duplicate of M-3's claim");
@@ -630,6 +632,15 @@ exactly_once_cases!(on_every_backend_with_group_commit);
 // Group commit's own cases call `process_group` directly, so they run once per backend.
 exactly_once_cases!(
     on_every_backend,
+    a_failing_handler_in_the_middle_of_a_group_rolls_back_only_itself,
+    a_copy_after_a_failed_first_copy_in_one_group_claims_the_key_in_a_later_round,
+    a_group_whose_transaction_cannot_commit_is_split_and_each_delivery_answers_alone,
+);
+
+// Group commit as on MySQL (no INSERT … RETURNING), on MariaDB: every case in groups, and
+// group commit's own cases.
+exactly_once_cases!(
+    on_mariadb_claiming_as_on_mysql,
     a_failing_handler_in_the_middle_of_a_group_rolls_back_only_itself,
     a_copy_after_a_failed_first_copy_in_one_group_claims_the_key_in_a_later_round,
     a_group_whose_transaction_cannot_commit_is_split_and_each_delivery_answers_alone,
