@@ -13,21 +13,22 @@ use crate::store::{AnyQuery, Backend, Conn, Sql, query};
 /// The longest error text kept, in characters.
 pub const MAX_ERROR_CHARS: usize = 2_000;
 /// The most body bytes kept for a dead-lettered or invalid delivery (RocketMQ's own default
-/// message size limit). A longer body is cut and the row's error says so.
+/// message size limit). A longer body is cut: the row's `payload_truncated` is set (replay
+/// reads it and refuses the row) and its error ends with a note for the reader.
 pub const MAX_KEPT_PAYLOAD: usize = 4 * 1024 * 1024;
 
 const INSERT_INTO: &str = "INSERT INTO delivery_log (logged_at_ms, instance_id, consumer_group, msg_id, uniq_key, \
      topic, tags, queue_id, queue_offset, reconsume_times, biz_type, biz_id, execute_time, \
-     outcome, cause, layer, payload_match, payload_hash, error, latency_us, payload) VALUES ";
+     outcome, cause, layer, payload_match, payload_hash, error, latency_us, payload, payload_truncated) VALUES ";
 /// The columns of one row.
-const COLUMNS: usize = 21;
+const COLUMNS: usize = 22;
 static APPEND: Sql = Sql::new(
     "INSERT INTO delivery_log (logged_at_ms, instance_id, consumer_group, msg_id, uniq_key, \
      topic, tags, queue_id, queue_offset, reconsume_times, biz_type, biz_id, execute_time, \
-     outcome, cause, layer, payload_match, payload_hash, error, latency_us, payload) \
-     VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+     outcome, cause, layer, payload_match, payload_hash, error, latency_us, payload, payload_truncated) \
+     VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
 );
-/// The most rows one multi-row append carries (21 values each, far below every backend's
+/// The most rows one multi-row append carries (22 values each, far below every backend's
 /// limit on bound values).
 pub const MAX_ROWS_PER_STATEMENT: usize = 64;
 
@@ -80,12 +81,13 @@ pub async fn append_many(
     Ok(())
 }
 
-/// Binds one row's 21 values, in column order.
+/// Binds one row's 22 values, in column order.
 fn bind(q: AnyQuery, entry: &Entry<'_>) -> AnyQuery {
     let d = entry.delivery;
     let mut error = entry.error.map(|e| clip(e, MAX_ERROR_CHARS));
+    let truncated = entry.keep_payload && d.body.len() > MAX_KEPT_PAYLOAD;
     let payload = entry.keep_payload.then(|| {
-        if d.body.len() > MAX_KEPT_PAYLOAD {
+        if truncated {
             let note = format!(" [body of {} bytes cut to {MAX_KEPT_PAYLOAD}]", d.body.len());
             error = Some(error.take().unwrap_or_default() + &note);
             d.body[..MAX_KEPT_PAYLOAD].to_vec()
@@ -114,6 +116,7 @@ fn bind(q: AnyQuery, entry: &Entry<'_>) -> AnyQuery {
         .bind(error)
         .bind(entry.latency_us)
         .bind(payload)
+        .bind(i16::from(truncated))
 }
 
 /// Cuts `text` to `max` characters without splitting one.

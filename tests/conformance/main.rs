@@ -4,6 +4,7 @@
 #[allow(dead_code)]
 #[macro_use]
 mod support;
+mod dead_letters;
 mod state_machine;
 
 use std::sync::Arc;
