@@ -7,7 +7,9 @@
 
 use crate::delivery::Delivery;
 use crate::gate::{DuplicateCause, Layer, Outcome};
-use crate::route::{MAX_BIZ_ID_CHARS, MAX_BIZ_TYPE_CHARS, MAX_ID_CHARS, MAX_TOPIC_CHARS, excerpt};
+use crate::route::{
+    MAX_BIZ_ID_CHARS, MAX_BIZ_TYPE_CHARS, MAX_ID_CHARS, MAX_TOPIC_CHARS, excerpt, stored_key,
+};
 use crate::store::{AnyQuery, Backend, Conn, Sql, query};
 
 /// The longest error text kept, in characters.
@@ -56,8 +58,10 @@ pub struct Entry<'a> {
 
 /// Appends `entry` through `conn` (a pooled connection or the gate's open transaction).
 ///
-/// Text that came from outside (msgId, topic, a rejected bizId) is cut to its column's size
-/// with [`excerpt`], so that a hostile message is logged instead of failing the insert.
+/// Text that came from outside and was not checked (msgId, topic, a rejected bizId) is cut to
+/// its column's size with [`excerpt`], so that a hostile message is logged instead of failing
+/// the insert. A bizId or biz_type that passed the key rules is stored exactly as the claim
+/// holds it ([`stored_key`]).
 pub async fn append(conn: &mut Conn, backend: Backend, entry: &Entry<'_>) -> Result<(), sqlx::Error> {
     bind(query(backend, &APPEND), entry).execute(conn).await?;
     Ok(())
@@ -105,8 +109,8 @@ fn bind(q: AnyQuery, entry: &Entry<'_>) -> AnyQuery {
         .bind(d.queue_id)
         .bind(d.queue_offset)
         .bind(d.reconsume_times)
-        .bind(excerpt(entry.biz_type, MAX_BIZ_TYPE_CHARS))
-        .bind(excerpt(entry.biz_id, MAX_BIZ_ID_CHARS))
+        .bind(stored_key(entry.biz_type, MAX_BIZ_TYPE_CHARS).into_owned())
+        .bind(stored_key(entry.biz_id, MAX_BIZ_ID_CHARS).into_owned())
         .bind(entry.execute_time)
         .bind(entry.outcome.as_str())
         .bind(entry.cause.map(DuplicateCause::as_str))

@@ -5,6 +5,7 @@
 #[macro_use]
 mod support;
 mod dead_letters;
+mod key_text;
 mod state_machine;
 
 use std::sync::Arc;
