@@ -647,3 +647,21 @@ exactly_once_cases!(
     a_copy_after_a_failed_first_copy_in_one_group_claims_the_key_in_a_later_round,
     a_group_whose_transaction_cannot_commit_is_split_and_each_delivery_answers_alone,
 );
+
+/// The servers the suite runs on are told apart at connect, so the MariaDB runs above claim
+/// with `INSERT IGNORE … RETURNING` and only `mariadb_claiming_as_on_mysql` reads back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn each_test_server_is_recognised_and_claims_groups_with_a_returning_insert() {
+    use idemgate::gate::group::ClaimPath;
+    use idemgate::store::MySqlFlavour;
+    for (backend, flavour) in
+        [(Backend::Sqlite, None), (Backend::Postgres, None), (Backend::MySql, Some(MySqlFlavour::MariaDb))]
+    {
+        let db = TestDb::new(backend).await;
+        assert_eq!(db.store.mysql_flavour(), flavour, "{backend}");
+        assert_eq!(ClaimPath::of(&db.store), ClaimPath::Returning, "{backend}");
+        let forced = db.store.clone().assuming_mysql_flavour(MySqlFlavour::MySql);
+        let expected = if backend == Backend::MySql { ClaimPath::ReadBack } else { ClaimPath::Returning };
+        assert_eq!(ClaimPath::of(&forced), expected, "{backend}");
+    }
+}
