@@ -7,27 +7,30 @@
 
 use crate::delivery::Delivery;
 use crate::gate::{DuplicateCause, Layer, Outcome};
-use crate::route::{MAX_BIZ_ID_CHARS, MAX_BIZ_TYPE_CHARS, MAX_ID_CHARS, MAX_TOPIC_CHARS, excerpt};
+use crate::route::{
+    MAX_BIZ_ID_CHARS, MAX_BIZ_TYPE_CHARS, MAX_ID_CHARS, MAX_TOPIC_CHARS, excerpt, stored_key,
+};
 use crate::store::{AnyQuery, Backend, Conn, Sql, query};
 
 /// The longest error text kept, in characters.
 pub const MAX_ERROR_CHARS: usize = 2_000;
 /// The most body bytes kept for a dead-lettered or invalid delivery (RocketMQ's own default
-/// message size limit). A longer body is cut and the row's error says so.
+/// message size limit). A longer body is cut: the row's `payload_truncated` is set (replay
+/// reads it and refuses the row) and its error ends with a note for the reader.
 pub const MAX_KEPT_PAYLOAD: usize = 4 * 1024 * 1024;
 
 const INSERT_INTO: &str = "INSERT INTO delivery_log (logged_at_ms, instance_id, consumer_group, msg_id, uniq_key, \
      topic, tags, queue_id, queue_offset, reconsume_times, biz_type, biz_id, execute_time, \
-     outcome, cause, layer, payload_match, payload_hash, error, latency_us, payload) VALUES ";
+     outcome, cause, layer, payload_match, payload_hash, error, latency_us, payload, payload_truncated) VALUES ";
 /// The columns of one row.
-const COLUMNS: usize = 21;
+const COLUMNS: usize = 22;
 static APPEND: Sql = Sql::new(
     "INSERT INTO delivery_log (logged_at_ms, instance_id, consumer_group, msg_id, uniq_key, \
      topic, tags, queue_id, queue_offset, reconsume_times, biz_type, biz_id, execute_time, \
-     outcome, cause, layer, payload_match, payload_hash, error, latency_us, payload) \
-     VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+     outcome, cause, layer, payload_match, payload_hash, error, latency_us, payload, payload_truncated) \
+     VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
 );
-/// The most rows one multi-row append carries (21 values each, far below every backend's
+/// The most rows one multi-row append carries (22 values each, far below every backend's
 /// limit on bound values).
 pub const MAX_ROWS_PER_STATEMENT: usize = 64;
 
@@ -55,8 +58,10 @@ pub struct Entry<'a> {
 
 /// Appends `entry` through `conn` (a pooled connection or the gate's open transaction).
 ///
-/// Text that came from outside (msgId, topic, a rejected bizId) is cut to its column's size
-/// with [`excerpt`], so that a hostile message is logged instead of failing the insert.
+/// Text that came from outside and was not checked (msgId, topic, a rejected bizId) is cut to
+/// its column's size with [`excerpt`], so that a hostile message is logged instead of failing
+/// the insert. A bizId or biz_type that passed the key rules is stored exactly as the claim
+/// holds it ([`stored_key`]).
 pub async fn append(conn: &mut Conn, backend: Backend, entry: &Entry<'_>) -> Result<(), sqlx::Error> {
     bind(query(backend, &APPEND), entry).execute(conn).await?;
     Ok(())
@@ -80,12 +85,13 @@ pub async fn append_many(
     Ok(())
 }
 
-/// Binds one row's 21 values, in column order.
+/// Binds one row's 22 values, in column order.
 fn bind(q: AnyQuery, entry: &Entry<'_>) -> AnyQuery {
     let d = entry.delivery;
     let mut error = entry.error.map(|e| clip(e, MAX_ERROR_CHARS));
+    let truncated = entry.keep_payload && d.body.len() > MAX_KEPT_PAYLOAD;
     let payload = entry.keep_payload.then(|| {
-        if d.body.len() > MAX_KEPT_PAYLOAD {
+        if truncated {
             let note = format!(" [body of {} bytes cut to {MAX_KEPT_PAYLOAD}]", d.body.len());
             error = Some(error.take().unwrap_or_default() + &note);
             d.body[..MAX_KEPT_PAYLOAD].to_vec()
@@ -103,8 +109,8 @@ fn bind(q: AnyQuery, entry: &Entry<'_>) -> AnyQuery {
         .bind(d.queue_id)
         .bind(d.queue_offset)
         .bind(d.reconsume_times)
-        .bind(excerpt(entry.biz_type, MAX_BIZ_TYPE_CHARS))
-        .bind(excerpt(entry.biz_id, MAX_BIZ_ID_CHARS))
+        .bind(stored_key(entry.biz_type, MAX_BIZ_TYPE_CHARS).into_owned())
+        .bind(stored_key(entry.biz_id, MAX_BIZ_ID_CHARS).into_owned())
         .bind(entry.execute_time)
         .bind(entry.outcome.as_str())
         .bind(entry.cause.map(DuplicateCause::as_str))
@@ -114,6 +120,7 @@ fn bind(q: AnyQuery, entry: &Entry<'_>) -> AnyQuery {
         .bind(error)
         .bind(entry.latency_us)
         .bind(payload)
+        .bind(i16::from(truncated))
 }
 
 /// Cuts `text` to `max` characters without splitting one.

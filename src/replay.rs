@@ -15,6 +15,7 @@ use sqlx::any::AnyRow;
 
 use crate::broker::Producer;
 use crate::delivery::{Delivery, REPLAY_PROPERTY};
+use crate::delivery_log::MAX_KEPT_PAYLOAD;
 use crate::inspect::trace::{ClaimRecord, KeyRef, claims};
 use crate::route::Routes;
 use crate::store::{Sql, Store};
@@ -42,8 +43,11 @@ pub enum Action {
     WouldSend,
     /// The key is claimed: its effect is applied, so it is not sent again.
     RefusedClaimed { state: &'static str, claimed_at_ms: i64, msg_id: String },
-    /// The dead letter's body was not kept (an older row, or cut at the size limit).
+    /// The dead letter's body was not kept (a row logged before bodies were kept).
     RefusedNoBody,
+    /// The dead letter's body was cut at the size limit when it was logged
+    /// ([`MAX_KEPT_PAYLOAD`] bytes kept): what is kept is not the message.
+    RefusedBodyCut,
     /// No route covers the original topic and tag any more.
     RefusedNoRoute,
     /// The producer could not send; nothing was sent for this key.
@@ -66,6 +70,9 @@ impl Action {
                 crate::inspect::format_ms(*claimed_at_ms)
             ),
             Action::RefusedNoBody => "refused: the dead letter's body was not kept".to_owned(),
+            Action::RefusedBodyCut => format!(
+                "refused: the dead letter's body was longer than {MAX_KEPT_PAYLOAD} bytes and was cut when it was logged"
+            ),
             Action::RefusedNoRoute => format!("refused: no route covers topic {topic} any more"),
             Action::Failed { error } => format!("failed: {error}"),
         }
@@ -87,12 +94,12 @@ pub struct Line {
 }
 
 static BY_KEY: Sql = Sql::new(
-    "SELECT consumer_group, biz_type, biz_id, execute_time, msg_id, logged_at_ms, topic, tags, payload, error \
+    "SELECT consumer_group, biz_type, biz_id, execute_time, msg_id, logged_at_ms, topic, tags, payload, payload_truncated \
      FROM delivery_log WHERE outcome = 'dead_lettered' AND consumer_group = ? AND biz_id = ? \
      AND (? = '' OR biz_type = ?) ORDER BY logged_at_ms DESC, id DESC LIMIT 1000",
 );
 static SINCE: Sql = Sql::new(
-    "SELECT consumer_group, biz_type, biz_id, execute_time, msg_id, logged_at_ms, topic, tags, payload, error \
+    "SELECT consumer_group, biz_type, biz_id, execute_time, msg_id, logged_at_ms, topic, tags, payload, payload_truncated \
      FROM delivery_log WHERE outcome = 'dead_lettered' AND consumer_group = ? AND logged_at_ms >= ? \
      ORDER BY logged_at_ms DESC, id DESC LIMIT 10000",
 );
@@ -101,11 +108,11 @@ struct Candidate {
     line: Line,
     tags: String,
     payload: Option<Vec<u8>>,
+    /// The log's `payload_truncated`: the body was cut at the size limit.
     cut: bool,
 }
 
 fn candidate(r: &AnyRow) -> Result<Candidate, sqlx::Error> {
-    let error: Option<String> = r.try_get(9)?;
     Ok(Candidate {
         line: Line {
             consumer_group: r.try_get(0)?,
@@ -119,7 +126,7 @@ fn candidate(r: &AnyRow) -> Result<Candidate, sqlx::Error> {
         },
         tags: r.try_get(7)?,
         payload: r.try_get(8)?,
-        cut: error.is_some_and(|e| e.contains("[body of ")),
+        cut: r.try_get::<i16, _>(9)? != 0,
     })
 }
 
@@ -189,7 +196,9 @@ pub async fn replay(
                 claimed_at_ms: claim.claimed_at_ms,
                 msg_id: claim.msg_id,
             }
-        } else if c.cut || c.payload.is_none() {
+        } else if c.cut {
+            Action::RefusedBodyCut
+        } else if c.payload.is_none() {
             Action::RefusedNoBody
         } else if let Some((keys, mut properties)) =
             routes.republish(&line.topic, &c.tags, &line.biz_id, line.execute_time)

@@ -8,6 +8,7 @@
 //!
 //! This module owns the limits and the character rules of keys. It must not touch the database.
 
+use std::borrow::Cow;
 use std::fmt::Write as _;
 
 use serde::{Deserialize, Serialize};
@@ -171,8 +172,10 @@ pub struct Rejection {
     pub reason: String,
     /// The route's biz_type, or empty where no route matched.
     pub biz_type: String,
-    /// Whatever bizId was found, as found (the delivery log stores a printable, bounded
-    /// excerpt of it, so the rejected message can still be looked up); empty where none was.
+    /// Whatever bizId was found, as found; empty where none was. The delivery log stores it
+    /// as [`stored_key`] does: as it is when it passes the key rules (an execute_time was what
+    /// failed), else as a printable, bounded excerpt, so the rejected message can still be
+    /// looked up.
     pub biz_id: String,
 }
 
@@ -454,10 +457,27 @@ pub fn check_key_text(text: &str, max: usize) -> Result<(), String> {
     Ok(())
 }
 
-/// A printable rendition of untrusted text: control and invisible characters escaped, cut to
-/// `max` characters with a note of the full length. Safe for a log line and a VARCHAR(max).
+/// A biz_id or biz_type as the delivery log stores it (`max` is its column's size in
+/// characters): a key that passes [`check_key_text`] exactly as it is, byte for byte, since the
+/// claim tables, the archive, the reconciler and replay look it up by that same text; anything
+/// else (a key refused as invalid) as its [`excerpt`]. What is stored for a refused key is
+/// never a valid key (it is the refused text itself, or holds the backslash or `…` that
+/// escaping or cutting added, which no key may hold), so a refused message's row can never be
+/// taken for a claimed key's.
+pub fn stored_key(text: &str, max: usize) -> Cow<'_, str> {
+    match check_key_text(text, max) {
+        Ok(()) => Cow::Borrowed(text),
+        Err(_) => Cow::Owned(excerpt(text, max)),
+    }
+}
+
+/// A printable rendition of untrusted text: control and invisible characters, quotes and
+/// backslashes escaped, cut to `max` characters with a note of the full length. Safe for a log
+/// line and a VARCHAR(max). A combining mark stays on the letter it follows (Thai `สั่ง`,
+/// Devanagari `क्ष` stay readable and searchable); only one that opens the text, with nothing
+/// to combine with, is escaped.
 pub fn excerpt(text: &str, max: usize) -> String {
-    let escaped: String = text.chars().flat_map(char::escape_debug).collect();
+    let escaped: String = text.escape_debug().collect();
     if escaped.chars().count() <= max {
         return escaped;
     }
@@ -592,6 +612,42 @@ mod tests {
         assert!(kept.ends_with("…(10000 chars)"));
         let d = Delivery { msg_id: "m".repeat(200), ..delivery(b"{}") };
         assert!(route("keys", None).resolve(&d).unwrap_err().reason.starts_with("msgId is 200 characters"));
+    }
+
+    /// Keys as their scripts write them: Thai and Devanagari with combining vowel signs, Han
+    /// with a character outside the Basic Multilingual Plane (four bytes in UTF-8), Hebrew and
+    /// Arabic (right to left, Arabic with its vowel marks), digits of each script, and a key
+    /// that opens with a combining mark (which a rendition for reading escapes).
+    const KEYS_IN_MANY_SCRIPTS: [&str; 6] =
+        ["สีดำ-ดี-๑๒", "आदेश-कु-१२", "订单-𠮷-7", "הזמנה-42", "طلب-مُحَمَّد-١٢٣", "\u{e35}ด"];
+
+    #[test]
+    fn a_valid_key_in_any_script_is_stored_exactly_as_it_is() {
+        for key in KEYS_IN_MANY_SCRIPTS {
+            assert_eq!(check_key_text(key, MAX_BIZ_ID_CHARS), Ok(()), "{key}");
+            assert!(matches!(stored_key(key, MAX_BIZ_ID_CHARS), Cow::Borrowed(k) if k == key), "{key:?}");
+        }
+    }
+
+    #[test]
+    fn a_refused_key_is_stored_as_a_readable_excerpt_that_no_valid_key_equals() {
+        let long = "9".repeat(300);
+        for (refused, stored) in [
+            // Emoji are not letters or digits.
+            ("ORDER-😀", "ORDER-😀"),
+            // A Thai tone mark is not a letter either, yet the key stays readable.
+            ("สั่ง-1", "สั่ง-1"),
+            ("x'y", "x\\'y"),
+            ("a\u{0}b", "a\\0b"),
+            ("\u{e48}x y", "\\u{e48}x y"),
+        ] {
+            assert!(check_key_text(refused, MAX_BIZ_ID_CHARS).is_err(), "{refused:?}");
+            assert_eq!(stored_key(refused, MAX_BIZ_ID_CHARS), stored, "{refused:?}");
+            assert!(check_key_text(stored, MAX_BIZ_ID_CHARS).is_err(), "{stored:?} passes for a valid key");
+        }
+        let cut = stored_key(&long, MAX_BIZ_ID_CHARS);
+        assert!(cut.ends_with("…(300 chars)") && cut.chars().count() == MAX_BIZ_ID_CHARS, "{cut}");
+        assert!(check_key_text(&cut, MAX_BIZ_ID_CHARS).is_err());
     }
 
     #[test]

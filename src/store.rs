@@ -229,16 +229,53 @@ fn names_index(message: &str, index: &str) -> bool {
 /// A query on the `Any` driver.
 pub type AnyQuery = sqlx::query::Query<'static, sqlx::Any, sqlx::any::AnyArguments>;
 
+/// Which server answers a `mysql://` URL. MariaDB and MySQL share a protocol and most of the
+/// dialect but part ways on a few statements; the store reads `SELECT VERSION()` once at connect
+/// and keeps the answer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum MySqlFlavour {
+    /// MariaDB 10.5 or later: has `INSERT … RETURNING`.
+    MariaDb,
+    /// MySQL, or a MariaDB older than 10.5: no `INSERT … RETURNING`.
+    MySql,
+}
+
+impl MySqlFlavour {
+    /// Reads a server's `VERSION()`, such as `10.11.6-MariaDB-0+deb12u1` or `8.0.36`.
+    pub fn from_version(version: &str) -> Self {
+        if !version.to_ascii_lowercase().contains("mariadb") {
+            return Self::MySql;
+        }
+        let mut parts = version.split(|c: char| !c.is_ascii_digit()).map(|p| p.parse::<u32>().ok());
+        match (parts.next().flatten(), parts.next().flatten()) {
+            (Some(major), Some(minor)) if (major, minor) >= (10, 5) => Self::MariaDb,
+            _ => Self::MySql,
+        }
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::MariaDb => "mariadb",
+            Self::MySql => "mysql",
+        }
+    }
+}
+
 /// A pool on one backend. Cheap to clone.
 #[derive(Clone)]
 pub struct Store {
     pool: AnyPool,
     backend: Backend,
+    /// On `Backend::MySql`, which server it is; `None` on the others.
+    mysql_flavour: Option<MySqlFlavour>,
 }
 
 impl fmt::Debug for Store {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("Store").field("backend", &self.backend).finish_non_exhaustive()
+        f.debug_struct("Store")
+            .field("backend", &self.backend)
+            .field("mysql_flavour", &self.mysql_flavour)
+            .finish_non_exhaustive()
     }
 }
 
@@ -286,7 +323,17 @@ impl Store {
             // setting is stored in the file, so once is enough.
             pool.execute("PRAGMA journal_mode = WAL").await?;
         }
-        Ok(Self { pool, backend })
+        let mysql_flavour = match backend {
+            Backend::MySql => {
+                use sqlx::Row;
+                let version: String = sqlx::query("SELECT VERSION()").fetch_one(&pool).await?.try_get(0)?;
+                let flavour = MySqlFlavour::from_version(&version);
+                tracing::debug!(%version, flavour = flavour.name(), "connected to a MySQL-protocol server");
+                Some(flavour)
+            }
+            Backend::Sqlite | Backend::Postgres => None,
+        };
+        Ok(Self { pool, backend, mysql_flavour })
     }
 
     /// Connects and applies this backend's migrations.
@@ -308,6 +355,27 @@ impl Store {
 
     pub fn backend(&self) -> Backend {
         self.backend
+    }
+
+    /// On MySQL/MariaDB, which of the two the server is; `None` on SQLite and PostgreSQL.
+    pub fn mysql_flavour(&self) -> Option<MySqlFlavour> {
+        self.mysql_flavour
+    }
+
+    /// True when an `INSERT` can return the rows it inserted (`RETURNING`): PostgreSQL,
+    /// SQLite and MariaDB 10.5+, not MySQL.
+    pub fn insert_returns_rows(&self) -> bool {
+        self.mysql_flavour != Some(MySqlFlavour::MySql)
+    }
+
+    /// This store, taking its MySQL-protocol server for `flavour` whatever `VERSION()` said: the
+    /// way to run MySQL's statements on MariaDB in tests. No effect on SQLite and PostgreSQL.
+    #[doc(hidden)]
+    pub fn assuming_mysql_flavour(mut self, flavour: MySqlFlavour) -> Self {
+        if self.backend == Backend::MySql {
+            self.mysql_flavour = Some(flavour);
+        }
+        self
     }
 
     pub fn pool(&self) -> &AnyPool {
@@ -458,6 +526,18 @@ mod tests {
         assert!(!names_index(m, "PRIMARY"));
         assert!(names_index("Duplicate entry 'x' for key 'shop_order.PRIMARY'", "PRIMARY"));
         assert!(names_index("Duplicate entry 'x' for key 'PRIMARY'", "PRIMARY"));
+    }
+
+    #[test]
+    fn the_mysql_flavour_is_read_from_the_server_version() {
+        assert_eq!(MySqlFlavour::from_version("10.11.6-MariaDB-0+deb12u1"), MySqlFlavour::MariaDb);
+        assert_eq!(MySqlFlavour::from_version("11.4.2-MariaDB"), MySqlFlavour::MariaDb);
+        assert_eq!(MySqlFlavour::from_version("10.5.0-MariaDB-log"), MySqlFlavour::MariaDb);
+        // Before 10.5 MariaDB had no INSERT … RETURNING either.
+        assert_eq!(MySqlFlavour::from_version("10.4.34-MariaDB"), MySqlFlavour::MySql);
+        assert_eq!(MySqlFlavour::from_version("8.0.36"), MySqlFlavour::MySql);
+        assert_eq!(MySqlFlavour::from_version("8.4.0-0ubuntu0.24.04.1"), MySqlFlavour::MySql);
+        assert_eq!(MySqlFlavour::from_version(""), MySqlFlavour::MySql);
     }
 
     #[test]

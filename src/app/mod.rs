@@ -291,6 +291,8 @@ pub async fn gate(
 ) -> anyhow::Result<Gate> {
     let identity = settings.identity();
     let layout = crate::layout::ensure(&store, settings.dedup.shards, &identity.instance_id).await?;
+    let server = store.mysql_flavour().map_or(store.backend().name(), |f| f.name());
+    let claim_path = crate::gate::group::ClaimPath::of(&store).describe();
     let mut gate = Gate::new(store, settings.routes(), handlers, identity, settings.policy())?
         .with_layout(layout)
         .with_late_duplicate_guard(settings.archive.late_duplicate_guard);
@@ -305,6 +307,8 @@ pub async fn gate(
             max_batch = group.max_batch,
             linger_ms = group.linger.as_millis() as u64,
             in_flight = group.in_flight,
+            server,
+            claim = claim_path,
             "group commit is on"
         );
         gate = gate.with_group_commit(group);

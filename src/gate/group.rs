@@ -9,8 +9,10 @@
 //!    once;
 //! 2. the keys are claimed with **one multi-row insert per claim table** that skips the keys
 //!    already taken and returns the ones it inserted (PostgreSQL and SQLite
-//!    `ON CONFLICT DO NOTHING RETURNING`, MariaDB `INSERT IGNORE … RETURNING`), in key order so
-//!    that two groups wait for each other in one direction only;
+//!    `ON CONFLICT DO NOTHING RETURNING`, MariaDB `INSERT IGNORE … RETURNING`; MySQL, which
+//!    cannot return rows from an insert, `INSERT IGNORE` and then reads back which keys hold
+//!    this group's claim: [`ClaimPath`]), in key order so that two groups wait for each other
+//!    in one direction only;
 //! 3. each fresh claim's handler runs inside its **own savepoint**. A handler that fails is
 //!    rolled back to its savepoint and its claim deleted, so its key is unclaimed when the group
 //!    commits and the delivery goes to retry, while the others commit;
@@ -368,6 +370,7 @@ impl Core {
         started: Instant,
     ) -> Result<Vec<(Disposition, Option<Claim>)>, sqlx::Error> {
         let backend = self.store.backend();
+        let path = ClaimPath::of(&self.store);
         let now_ms = now_ms();
         let who = self.claimant(now_ms);
         let mut shared = Shared::default();
@@ -393,7 +396,7 @@ impl Core {
             round.sort_unstable();
 
             for (table, members) in by_table(slots, round.iter().copied()).values() {
-                let claimed = claim_many(&mut tx, backend, table, &who, slots, members).await?;
+                let claimed = claim_many(&mut tx, backend, path, table, &who, slots, members).await?;
                 for &i in members {
                     if !claimed.contains(&i) {
                         decided[i] = Some(Decided::Taken(table));
@@ -684,11 +687,37 @@ async fn take_back(
 /// The batch claim's columns.
 const CLAIM_COLUMNS: &str = "(consumer_group, biz_type, biz_id, execute_time, msg_id, uniq_key, payload_hash, instance_id, claimed_at_ms)";
 
+/// How a group's multi-row claim learns which of its keys it inserted.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ClaimPath {
+    /// The insert returns the rows it inserted: `ON CONFLICT DO NOTHING RETURNING` on
+    /// PostgreSQL and SQLite, `INSERT IGNORE … RETURNING` on MariaDB 10.5+.
+    Returning,
+    /// MySQL has no `INSERT … RETURNING`: `INSERT IGNORE`, then the rows this group wrote read
+    /// back in the same transaction.
+    ReadBack,
+}
+
+impl ClaimPath {
+    /// The path `store`'s server allows ([`crate::store::Store::insert_returns_rows`]).
+    pub fn of(store: &crate::store::Store) -> Self {
+        if store.insert_returns_rows() { Self::Returning } else { Self::ReadBack }
+    }
+
+    pub fn describe(self) -> &'static str {
+        match self {
+            Self::Returning => "one insert returning the claimed keys",
+            Self::ReadBack => "INSERT IGNORE, then the group's own claims read back",
+        }
+    }
+}
+
 /// Claims the keys of `members` (one copy of each key) in `table` with one multi-row insert
 /// that skips taken keys, in key order. Returns the members whose claim was inserted.
 async fn claim_many(
     tx: &mut Conn,
     backend: Backend,
+    path: ClaimPath,
     table: &ClaimTable,
     who: &Claimant<'_>,
     slots: &[Slot<'_>],
@@ -707,19 +736,22 @@ async fn claim_many(
     let mut claimed = HashSet::new();
     for chunk in ordered.chunks(MAX_BATCH) {
         let values = values_list(9, chunk.len());
-        let sql = match backend {
-            Backend::Postgres | Backend::Sqlite => format!(
+        // The route checked every value against its column, so IGNORE can only skip a taken
+        // key here, never cut a value (and the read-back would notice if it did).
+        let sql = match (backend, path) {
+            (Backend::Postgres | Backend::Sqlite, _) => format!(
                 "INSERT INTO {} {CLAIM_COLUMNS} VALUES {values} \
                  ON CONFLICT (consumer_group, biz_type, biz_id, execute_time) DO NOTHING \
                  RETURNING biz_type, biz_id, execute_time",
                 table.name
             ),
-            // The route checked every value against its column, so IGNORE can only skip a
-            // taken key here, never cut a value.
-            Backend::MySql => format!(
+            (Backend::MySql, ClaimPath::Returning) => format!(
                 "INSERT IGNORE INTO {} {CLAIM_COLUMNS} VALUES {values} RETURNING biz_type, biz_id, execute_time",
                 table.name
             ),
+            (Backend::MySql, ClaimPath::ReadBack) => {
+                format!("INSERT IGNORE INTO {} {CLAIM_COLUMNS} VALUES {values}", table.name)
+            }
         };
         let mut q = query_built(backend, sql);
         for &(i, key) in chunk {
@@ -735,11 +767,33 @@ async fn claim_many(
                 .bind(who.instance_id.to_owned())
                 .bind(who.now_ms);
         }
-        let rows = q.fetch_all(&mut *tx).await?;
-        let mut inserted: HashSet<(String, String, i64)> = HashSet::with_capacity(rows.len());
-        for row in rows {
-            inserted.insert((row.try_get(0)?, row.try_get(1)?, row.try_get(2)?));
-        }
+        let inserted = match (backend, path) {
+            (Backend::MySql, ClaimPath::ReadBack) => {
+                let count = q.execute(&mut *tx).await?.rows_affected();
+                let ours = read_back(tx, backend, table, who, slots, chunk).await?;
+                // Every row this insert wrote is visible to its own transaction and matches the
+                // values it wrote. More matches than rows inserted: another delivery's claim
+                // looks exactly like one of ours (the same message claimed in the same
+                // millisecond by this instance), fewer: a value was not stored as written.
+                // Either way this group cannot tell, and each delivery goes through the gate
+                // alone, whose claim is exact.
+                if ours.len() as u64 != count {
+                    return Err(sqlx::Error::Protocol(format!(
+                        "the group's claim inserted {count} rows but {} read back as its own",
+                        ours.len()
+                    )));
+                }
+                ours
+            }
+            _ => {
+                let rows = q.fetch_all(&mut *tx).await?;
+                let mut inserted = HashSet::with_capacity(rows.len());
+                for row in rows {
+                    inserted.insert((row.try_get(0)?, row.try_get(1)?, row.try_get(2)?));
+                }
+                inserted
+            }
+        };
         for &(i, key) in chunk {
             if inserted.contains(&(key.biz_type.clone(), key.biz_id.clone(), key.execute_time)) {
                 claimed.insert(i);
@@ -747,6 +801,47 @@ async fn claim_many(
         }
     }
     Ok(claimed)
+}
+
+/// The keys of `chunk` whose claim in `table` is the one this group just wrote: the same
+/// message (msgId, UNIQ_KEY, body hash), by this instance, at this group's claim time.
+async fn read_back(
+    tx: &mut Conn,
+    backend: Backend,
+    table: &ClaimTable,
+    who: &Claimant<'_>,
+    slots: &[Slot<'_>],
+    chunk: &[(usize, &BizKey)],
+) -> Result<HashSet<(String, String, i64)>, sqlx::Error> {
+    let any_of = vec![
+        "(biz_type = ? AND biz_id = ? AND execute_time = ? AND msg_id = ? AND uniq_key = ? AND payload_hash = ?)";
+        chunk.len()
+    ]
+    .join(" OR ");
+    let sql = format!(
+        "SELECT biz_type, biz_id, execute_time FROM {} \
+         WHERE consumer_group = ? AND instance_id = ? AND claimed_at_ms = ? AND ({any_of})",
+        table.name
+    );
+    let mut q = query_built(backend, sql)
+        .bind(who.consumer_group.to_owned())
+        .bind(who.instance_id.to_owned())
+        .bind(who.now_ms);
+    for &(i, key) in chunk {
+        let d = slots[i].d;
+        q = q
+            .bind(key.biz_type.clone())
+            .bind(key.biz_id.clone())
+            .bind(key.execute_time)
+            .bind(d.msg_id.clone())
+            .bind(d.uniq_key.clone())
+            .bind(slots[i].hash.clone());
+    }
+    let mut ours = HashSet::with_capacity(chunk.len());
+    for row in q.fetch_all(&mut *tx).await? {
+        ours.insert((row.try_get(0)?, row.try_get(1)?, row.try_get(2)?));
+    }
+    Ok(ours)
 }
 
 /// Keys per statement that reads earlier claims.

@@ -4,6 +4,8 @@
 #[allow(dead_code)]
 #[macro_use]
 mod support;
+mod dead_letters;
+mod key_text;
 mod state_machine;
 
 use std::sync::Arc;
@@ -176,6 +178,7 @@ mod cases {
             picky("G-OK2", "M-9", "U-9", b"{}"),
         ];
         let answers = g.process_group(&group).await;
+        assert!(answers.iter().all(|r| r.phases.group_size == 9), "one transaction, not split: {answers:?}");
         let got: Vec<_> = answers.iter().map(|r| (r.outcome, r.verdict, r.logged)).collect();
         use Outcome::*;
         assert_eq!(
@@ -236,6 +239,7 @@ mod cases {
             picky("G-K", "M-4", "U-4", b"{}"),
         ];
         let answers = g.process_group(&group).await;
+        assert!(answers.iter().all(|r| r.phases.group_size == 4), "one transaction, not split: {answers:?}");
         let got: Vec<_> = answers.iter().map(|r| r.outcome).collect();
         assert_eq!(got, vec![Outcome::Failed, Outcome::Failed, Outcome::Processed, Outcome::Duplicate]);
         assert_eq!(answers[3].cause, Some(DuplicateCause::ProducerResend), "a duplicate of M-3's claim");
@@ -634,3 +638,30 @@ exactly_once_cases!(
     a_copy_after_a_failed_first_copy_in_one_group_claims_the_key_in_a_later_round,
     a_group_whose_transaction_cannot_commit_is_split_and_each_delivery_answers_alone,
 );
+
+// Group commit as on MySQL (no INSERT … RETURNING), on MariaDB: every case in groups, and
+// group commit's own cases.
+exactly_once_cases!(
+    on_mariadb_claiming_as_on_mysql,
+    a_failing_handler_in_the_middle_of_a_group_rolls_back_only_itself,
+    a_copy_after_a_failed_first_copy_in_one_group_claims_the_key_in_a_later_round,
+    a_group_whose_transaction_cannot_commit_is_split_and_each_delivery_answers_alone,
+);
+
+/// The servers the suite runs on are told apart at connect, so the MariaDB runs above claim
+/// with `INSERT IGNORE … RETURNING` and only `mariadb_claiming_as_on_mysql` reads back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn each_test_server_is_recognised_and_claims_groups_with_a_returning_insert() {
+    use idemgate::gate::group::ClaimPath;
+    use idemgate::store::MySqlFlavour;
+    for (backend, flavour) in
+        [(Backend::Sqlite, None), (Backend::Postgres, None), (Backend::MySql, Some(MySqlFlavour::MariaDb))]
+    {
+        let db = TestDb::new(backend).await;
+        assert_eq!(db.store.mysql_flavour(), flavour, "{backend}");
+        assert_eq!(ClaimPath::of(&db.store), ClaimPath::Returning, "{backend}");
+        let forced = db.store.clone().assuming_mysql_flavour(MySqlFlavour::MySql);
+        let expected = if backend == Backend::MySql { ClaimPath::ReadBack } else { ClaimPath::Returning };
+        assert_eq!(ClaimPath::of(&forced), expected, "{backend}");
+    }
+}

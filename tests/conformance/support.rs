@@ -4,12 +4,13 @@
 use std::sync::Arc;
 
 use idemgate::delivery::Delivery;
+use idemgate::gate::group::ClaimPath;
 use idemgate::gate::{Gate, GroupSettings, Identity, Outcome, Policy, Verdict};
 use idemgate::handler::Handlers;
 use idemgate::route::{RouteConfig, Routes};
 use idemgate::scratch::ScratchDb;
 use idemgate::shop;
-use idemgate::store::{Backend, Sql, Store, StoreOptions};
+use idemgate::store::{Backend, MySqlFlavour, Sql, Store, StoreOptions};
 use sqlx::Row;
 
 fn options() -> StoreOptions {
@@ -68,9 +69,23 @@ pub fn test_group_settings() -> GroupSettings {
     GroupSettings { max_batch: 8, linger: std::time::Duration::from_millis(20), in_flight: 2, queue: 64 }
 }
 
+tokio::task_local! {
+    /// Set by [`on_mariadb_claiming_as_on_mysql!`]: the gates a case makes take their MariaDB
+    /// for MySQL, so that group commit claims without `INSERT … RETURNING`.
+    pub static CLAIMING_AS_ON_MYSQL: bool;
+}
+
 /// A gate on the shop routes and handlers, plus `extra` routes and handlers; with group
-/// commit when the case runs under [`on_every_backend_with_group_commit!`].
+/// commit when the case runs under [`on_every_backend_with_group_commit!`], claiming as on
+/// MySQL under [`on_mariadb_claiming_as_on_mysql!`].
 pub fn gate(store: Store, id: Identity, extra_routes: Vec<RouteConfig>, extra: Handlers) -> Gate {
+    let store = if CLAIMING_AS_ON_MYSQL.try_with(|on| *on).unwrap_or(false) {
+        let store = store.assuming_mysql_flavour(MySqlFlavour::MySql);
+        assert_eq!(ClaimPath::of(&store), ClaimPath::ReadBack, "{store:?}");
+        store
+    } else {
+        store
+    };
     let mut routes = shop::routes(shop::TOPIC);
     routes.extend(extra_routes);
     let mut handlers = shop::handlers();
@@ -180,6 +195,24 @@ macro_rules! on_every_backend_with_group_commit {
                 crate::support::GROUP_COMMIT
                     .scope(true, super::cases::$case(idemgate::store::Backend::MySql))
                     .await
+            })*
+        }
+    };
+}
+
+/// Runs each `cases::$case(backend)` as a test on MariaDB with group commit on, its claims made
+/// as on MySQL: `INSERT IGNORE` and the group's own rows read back, instead of
+/// `INSERT IGNORE … RETURNING`, which MySQL lacks. (MySQL itself is not at hand here; its
+/// statements are.)
+#[allow(unused_macros)]
+macro_rules! on_mariadb_claiming_as_on_mysql {
+    ($($case:ident),* $(,)?) => {
+        mod mariadb_claiming_as_on_mysql {
+            $(#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+            async fn $case() {
+                let case = super::cases::$case(idemgate::store::Backend::MySql);
+                let grouped = crate::support::GROUP_COMMIT.scope(true, case);
+                crate::support::CLAIMING_AS_ON_MYSQL.scope(true, grouped).await
             })*
         }
     };
