@@ -66,6 +66,7 @@ pub struct Metrics {
     group_commits: IntCounterVec,
     group_retries: IntCounterVec,
     group_wait_seconds: HistogramVec,
+    group_queue_full: IntCounterVec,
     http_shed: IntCounterVec,
     windows: Mutex<BTreeMap<String, Window>>,
     from_database: tokio::sync::Mutex<Option<(Instant, FromDatabase)>>,
@@ -255,6 +256,11 @@ impl Metrics {
                 "Time a delivery waited in the group-commit queue before its group started: grows when the database is the bottleneck.",
                 &["consumer_group"],
             ),
+            group_queue_full: counter(
+                "idemgate_group_queue_full_total",
+                "Deliveries that found the group-commit queue (group_commit.queue) full and waited for room before queueing: the database is not keeping up.",
+                &["consumer_group"],
+            ),
             http_shed: counter(
                 "idemgate_http_requests_shed_total",
                 "Pages and API calls answered 503 at once because http.max_concurrent_requests were already in flight.",
@@ -331,6 +337,7 @@ impl Metrics {
         self.group_size.with_label_values(&[g]);
         self.group_wait_seconds.with_label_values(&[g]);
         self.http_shed.with_label_values(NO_LABELS);
+        self.group_queue_full.with_label_values(&[g]);
         for kind in AnomalyKind::ALL {
             self.reconcile_anomalies.with_label_values(&[g, kind.as_str()]);
         }
@@ -396,6 +403,11 @@ impl Metrics {
     /// Records how long one delivery waited for its group.
     pub fn observe_group_wait(&self, waited: Duration) {
         self.group_wait_seconds.with_label_values(&[self.group.as_str()]).observe(waited.as_secs_f64());
+    }
+
+    /// Counts a delivery that found the group-commit queue full.
+    pub fn observe_group_queue_full(&self) {
+        self.group_queue_full.with_label_values(&[self.group.as_str()]).inc();
     }
 
     /// Counts a page or API call turned away because too many were in flight.

@@ -138,16 +138,15 @@ impl Drop for ScratchDb {
         let Some(admin) = admin_url(self.backend) else {
             return;
         };
-        let (backend, name, pool) = (self.backend, self.name.clone(), self.store.pool().clone());
-        if pool.is_closed() {
+        if self.store.pool().is_closed() {
             return;
         }
+        // The pool is not closed here: closing waits for connections whose return to the pool
+        // is a task of the runtime this drop blocks. Dropping the database ends them instead.
+        let (backend, name) = (self.backend, self.name.clone());
         let _ = std::thread::spawn(move || {
             let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().ok()?;
-            rt.block_on(async move {
-                pool.close().await;
-                drop_database(backend, &admin, &name).await;
-            });
+            rt.block_on(drop_database(backend, &admin, &name));
             Some(())
         })
         .join();

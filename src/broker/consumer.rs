@@ -116,7 +116,9 @@ impl Subscription {
 
 /// A started consumer. Call [`Consumer::shutdown`] before the process exits.
 pub struct Consumer {
-    consumer: DefaultMQPushConsumer,
+    /// Shared with the route watcher ([`watch_routes`]).
+    consumer: Arc<tokio::sync::Mutex<DefaultMQPushConsumer>>,
+    route_watcher: tokio::task::JoinHandle<()>,
     host: ClientHost,
     counters: Arc<ConsumerCounters>,
     faults: tokio::sync::mpsc::UnboundedReceiver<String>,
@@ -172,7 +174,10 @@ impl Consumer {
             .await
             .with_context(|| format!("starting the consumer against name server {}", options.name_server))?;
         tracing::info!(group = %subscription.group, name_server = %options.name_server, "consumer started");
-        Ok(Self { consumer, host, counters, faults })
+        let consumer = Arc::new(tokio::sync::Mutex::new(consumer));
+        let topics = subscription.topics.iter().map(|(topic, _)| topic.clone()).collect();
+        let route_watcher = tokio::spawn(watch_routes(consumer.clone(), topics));
+        Ok(Self { consumer, route_watcher, host, counters, faults })
     }
 
     pub fn counters(&self) -> &Arc<ConsumerCounters> {
@@ -191,9 +196,48 @@ impl Consumer {
 
     /// Stops pulling, waits for the listener calls in flight (each finishes or rolls back its
     /// transaction), and stops the client.
-    pub async fn shutdown(mut self) {
-        self.consumer.shutdown().await;
+    pub async fn shutdown(self) {
+        self.route_watcher.abort();
+        self.consumer.lock().await.shutdown().await;
         self.host.shutdown().await;
+    }
+}
+
+/// How often a subscribed topic without a route is looked up again.
+const ROUTE_RETRY: std::time::Duration = std::time::Duration::from_secs(1);
+
+/// Asks the name server for the route of every subscribed topic that has none yet, every
+/// [`ROUTE_RETRY`], until each has one. A topic is created by its first send; left to itself,
+/// the client looks for new routes only every 30 s, so a fresh consumer would sit idle for up
+/// to half a minute after that send. The first miss is logged once at INFO, the route's
+/// arrival too, so that the wait is visible.
+async fn watch_routes(consumer: Arc<tokio::sync::Mutex<DefaultMQPushConsumer>>, topics: Vec<String>) {
+    let mut waiting: Vec<(String, bool)> = topics.into_iter().map(|t| (t, false)).collect();
+    while !waiting.is_empty() {
+        let mut still = Vec::new();
+        for (topic, announced) in waiting {
+            let queues = consumer.lock().await.fetch_subscribe_message_queues(&topic).await;
+            match queues {
+                Ok(queues) if !queues.is_empty() => {
+                    if announced {
+                        tracing::info!(%topic, queues = queues.len(), "the topic has a route now; consuming");
+                    }
+                }
+                _ => {
+                    if !announced {
+                        tracing::info!(
+                            %topic, retry_ms = ROUTE_RETRY.as_millis() as u64,
+                            "the topic has no route yet (its first send creates it); asking the name server again until it has one"
+                        );
+                    }
+                    still.push((topic, true));
+                }
+            }
+        }
+        waiting = still;
+        if !waiting.is_empty() {
+            tokio::time::sleep(ROUTE_RETRY).await;
+        }
     }
 }
 

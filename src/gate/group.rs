@@ -123,6 +123,7 @@ struct Job {
 /// queue; the tasks finish the groups they hold and stop.
 pub(crate) struct Committer {
     queue: mpsc::Sender<Job>,
+    metrics: Option<Arc<crate::metrics::Metrics>>,
 }
 
 impl Committer {
@@ -132,16 +133,28 @@ impl Committer {
         for _ in 0..settings.in_flight.max(1) {
             tokio::spawn(commit_groups(core.clone(), jobs.clone(), settings.clone()));
         }
-        Self { queue }
+        Self { queue, metrics: core.metrics.clone() }
     }
 
-    /// Queues `delivery` and waits for its group's answer.
+    /// Queues `delivery` and waits for its group's answer. A full queue makes the caller wait
+    /// for room first (counted: the database is not keeping up); the time in the queue is
+    /// measured from when the delivery got in.
     pub(crate) async fn submit(&self, delivery: Delivery) -> Disposition {
+        let room = match self.queue.try_reserve() {
+            Ok(room) => room,
+            Err(mpsc::error::TrySendError::Full(())) => {
+                if let Some(metrics) = &self.metrics {
+                    metrics.observe_group_queue_full();
+                }
+                match self.queue.reserve().await {
+                    Ok(room) => room,
+                    Err(_) => return abandoned(),
+                }
+            }
+            Err(mpsc::error::TrySendError::Closed(())) => return abandoned(),
+        };
         let (reply, answer) = oneshot::channel();
-        let job = Job { delivery, queued: Instant::now(), reply };
-        if self.queue.send(job).await.is_err() {
-            return abandoned();
-        }
+        room.send(Job { delivery, queued: Instant::now(), reply });
         answer.await.unwrap_or_else(|_| abandoned())
     }
 }

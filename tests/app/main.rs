@@ -633,8 +633,10 @@ async fn group_commit_queue(b: Backend) {
     let (answers, ()) =
         tokio::join!(futures_util::future::join_all(deliveries.iter().map(|d| gate.process(d))), opener);
     assert!(answers.iter().all(|d| d.outcome == Outcome::Processed));
-    // With room for one, the others wait before the queue, not in it; with the default room
-    // for 256, nineteen deliveries would each wait 600 ms in the queue.
+    // With room for one, the others find the queue full and wait before it, not in it; with
+    // the default room for 256, all would get in and nineteen would each wait 600 ms in it.
+    let full = app.metric("idemgate_group_queue_full_total").await;
+    assert!(full >= 10.0, "{full} deliveries found a queue of one full");
     let waited = app.metric("idemgate_group_queue_wait_seconds_sum").await;
     assert!(waited < 3.0, "{waited} s waited in a queue of one");
     app.stop().await;
@@ -672,7 +674,13 @@ async fn reconcile_window_hours(b: Backend) {
     .await;
     let ran = app
         .eventually(PATIENCE, async |a| {
-            a.scalar("SELECT COUNT(*) FROM reconcile_run WHERE until_ms - since_ms = 7200000", &[]).await > 0
+            // The window ends just after its run's "now".
+            a.scalar(
+                "SELECT COUNT(*) FROM reconcile_run WHERE until_ms - since_ms BETWEEN 7200000 AND 7200001",
+                &[],
+            )
+            .await
+                > 0
         })
         .await;
     assert!(ran, "a run over two hours (the default reads 24)");
