@@ -49,6 +49,14 @@ impl Running {
         replay: bool,
     ) -> anyhow::Result<Self> {
         let server = http::Server::bind(&settings.http.bind).await?;
+        if settings.http.binds_every_address() && settings.http.allowed_hosts.is_empty() {
+            tracing::warn!(
+                bind = %settings.http.bind,
+                "http.bind listens on every address but http.allowed_hosts names no host: the web UI, \
+                 the API and /metrics answer only to IP addresses and localhost; list the names the \
+                 service is reached by in http.allowed_hosts (IDEMGATE_HTTP__ALLOWED_HOSTS)"
+            );
+        }
         let url = format!("http://{}", server.local_addr()?);
         let routes = settings.routes();
         let identity = settings.identity();
