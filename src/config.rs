@@ -166,6 +166,21 @@ pub struct HttpSettings {
     /// 1024; one more is answered 503 at once with `Retry-After`. Health and `/metrics` are
     /// not counted.
     pub max_concurrent_requests: u32,
+
+    // Which names the server answers to, and how long a replay form stays valid: the guards
+    // against DNS rebinding and cross-site requests ([`crate::http::host`], [`crate::http::csrf`]).
+    /// `IDEMGATE_HTTP__ALLOWED_HOSTS`: the host names (without a port; any port is accepted)
+    /// the web UI, the API and `/metrics` are served under, such as
+    /// `["idemgate.example.com"]`. `localhost` and IP addresses (the bind address, a pod IP)
+    /// are always accepted; a request whose `Host` names anything else gets 421. `/healthz`
+    /// and `/readyz` answer any `Host`. Empty by default: with the loopback bind nothing else
+    /// is needed; with a wildcard bind (`0.0.0.0`, `[::]`) list every name the service is
+    /// reached by.
+    pub allowed_hosts: Vec<String>,
+    /// `IDEMGATE_HTTP__CSRF_TOKEN_TTL_SECONDS`: how long the trace page's Replay form stays
+    /// valid after the page was shown, 60 to 86400. An older form is refused with a request
+    /// to reload the page.
+    pub csrf_token_ttl_seconds: u64,
 }
 
 impl std::fmt::Debug for HttpSettings {
@@ -180,6 +195,8 @@ impl std::fmt::Debug for HttpSettings {
             .field("query_timeout_ms", &shown.query_timeout_ms)
             .field("max_connections", &shown.max_connections)
             .field("max_concurrent_requests", &shown.max_concurrent_requests)
+            .field("allowed_hosts", &shown.allowed_hosts)
+            .field("csrf_token_ttl_seconds", &shown.csrf_token_ttl_seconds)
             .finish()
     }
 }
@@ -232,11 +249,53 @@ impl HttpSettings {
         if !(1..=1024).contains(&self.max_concurrent_requests) {
             return Err(invalid("http.max_concurrent_requests", "must be from 1 to 1024"));
         }
+        for name in &self.allowed_hosts {
+            check_host_name(name).map_err(|why| invalid("http.allowed_hosts", format!("{name:?} {why}")))?;
+        }
+        if !(60..=86_400).contains(&self.csrf_token_ttl_seconds) {
+            return Err(invalid("http.csrf_token_ttl_seconds", "must be from 60 to 86400"));
+        }
         Ok(())
+    }
+
+    /// True when the server listens on every address (`0.0.0.0`, `[::]`): then it is reached
+    /// by names this process cannot know, which `allowed_hosts` must list.
+    pub fn binds_every_address(&self) -> bool {
+        self.bind.parse::<std::net::SocketAddr>().is_ok_and(|a| a.ip().is_unspecified())
     }
 }
 
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+/// Checks one `http.allowed_hosts` entry: a DNS name or an IP address, without a scheme, a
+/// port, a path or a wildcard.
+fn check_host_name(name: &str) -> Result<(), &'static str> {
+    let bare = name.strip_prefix('[').and_then(|n| n.strip_suffix(']')).unwrap_or(name);
+    if bare.parse::<std::net::IpAddr>().is_ok() {
+        return Ok(());
+    }
+    if name.contains("://") || name.contains('/') {
+        return Err("is not a host name: give the name alone, such as idemgate.example.com");
+    }
+    if name.contains(':') {
+        return Err("has a port: give the name alone; any port is accepted");
+    }
+    if name.contains('*') {
+        return Err("has a wildcard: list each name");
+    }
+    let labels = name.strip_suffix('.').unwrap_or(name);
+    let label_ok = |l: &str| {
+        (1..=63).contains(&l.len())
+            && l.chars().all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_')
+            && !l.starts_with('-')
+            && !l.ends_with('-')
+    };
+    if labels.is_empty() || labels.len() > 253 || !labels.split('.').all(label_ok) {
+        return Err("is not a host name (letters, digits, '-' and '.', at most 253 characters)");
+    }
+    Ok(())
+}
+
+/// `Debug` prints the URL with its password masked ([`crate::store::redact_url`]).
+#[derive(Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct DatabaseSettings {
     /// `IDEMGATE_DATABASE__URL`: `sqlite://FILE?mode=rwc`, `postgres://…` or `mysql://…`
@@ -248,6 +307,16 @@ pub struct DatabaseSettings {
     /// `IDEMGATE_DATABASE__ACQUIRE_TIMEOUT_MS`: how long a delivery waits for a connection
     /// before it fails (and is retried by the broker).
     pub acquire_timeout_ms: u64,
+}
+
+impl std::fmt::Debug for DatabaseSettings {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("DatabaseSettings")
+            .field("url", &crate::store::redact_url(&self.url))
+            .field("max_connections", &self.max_connections)
+            .field("acquire_timeout_ms", &self.acquire_timeout_ms)
+            .finish()
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -323,6 +392,8 @@ impl Default for Settings {
                 query_timeout_ms: 5_000,
                 max_connections: 4,
                 max_concurrent_requests: 16,
+                allowed_hosts: Vec::new(),
+                csrf_token_ttl_seconds: 3_600,
             },
             log: LogSettings { filter: DEFAULT_LOG_FILTER.to_owned(), format: LogFormat::Text },
             archive: ArchiveSettings::default(),
@@ -667,6 +738,19 @@ mod tests {
             ("[log]\nformat = \"xml\"", "key log.format"),
             ("[http]\nbind = \"localhost\"", "configuration key http.bind"),
             (
+                "[http]\nallowed_hosts = [\"idemgate.example.com:8080\"]",
+                "configuration key http.allowed_hosts: \"idemgate.example.com:8080\" has a port",
+            ),
+            (
+                "[http]\nallowed_hosts = [\"https://idemgate.example.com\"]",
+                "configuration key http.allowed_hosts: \"https://idemgate.example.com\" is not a host name",
+            ),
+            ("[http]\nallowed_hosts = [\"*.example.com\"]", "configuration key http.allowed_hosts"),
+            ("[http]\nallowed_hosts = [\"\"]", "configuration key http.allowed_hosts"),
+            ("[http]\nallowed_hosts = [\"two words\"]", "configuration key http.allowed_hosts"),
+            ("[http]\nallowed_hosts = \"one.example\"", "key http.allowed_hosts"),
+            ("[http]\ncsrf_token_ttl_seconds = 10", "configuration key http.csrf_token_ttl_seconds"),
+            (
                 "[broker]\nconsume_threads = 64",
                 "configuration key database.max_connections: is 16, below broker.consume_threads (64)",
             ),
@@ -712,6 +796,43 @@ mod tests {
         let missing =
             Settings::load_from(Some(Path::new("/nonexistent/idemgate.toml")), no_env()).unwrap_err();
         assert_eq!(missing.to_string(), "configuration file /nonexistent/idemgate.toml does not exist");
+    }
+
+    #[test]
+    #[allow(clippy::result_large_err)] // figment::Jail's own error type
+    fn allowed_hosts_come_from_a_list_in_the_file_or_one_variable() {
+        let defaults = Settings::default().http;
+        assert!(defaults.allowed_hosts.is_empty(), "localhost and IP addresses need no entry");
+        assert_eq!(defaults.csrf_token_ttl_seconds, 3_600);
+        assert!(!defaults.binds_every_address());
+        let dir = tempfile::tempdir().unwrap();
+        let file = "[http]\nbind = \"0.0.0.0:8080\"\nallowed_hosts = [\"idemgate.example.com\", \"10.0.0.5\", \"[::1]\"]";
+        let s = Settings::load_from(Some(&write(&dir, file)), no_env()).unwrap();
+        assert_eq!(s.http.allowed_hosts, ["idemgate.example.com", "10.0.0.5", "[::1]"]);
+        assert!(s.http.binds_every_address());
+        figment::Jail::expect_with(|jail| {
+            jail.set_env(
+                "IDEMGATE_HOSTS_TEST_HTTP__ALLOWED_HOSTS",
+                r#"["gate.internal", "idemgate.example.com."]"#,
+            );
+            let s = Settings::load_from(None, Env::prefixed("IDEMGATE_HOSTS_TEST_")).unwrap();
+            assert_eq!(s.http.allowed_hosts, ["gate.internal", "idemgate.example.com."]);
+            Ok(())
+        });
+    }
+
+    #[test]
+    fn a_settings_dump_never_carries_a_secret() {
+        let mut s = Settings::default();
+        s.database.url = "postgres://app:hunter1@127.0.0.1/x?sslmode=disable&password=hunter2".to_owned();
+        s.http.auth_token = "hunter3-0123456789".to_owned();
+        s.http.basic_user = "ops".to_owned();
+        s.http.basic_password = "hunter4".to_owned();
+        s.redis.url = "redis://:hunter5@127.0.0.1:6379/0?password=hunter6".to_owned();
+        let dump = format!("{s:?}");
+        assert!(!dump.contains("hunter"), "{dump}");
+        assert!(dump.contains("postgres://app:***@127.0.0.1/x?sslmode=disable&password=***"), "{dump}");
+        assert!(dump.contains("redis://:***@127.0.0.1:6379/0?password=***"), "{dump}");
     }
 
     const SHIP: &str = r#"

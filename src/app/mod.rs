@@ -80,6 +80,14 @@ impl Application {
             ui_store(&settings, &store).await.with_context(|| format!("opening the UI's pool on {shown}"))?;
         let server = http::Server::bind(&settings.http.bind).await?;
         let url = format!("http://{}", server.local_addr()?);
+        if settings.http.binds_every_address() && settings.http.allowed_hosts.is_empty() {
+            tracing::warn!(
+                bind = %settings.http.bind,
+                "http.bind listens on every address but http.allowed_hosts names no host: the web UI, \
+                 the API and /metrics answer only to IP addresses and localhost; list the names the \
+                 service is reached by in http.allowed_hosts (IDEMGATE_HTTP__ALLOWED_HOSTS)"
+            );
+        }
 
         let routes = settings.routes();
         let identity = settings.identity();

@@ -2,13 +2,17 @@
 //! endpoints. It binds to loopback unless configured otherwise.
 //!
 //! Every response carries a strict Content-Security-Policy (no scripts at all) and `nosniff`.
-//! With credentials configured ([`auth`]), everything but `/healthz` and `/readyz` needs them.
+//! Everything but `/healthz` and `/readyz` answers only to the host names it is served under
+//! ([`host`], against DNS rebinding) and, with credentials configured ([`auth`]), needs them; a
+//! state-changing request must come from this site's own page ([`csrf`]).
 //! This module owns routing and the server's lifecycle; each resource's handlers live in a
 //! module of their own. It must not change state on a GET.
 
 pub mod api;
 pub mod auth;
+pub mod csrf;
 mod health;
+pub mod host;
 mod metrics;
 pub mod params;
 pub mod ui;
@@ -52,21 +56,16 @@ pub struct Web {
     pub auth: auth::Auth,
     /// Replay from the trace page; `None` where this process has no broker (the demo).
     pub replay: Option<Arc<Replayer>>,
-    /// The per-process secret the replay form's CSRF token is made with.
-    csrf_secret: Secret,
     /// One permit per page or API call in flight (`http.max_concurrent_requests`).
     in_flight: Arc<tokio::sync::Semaphore>,
+    /// The host names served besides `localhost` and IP addresses.
+    pub hosts: host::AllowedHosts,
+    /// The tokens of the replay form, under a per-process secret.
+    pub forms: csrf::FormTokens,
 }
 
-/// Random bytes that `Debug` does not print.
-#[derive(Clone)]
-struct Secret([u8; 32]);
-
-impl std::fmt::Debug for Secret {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("***")
-    }
-}
+/// The purpose the replay form's tokens are issued for.
+const REPLAY_FORM: &str = "replay";
 
 impl Web {
     /// The pages' settings, and the handlers whose business state the trace page shows.
@@ -82,8 +81,9 @@ impl Web {
             archive: settings.archive.clone(),
             auth: auth::Auth::from_settings(http),
             replay: None,
-            csrf_secret: Secret(rand::random()),
             in_flight: Arc::new(tokio::sync::Semaphore::new(http.max_concurrent_requests as usize)),
+            hosts: host::AllowedHosts::from_settings(http),
+            forms: csrf::FormTokens::new(std::time::Duration::from_secs(http.csrf_token_ttl_seconds)),
         }
     }
 
@@ -97,18 +97,30 @@ impl Web {
         self
     }
 
-    /// The CSRF token of the replay form for one key: an HMAC-like digest of the key under
-    /// this process's secret, so a form from elsewhere cannot carry a valid one.
-    pub fn csrf_token(&self, group: &str, biz_type: &str, biz_id: &str, execute_time: i64) -> String {
-        use sha2::{Digest, Sha256};
-        let mut h = Sha256::new();
-        h.update(self.csrf_secret.0);
-        for part in [group, biz_type, biz_id, &execute_time.to_string()] {
-            h.update(part.as_bytes());
-            h.update([0]);
-        }
-        h.update(self.csrf_secret.0);
-        hex::encode(h.finalize())
+    /// The replay form's token for one key, issued at `now`: only this process can make one,
+    /// and only for that very key.
+    pub fn replay_token(
+        &self,
+        group: &str,
+        biz_type: &str,
+        biz_id: &str,
+        execute_time: i64,
+        now: std::time::SystemTime,
+    ) -> String {
+        self.forms.issue(REPLAY_FORM, &[group, biz_type, biz_id, &execute_time.to_string()], now)
+    }
+
+    /// Accepts a replay form's token for this key, issued here within the tokens' lifetime.
+    pub fn check_replay_token(
+        &self,
+        group: &str,
+        biz_type: &str,
+        biz_id: &str,
+        execute_time: i64,
+        token: &str,
+        now: std::time::SystemTime,
+    ) -> Result<(), csrf::TokenRefusal> {
+        self.forms.check(REPLAY_FORM, &[group, biz_type, biz_id, &execute_time.to_string()], token, now)
     }
 }
 
@@ -162,7 +174,8 @@ async fn not_found(uri: axum::http::Uri) -> Response {
     }
 }
 
-/// The whole application's routes.
+/// The whole application's routes. Outside in: the host name, then the credentials, then the
+/// same-origin rule for state-changing requests; health needs none of them.
 pub fn router(state: AppState) -> Router {
     let pages = Router::new()
         .merge(ui::router())
@@ -172,7 +185,9 @@ pub fn router(state: AppState) -> Router {
         .merge(metrics::router())
         .merge(pages)
         .fallback(not_found)
-        .route_layer(middleware::from_fn_with_state(state.clone(), auth::require));
+        .route_layer(middleware::from_fn(csrf::same_origin_writes))
+        .route_layer(middleware::from_fn_with_state(state.clone(), auth::require))
+        .layer(middleware::from_fn_with_state(state.clone(), host::require_allowed));
     Router::new()
         .merge(health::router())
         .merge(guarded)

@@ -30,6 +30,8 @@ struct App {
     db: TestDb,
     gate: Gate,
     settings: Settings,
+    /// One for the app's life, as in the server: its form tokens hold across requests.
+    web: Arc<Web>,
 }
 
 impl App {
@@ -42,7 +44,8 @@ impl App {
         shop::seed_stock(&db.store, "SKU-W", 1_000).await.expect("stock");
         let gate =
             gate(db.store.clone(), identity(GROUP, "web-1"), vec![], idemgate::handler::Handlers::new());
-        Self { db, gate, settings }
+        let web = Arc::new(Web::new(&settings, &shop::handlers()));
+        Self { db, gate, settings, web }
     }
 
     fn state(&self) -> AppState {
@@ -57,7 +60,7 @@ impl App {
             store: self.db.store.clone(),
             consumer_ready: Arc::new(AtomicBool::new(true)),
             metrics: Arc::new(Metrics::new(&info, &routes.biz_types(), &Default::default())),
-            web: Arc::new(Web::new(&self.settings, &shop::handlers())),
+            web: self.web.clone(),
         }
     }
 
@@ -541,4 +544,192 @@ async fn the_trace_command_prints_the_story_and_exits_by_what_it_found() {
     let (code, _, err) = run(&["bad\u{7}key"]);
     assert_eq!(code, Some(1));
     assert!(err.contains("control character"), "{err}");
+}
+
+/// A request for `uri` that names `host` in its `Host` header, as a browser's does.
+fn get_with_host(uri: &str, host: &str) -> Request<Body> {
+    Request::get(uri).header(header::HOST, host).body(Body::empty()).expect("request")
+}
+
+/// The trace page's replay form for `biz_id`, posted under `host` with `extra` headers.
+fn replay_post(biz_id: &str, token: &str, host: &str, extra: &[(&str, &str)]) -> Request<Body> {
+    let form = serde_urlencoded::to_string([
+        ("group", GROUP),
+        ("biz_type", shop::PAYMENT_CONFIRM),
+        ("biz_id", biz_id),
+        ("execute_time", "0"),
+        ("csrf", token),
+    ])
+    .expect("form");
+    let mut request = Request::post("/replay")
+        .header(header::HOST, host)
+        .header(header::CONTENT_TYPE, "application/x-www-form-urlencoded");
+    for (name, value) in extra {
+        request = request.header(*name, *value);
+    }
+    request.body(Body::from(form)).expect("request")
+}
+
+/// What a replay that passed every check meets in a process without a broker.
+const NO_BROKER: &str = "replay is not available here";
+
+/// A page on a rebinding domain reaches this server with its own domain in `Host`: every route
+/// but health refuses it (421), before any credentials are asked for. Loopback names, IP
+/// addresses (a Prometheus scrape by address) and listed names are served.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_page_asked_for_under_a_foreign_host_name_is_misdirected() {
+    let app = App::new(idemgate::store::Backend::Sqlite).await;
+    let guarded = [
+        "/trace?q=P-1",
+        "/",
+        "/api/overview",
+        "/dead-letters",
+        "/metrics",
+        "/assets/style.css",
+        "/no/such/page",
+    ];
+    for uri in guarded {
+        let (status, body, _) = app.request(get_with_host(uri, "evil.example:8080")).await;
+        assert_eq!(status, StatusCode::MISDIRECTED_REQUEST, "{uri}: {body}");
+        assert!(body.contains("http.allowed_hosts"), "{uri}: {body}");
+    }
+    for uri in ["/healthz", "/readyz"] {
+        assert_eq!(app.request(get_with_host(uri, "evil.example:8080")).await.0, StatusCode::OK, "{uri}");
+    }
+    for host in ["127.0.0.1:8080", "localhost:8080", "LocalHost", "[::1]:8080", "10.1.2.3:9100"] {
+        let (status, body, _) = app.request(get_with_host("/", host)).await;
+        assert_eq!(status, StatusCode::OK, "{host}: {body}");
+        assert_eq!(app.request(get_with_host("/metrics", host)).await.0, StatusCode::OK, "{host}");
+    }
+    let absolute = Request::get("http://evil.example:8080/")
+        .header(header::HOST, "127.0.0.1:8080")
+        .body(Body::empty())
+        .unwrap();
+    assert_eq!(app.request(absolute).await.0, StatusCode::MISDIRECTED_REQUEST, "the URI's host counts too");
+    let twice = Request::get("/")
+        .header(header::HOST, "127.0.0.1:8080")
+        .header(header::HOST, "evil.example:8080")
+        .body(Body::empty())
+        .unwrap();
+    assert_eq!(app.request(twice).await.0, StatusCode::MISDIRECTED_REQUEST, "two Host headers");
+
+    let mut settings = Settings::default();
+    settings.http.allowed_hosts = vec!["idemgate.example.com".to_owned()];
+    settings.http.auth_token = "tok-0123456789abcdef".to_owned();
+    let listed = App::with_settings(idemgate::store::Backend::Sqlite, settings).await;
+    let signed_in = |host: &str| {
+        Request::get("/")
+            .header(header::HOST, host)
+            .header(header::AUTHORIZATION, "Bearer tok-0123456789abcdef")
+            .body(Body::empty())
+            .unwrap()
+    };
+    assert_eq!(listed.request(signed_in("IDEMGATE.example.com:443")).await.0, StatusCode::OK);
+    assert_eq!(listed.request(signed_in("evil.example")).await.0, StatusCode::MISDIRECTED_REQUEST);
+    let (status, _, headers) = listed.request(get_with_host("/", "evil.example")).await;
+    assert_eq!(
+        status,
+        StatusCode::MISDIRECTED_REQUEST,
+        "the host is refused before credentials are asked for"
+    );
+    assert!(headers.get(header::WWW_AUTHENTICATE).is_none(), "no sign-in prompt for a foreign page");
+    assert_eq!(listed.request(get_with_host("/healthz", "10.244.0.7:8080")).await.0, StatusCode::OK);
+}
+
+/// The rebinding attack on replay: the form posted with a matching `Origin` and `Host`, both the
+/// attacker's domain, and a token read from the trace page. Refused for its host name.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replay_posted_from_a_rebinding_domain_is_refused() {
+    let app = App::new(idemgate::store::Backend::Sqlite).await;
+    let token = app.web.replay_token(GROUP, shop::PAYMENT_CONFIRM, "P-1", 0, std::time::SystemTime::now());
+    let rebound = replay_post("P-1", &token, "evil.example:8080", &[("origin", "http://evil.example:8080")]);
+    let (status, body, _) = app.request(rebound).await;
+    assert_eq!(status, StatusCode::MISDIRECTED_REQUEST, "{body}");
+    assert!(!body.contains(NO_BROKER), "{body}");
+
+    let own = replay_post("P-1", &token, "127.0.0.1:8080", &[("origin", "http://127.0.0.1:8080")]);
+    let (status, body, _) = app.request(own).await;
+    assert_eq!(status, StatusCode::FORBIDDEN);
+    assert!(body.contains(NO_BROKER), "the same form from the page's own origin passes every check: {body}");
+}
+
+/// A state-changing request the browser marks as coming from another site is refused, whatever
+/// its token; `Sec-Fetch-Site: same-origin` and a matching `Origin` go on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replay_the_browser_says_comes_from_another_site_is_refused() {
+    let app = App::new(idemgate::store::Backend::Sqlite).await;
+    let token = app.web.replay_token(GROUP, shop::PAYMENT_CONFIRM, "P-1", 0, std::time::SystemTime::now());
+    let host = "127.0.0.1:8080";
+    for site in ["cross-site", "same-site", "none"] {
+        let (status, body, _) =
+            app.request(replay_post("P-1", &token, host, &[("sec-fetch-site", site)])).await;
+        assert_eq!(status, StatusCode::FORBIDDEN, "{site}");
+        assert!(body.contains("comes from another site"), "{site}: {body}");
+    }
+    let foreign_origin = [("origin", "http://evil.example"), ("sec-fetch-site", "same-origin")];
+    let (status, body, _) = app.request(replay_post("P-1", &token, host, &foreign_origin)).await;
+    assert_eq!(status, StatusCode::FORBIDDEN);
+    assert!(body.contains("this site&#39;s own page") || body.contains("this site's own page"), "{body}");
+    let same = [("origin", "http://127.0.0.1:8080"), ("sec-fetch-site", "same-origin")];
+    let (_, body, _) = app.request(replay_post("P-1", &token, host, &same)).await;
+    assert!(body.contains(NO_BROKER), "{body}");
+}
+
+/// A replay form's token lasts `http.csrf_token_ttl_seconds` (an hour by default): an older
+/// one is refused with a request to reload the page; one for another key, or in the old
+/// never-expiring form, is not valid at all.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_expired_replay_token_is_refused_with_a_request_to_reload_the_page() {
+    let app = App::new(idemgate::store::Backend::Sqlite).await;
+    let now = std::time::SystemTime::now();
+    let two_hours_ago = now - std::time::Duration::from_secs(7_200);
+    let old = app.web.replay_token(GROUP, shop::PAYMENT_CONFIRM, "P-1", 0, two_hours_ago);
+    let (status, body, _) = app.request(replay_post("P-1", &old, "127.0.0.1:8080", &[])).await;
+    assert_eq!(status, StatusCode::FORBIDDEN);
+    assert!(body.contains("expired") && body.contains("reload the trace page"), "{body}");
+
+    let other_key = app.web.replay_token(GROUP, shop::PAYMENT_CONFIRM, "P-2", 0, now);
+    for refused in [other_key, "0".repeat(64)] {
+        let (status, body, _) = app.request(replay_post("P-1", &refused, "127.0.0.1:8080", &[])).await;
+        assert_eq!(status, StatusCode::FORBIDDEN);
+        assert!(body.contains("not valid for this key"), "{refused}: {body}");
+    }
+    let fresh = app.web.replay_token(GROUP, shop::PAYMENT_CONFIRM, "P-1", 0, now);
+    let (_, body, _) = app.request(replay_post("P-1", &fresh, "127.0.0.1:8080", &[])).await;
+    assert!(body.contains(NO_BROKER), "a fresh token passes: {body}");
+}
+
+/// Runs the `idemgate` binary with `database_url` and `args`: exit code, stdout, stderr.
+fn idemgate(database_url: &str, args: &[&str]) -> (Option<i32>, String, String) {
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_idemgate"))
+        .args(args)
+        .env("IDEMGATE_DATABASE__URL", database_url)
+        .env("IDEMGATE_DATABASE__ACQUIRE_TIMEOUT_MS", "3000")
+        .env_remove("RUST_LOG")
+        .output()
+        .expect("run idemgate");
+    (
+        out.status.code(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+/// A password in the database URL's query string (`?password=`, which the PostgreSQL driver
+/// takes) is masked like the `user:password@` one: `idemgate config` prints `***`.
+#[test]
+fn the_config_command_masks_a_password_in_the_url_query() {
+    let (code, out, err) = idemgate("postgres://u@127.0.0.1/x?sslmode=disable&password=hunter2", &["config"]);
+    assert_eq!(code, Some(0), "{out}{err}");
+    assert!(!out.contains("hunter2") && !err.contains("hunter2"), "{out}{err}");
+    assert!(out.contains("url = \"postgres://u@127.0.0.1/x?sslmode=disable&password=***\""), "{out}");
+}
+
+/// A database that cannot be reached: the error names the masked URL, never the password.
+#[test]
+fn a_failed_connection_never_prints_the_password() {
+    let (code, out, err) = idemgate("postgres://u@127.0.0.1:1/x?password=hunter2", &["migrate"]);
+    assert_eq!(code, Some(1), "{out}{err}");
+    assert!(err.contains("postgres://u@127.0.0.1:1/x?password=***"), "the error names the database: {err}");
+    assert!(!out.contains("hunter2") && !err.contains("hunter2"), "{out}{err}");
 }

@@ -2,7 +2,7 @@
 
 use askama::Template;
 use axum::extract::State;
-use axum::http::{StatusCode, header};
+use axum::http::StatusCode;
 use axum::response::Response;
 
 use super::{Problem, render, trace_href};
@@ -27,28 +27,10 @@ struct ReplayPage<'a> {
 }
 
 /// `POST /replay`: re-publishes one key's latest dead letter. It needs the form's CSRF token
-/// for that very key, a same-origin request (when the browser says where it came from) and,
-/// where credentials are configured, those.
-pub(super) async fn replay_action(
-    State(state): State<AppState>,
-    headers: axum::http::HeaderMap,
-    body: String,
-) -> Result<Response, Problem> {
-    let Some(replayer) = state.web.replay.clone() else {
-        return Err(Problem {
-            status: StatusCode::FORBIDDEN,
-            message: "replay is not available here: this process has no broker".to_owned(),
-        });
-    };
-    if let (Some(origin), Some(host)) = (headers.get(header::ORIGIN), headers.get(header::HOST))
-        && origin.as_bytes() != format!("http://{}", host.to_str().unwrap_or("")).as_bytes()
-        && origin.as_bytes() != format!("https://{}", host.to_str().unwrap_or("")).as_bytes()
-    {
-        return Err(Problem {
-            status: StatusCode::FORBIDDEN,
-            message: "a replay must come from this site's own trace page".to_owned(),
-        });
-    }
+/// for that very key, issued by this process within the tokens' lifetime; the router has
+/// already checked the host name, the credentials where configured, and that the browser did
+/// not send it from another site ([`crate::http::csrf`]).
+pub(super) async fn replay_action(State(state): State<AppState>, body: String) -> Result<Response, Problem> {
     let form = Params::parse(Some(&body))?;
     let field = |name: &str, max: usize| -> Result<String, Problem> {
         let v = form.get(name).ok_or_else(|| Problem::bad_request(format!("the form has no {name}")))?;
@@ -60,14 +42,17 @@ pub(super) async fn replay_action(
     let execute_time: i64 = field("execute_time", 20)?
         .parse()
         .map_err(|_| Problem::bad_request("execute_time must be epoch milliseconds"))?;
-    let csrf = field("csrf", 64)?;
-    let expected = state.web.csrf_token(&group, &biz_type, &biz_id, execute_time);
-    if !crate::http::auth::same(csrf.as_bytes(), expected.as_bytes()) {
+    let csrf = field("csrf", 128)?;
+    state
+        .web
+        .check_replay_token(&group, &biz_type, &biz_id, execute_time, &csrf, std::time::SystemTime::now())
+        .map_err(|refusal| Problem { status: StatusCode::FORBIDDEN, message: refusal.to_string() })?;
+    let Some(replayer) = state.web.replay.clone() else {
         return Err(Problem {
             status: StatusCode::FORBIDDEN,
-            message: "the form's token is not valid for this key; open the trace page again".to_owned(),
+            message: "replay is not available here: this process has no broker".to_owned(),
         });
-    }
+    };
     let lines =
         replayer.replay_key(&state.store, &group, &biz_type, &biz_id, execute_time).await.map_err(|e| {
             tracing::error!(error = %e, "replay from the web UI failed");

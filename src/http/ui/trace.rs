@@ -154,7 +154,13 @@ impl StoryView {
             grafana_url: s.grafana_url.clone().unwrap_or_default(),
             json_href: href(&format!("/api/trace/{}", path_segment(&k.biz_id)), &json_pairs),
             replay_csrf: if web.replay.is_some() && s.claim.is_none() && m.dead_letters > 0 {
-                web.csrf_token(&k.consumer_group, &k.biz_type, &k.biz_id, k.execute_time)
+                web.replay_token(
+                    &k.consumer_group,
+                    &k.biz_type,
+                    &k.biz_id,
+                    k.execute_time,
+                    std::time::SystemTime::now(),
+                )
             } else {
                 String::new()
             },
