@@ -298,7 +298,11 @@ impl Prefilter {
     pub fn new(settings: &RedisSettings) -> Result<Self, redis::RedisError> {
         let client = redis::Client::open(settings.url.as_str())?;
         let timeout = Duration::from_millis(settings.timeout_ms);
+        // The client's own response timeout (500 ms by default) would cut a wait that
+        // `timeout_ms` allows and call it an error: it is set past this pre-filter's own, which
+        // is what decides.
         let config = ConnectionManagerConfig::new()
+            .set_response_timeout(Some(timeout * 2 + Duration::from_millis(100)))
             .set_connection_timeout(Some(Duration::from_millis(250)))
             .set_number_of_retries(1)
             .set_min_delay(Duration::from_millis(50))

@@ -124,6 +124,12 @@ impl Application {
         &self.gate
     }
 
+    /// The HTTP routes on the assembled state, for a request sent without the network
+    /// (`tower::ServiceExt::oneshot`); [`Application::start`] serves the same.
+    pub fn router(&self) -> axum::Router {
+        http::router(self.state.clone())
+    }
+
     /// The settings the service runs with (the instance id filled in).
     pub fn settings(&self) -> &Settings {
         &self.settings
@@ -288,21 +294,41 @@ impl Running {
     }
 }
 
-/// The gate `settings` describe on `store`: every option of `[archive]`, `[redis]`, `[dedup]`,
-/// `[group_commit]` and `[consumer]` that concerns a delivery is applied here and nowhere
-/// else. [`Application::build`] calls it, and so does a test that needs a gate alone.
+/// The gate `settings` describe on `store`, ready for its first delivery: the claim layout
+/// checked (or recorded) and Redis asked once. [`Application::build`] calls it.
 pub async fn gate(
     settings: &Settings,
     store: Store,
     handlers: Handlers,
     metrics: Option<Arc<Metrics>>,
 ) -> anyhow::Result<Gate> {
-    let identity = settings.identity();
-    let layout = crate::layout::ensure(&store, settings.dedup.shards, &identity.instance_id).await?;
+    let layout =
+        crate::layout::ensure(&store, settings.dedup.shards, &settings.identity().instance_id).await?;
+    let gate = assemble_gate(settings, store, handlers, metrics)?.with_layout(layout);
+    if let Some(prefilter) = gate.prefilter()
+        && prefilter.warm_up().await
+    {
+        tracing::info!(
+            redis = %redact_url(&settings.redis.url), biz_types = ?settings.redis.biz_types,
+            "the Redis pre-filter is on"
+        );
+    }
+    Ok(gate)
+}
+
+/// The gate `settings` describe on `store`: every option of `[archive]`, `[redis]`, `[dedup]`,
+/// `[group_commit]` and `[consumer]` that concerns a delivery is applied here and nowhere
+/// else. Without [`gate`]'s preparation the layout is read on the first delivery and Redis is
+/// first asked then: for tests that build a gate alone, through the same options.
+pub fn assemble_gate(
+    settings: &Settings,
+    store: Store,
+    handlers: Handlers,
+    metrics: Option<Arc<Metrics>>,
+) -> anyhow::Result<Gate> {
     let server = store.mysql_flavour().map_or(store.backend().name(), |f| f.name());
     let claim_path = crate::gate::group::ClaimPath::of(&store).describe();
-    let mut gate = Gate::new(store, settings.routes(), handlers, identity, settings.policy())?
-        .with_layout(layout)
+    let mut gate = Gate::new(store, settings.routes(), handlers, settings.identity(), settings.policy())?
         .with_late_duplicate_guard(settings.archive.late_duplicate_guard);
     if settings.archive.late_duplicate_guard {
         tracing::info!("the late-duplicate guard is on: fresh claims are looked up in the archive");
@@ -324,12 +350,6 @@ pub async fn gate(
     if settings.redis.enabled() {
         let prefilter = Prefilter::new(&settings.redis)
             .with_context(|| format!("redis.url {}", redact_url(&settings.redis.url)))?;
-        if prefilter.warm_up().await {
-            tracing::info!(
-                redis = %redact_url(&settings.redis.url), biz_types = ?settings.redis.biz_types,
-                "the Redis pre-filter is on"
-            );
-        }
         gate = gate.with_prefilter(Arc::new(prefilter));
     }
     Ok(gate)

@@ -222,6 +222,11 @@ impl Gate {
         &self.core.store
     }
 
+    /// The Redis pre-filter, when one is configured.
+    pub fn prefilter(&self) -> Option<&Arc<Prefilter>> {
+        self.core.prefilter.as_ref()
+    }
+
     pub fn identity(&self) -> &Identity {
         &self.core.identity
     }

@@ -297,11 +297,13 @@ pub async fn request(addr: &str, method: &str, path: &str, headers: &[(&str, &st
     parse(&raw)
 }
 
-/// The request line and headers of a request with a body of `length` bytes.
+/// The request line and headers of a request with a body of `length` bytes; `Host` is `addr`
+/// unless `headers` name another.
 pub fn head(addr: &str, method: &str, path: &str, headers: &[(&str, &str)], length: usize) -> Vec<u8> {
-    let mut head = format!(
-        "{method} {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\nContent-Length: {length}\r\n"
-    );
+    let mut head = format!("{method} {path} HTTP/1.1\r\nConnection: close\r\nContent-Length: {length}\r\n");
+    if !headers.iter().any(|(name, _)| name.eq_ignore_ascii_case("host")) {
+        head.push_str(&format!("Host: {addr}\r\n"));
+    }
     for (name, value) in headers {
         head.push_str(&format!("{name}: {value}\r\n"));
     }

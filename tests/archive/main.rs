@@ -21,7 +21,7 @@ use idemgate::handler::Handlers;
 use idemgate::shop;
 use idemgate::store::{Sql, Store};
 use sqlx::Row;
-use support::{TestDb, gate, identity, stock_deduct};
+use support::{TestDb, gate, gate_with, identity, stock_deduct};
 
 /// The injected "now" of most tests: 2030-01-01.
 const NOW: i64 = 1_893_456_000_000;
@@ -237,10 +237,9 @@ mod cases {
         const OLD: usize = 1_500;
         const NEW: usize = 600;
         seed_claims(&db.store, "OLD", OLD, now, 100 * DAY_MS).await;
-        let g = Arc::new(
-            gate(db.store.clone(), identity(GROUP, "consumer"), vec![], Handlers::new())
-                .with_late_duplicate_guard(true),
-        );
+        let g = Arc::new(gate_with(db.store.clone(), identity(GROUP, "consumer"), |s| {
+            s.archive.late_duplicate_guard = true
+        }));
         let consumers: Vec<_> = (0..8)
             .map(|w| {
                 let g = g.clone();
@@ -362,8 +361,8 @@ mod cases {
         seed_claims(&db.store, "OLD", 3, now, 100 * DAY_MS).await;
         archive_once(&db.store, &options("a", 10), now).await.expect("run");
         let unguarded = gate(db.store.clone(), identity(GROUP, "c"), vec![], Handlers::new());
-        let guarded = gate(db.store.clone(), identity(GROUP, "c"), vec![], Handlers::new())
-            .with_late_duplicate_guard(true);
+        let guarded =
+            gate_with(db.store.clone(), identity(GROUP, "c"), |s| s.archive.late_duplicate_guard = true);
 
         // Same UNIQ_KEY as the archived claim: the broker bringing the message back.
         let copy = stock_deduct("OLD-0", "LATE-1", "U-OLD-0", "SKU-A", 1);

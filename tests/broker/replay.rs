@@ -8,9 +8,9 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
-use idemgate::broker::{Consumer, Producer};
+use idemgate::app::{Application, Feed};
+use idemgate::broker::Producer;
 use idemgate::delivery::Delivery;
-use idemgate::gate::Gate;
 use idemgate::handler::{Effect, Handler, HandlerError, Handlers, Work};
 use idemgate::replay::{self, Action, Selection};
 use idemgate::route::RouteConfig;
@@ -160,9 +160,12 @@ async fn after_the_handler_is_fixed_a_replay_applies_the_dead_letter_exactly_onc
     let fixed = Arc::new(AtomicBool::new(false));
     let routes = settings.routes();
     let handlers = Handlers::new().with("fragile", Fragile { fixed: fixed.clone() });
-    let gate = Gate::new(db.store.clone(), routes.clone(), handlers, settings.identity(), settings.policy())
-        .expect("gate");
-    let consumer = Consumer::start(Arc::new(gate), &settings.consumer_options()).await.expect("consumer");
+    let service = Application::build_with(&settings, handlers, Feed::Broker)
+        .await
+        .expect("the service builds")
+        .start()
+        .await
+        .expect("the service starts");
     let producer = Producer::start(broker().name_server(), &unique("pgroup")).await.unwrap();
 
     let key = format!("{run}-FRAGILE-1");
@@ -200,6 +203,6 @@ async fn after_the_handler_is_fixed_a_replay_applies_the_dead_letter_exactly_onc
     assert_eq!(log_of(&db.store, &key).await.len(), 4, "nothing arrived after the refused replay");
 
     producer.shutdown().await;
-    consumer.shutdown().await;
+    service.stop().await.expect("the service stops cleanly");
     db.drop_now().await;
 }

@@ -3,11 +3,12 @@
 
 use std::sync::Arc;
 
+use idemgate::config::{GroupCommitSettings, Settings};
 use idemgate::delivery::Delivery;
 use idemgate::gate::group::ClaimPath;
-use idemgate::gate::{Gate, GroupSettings, Identity, Outcome, Policy, Verdict};
+use idemgate::gate::{Gate, GroupSettings, Identity, Outcome, Verdict};
 use idemgate::handler::Handlers;
-use idemgate::route::{RouteConfig, Routes};
+use idemgate::route::RouteConfig;
 use idemgate::scratch::ScratchDb;
 use idemgate::shop;
 use idemgate::store::{Backend, MySqlFlavour, Sql, Store, StoreOptions};
@@ -77,7 +78,8 @@ tokio::task_local! {
 
 /// A gate on the shop routes and handlers, plus `extra` routes and handlers; with group
 /// commit when the case runs under [`on_every_backend_with_group_commit!`], claiming as on
-/// MySQL under [`on_mariadb_claiming_as_on_mysql!`].
+/// MySQL under [`on_mariadb_claiming_as_on_mysql!`]. Built by the service's own assembly
+/// (`idemgate::app::assemble_gate`) from the settings [`gate_settings`] describes.
 pub fn gate(store: Store, id: Identity, extra_routes: Vec<RouteConfig>, extra: Handlers) -> Gate {
     let store = if CLAIMING_AS_ON_MYSQL.try_with(|on| *on).unwrap_or(false) {
         let store = store.assuming_mysql_flavour(MySqlFlavour::MySql);
@@ -86,17 +88,37 @@ pub fn gate(store: Store, id: Identity, extra_routes: Vec<RouteConfig>, extra: H
     } else {
         store
     };
-    let mut routes = shop::routes(shop::TOPIC);
-    routes.extend(extra_routes);
     let mut handlers = shop::handlers();
     handlers.extend(extra);
-    let gate = Gate::new(store, Routes::new(&routes).expect("routes"), handlers, id, Policy::default())
-        .expect("gate");
+    idemgate::app::assemble_gate(&gate_settings(&id, extra_routes), store, handlers, None).expect("gate")
+}
+
+/// [`gate`] on the shop routes and handlers, with `configure` changing its settings first.
+pub fn gate_with(store: Store, id: Identity, configure: impl FnOnce(&mut Settings)) -> Gate {
+    let mut settings = gate_settings(&id, Vec::new());
+    configure(&mut settings);
+    idemgate::app::assemble_gate(&settings, store, shop::handlers(), None).expect("gate")
+}
+
+/// The settings of the cases' gates: the shop routes plus `extra_routes`, the group and
+/// instance of `id`, the default policy, and the test group commit when the case runs under
+/// [`on_every_backend_with_group_commit!`].
+pub fn gate_settings(id: &Identity, extra_routes: Vec<RouteConfig>) -> Settings {
+    let mut settings = Settings::default();
+    settings.routes.extend(extra_routes);
+    settings.consumer.group = id.consumer_group.clone();
+    settings.consumer.instance = id.instance_id.clone();
     if GROUP_COMMIT.try_with(|on| *on).unwrap_or(false) {
-        gate.with_group_commit(test_group_settings())
-    } else {
-        gate
+        let g = test_group_settings();
+        settings.group_commit = GroupCommitSettings {
+            enabled: true,
+            max_batch: g.max_batch,
+            linger_ms: g.linger.as_millis() as u64,
+            in_flight: g.in_flight,
+            queue: g.queue,
+        };
     }
+    settings
 }
 
 pub fn stock_deduct(biz_id: &str, msg_id: &str, uniq_key: &str, sku: &str, quantity: i64) -> Delivery {
