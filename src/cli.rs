@@ -201,13 +201,10 @@ pub enum BenchCommand {
     /// Trace lookup latency on 1,000,000 claims and 3,000,000 delivery-log rows, against the
     /// naive bizId query on the same data without the trace indexes, per backend.
     Trace(BenchTraceArgs),
-    /// A reconcile run over a 24-hour window of 1,000,000 deliveries on PostgreSQL, against the
-    /// naive script that reads the window into memory.
-    Reconcile {
-        /// Keys to load; each gets three deliveries.
-        #[arg(long, default_value_t = 333_334)]
-        claims: usize,
-    },
+    /// Each statement of a reconcile run and of the overview on 24 hours of 1,000,000
+    /// deliveries the planner has no statistics about, before and after an ANALYZE, against
+    /// the same statements written with NOT EXISTS and open time ranges, per backend.
+    Reconcile(BenchReconcileArgs),
     /// The defence layers side by side: database only, Redis + database, sharded tables and
     /// the naive Redis pattern, at each share of duplicates, per backend.
     Layers(BenchLayersArgs),
@@ -221,6 +218,18 @@ pub enum BenchCommand {
         #[arg(long, default_value_t = 4000)]
         messages: usize,
     },
+}
+
+#[derive(Debug, Args)]
+pub struct BenchReconcileArgs {
+    #[arg(long, value_delimiter = ',', default_value = "postgres,mysql")]
+    pub backends: Vec<Backend>,
+    /// Deliveries to load, about (1,000 to 3,000,000).
+    #[arg(long, default_value_t = 1_000_000)]
+    pub deliveries: usize,
+    /// Seconds a statement may run before it is cancelled and reported as such.
+    #[arg(long, default_value_t = 120)]
+    pub statement_timeout: u64,
 }
 
 #[derive(Debug, Args)]
@@ -386,13 +395,19 @@ pub async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Bench(BenchCommand::Gate(args)) => bench_gate(args).await,
         Command::Bench(BenchCommand::Broker(args)) => bench_broker(args).await,
         Command::Bench(BenchCommand::Archive(args)) => bench_archive(args).await,
-        Command::Bench(BenchCommand::Reconcile { claims }) => {
+        Command::Bench(BenchCommand::Reconcile(args)) => {
+            let options = bench::reconcile::Options {
+                backends: args.backends,
+                deliveries: args.deliveries,
+                statement_timeout: Duration::from_secs(args.statement_timeout),
+            };
             println!(
-                "bench reconcile: {claims} keys, {} deliveries over 24 hours, on PostgreSQL",
-                3 * claims
+                "bench reconcile: about {} deliveries over 24 hours per backend, statistics never gathered; \
+                 statements cancelled after {} s",
+                options.deliveries, args.statement_timeout
             );
-            let report = bench::reconcile::run(claims).await?;
-            println!("\n{}", bench::reconcile::table(&report));
+            let reports = bench::reconcile::run(&options, |line| eprintln!("  {line}")).await?;
+            println!("\n{}", bench::reconcile::table(&reports));
             Ok(ExitCode::SUCCESS)
         }
         Command::Bench(BenchCommand::Trace(args)) => {

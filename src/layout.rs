@@ -134,6 +134,35 @@ pub fn correlated(sql: &'static Sql, layout: Layout) -> &'static Sql {
     rewritten
 }
 
+/// `sql`, which reads the view as its driving table (`FROM idempotent_record_all c `), once per
+/// claim table: MariaDB materializes the whole view of a sharded layout before it filters it,
+/// so a statement that reads the claims of a time window must read each table by its own
+/// index. The caller runs each and adds up the rows. The single table's view merges into the
+/// query, so that layout gets `sql` itself. Correlated subqueries on the view are rewritten as
+/// by [`correlated`]. Made once per statement and layout.
+pub fn each_table(sql: &'static Sql, layout: Layout) -> Vec<&'static Sql> {
+    if layout.shards == 0 {
+        return vec![sql];
+    }
+    type PerTable = HashMap<(usize, u16), Vec<&'static Sql>>;
+    static MADE: OnceLock<Mutex<PerTable>> = OnceLock::new();
+    let key = (sql as *const Sql as usize, layout.shards);
+    let mut made = MADE.get_or_init(Default::default).lock().unwrap_or_else(|p| p.into_inner());
+    made.entry(key)
+        .or_insert_with(|| {
+            let tables = layout.tables();
+            let correlated = expand_view(sql.portable(), &tables);
+            tables
+                .iter()
+                .map(|t| {
+                    let text = correlated.replace("FROM idempotent_record_all c ", &format!("FROM {t} c "));
+                    &*Box::leak(Box::new(Sql::new(Box::leak(text.into_boxed_str()))))
+                })
+                .collect()
+        })
+        .clone()
+}
+
 /// Replaces each parenthesised subquery that reads `idempotent_record_all r` by the union of
 /// that subquery over `tables`.
 fn expand_view(sql: &str, tables: &[String]) -> String {
@@ -464,6 +493,21 @@ mod tests {
         static SQL: Sql = Sql::new("SELECT (SELECT 1 FROM idempotent_record_all r WHERE r.k = l.k) FROM l");
         assert!(std::ptr::eq(correlated(&SQL, Layout::SINGLE), &SQL));
         assert!(std::ptr::eq(correlated(&SQL, Layout::sharded(3)), correlated(&SQL, Layout::sharded(3))));
+    }
+
+    #[test]
+    fn a_statement_driven_by_the_view_is_made_once_per_table() {
+        static SQL: Sql = Sql::new("SELECT c.k FROM idempotent_record_all c WHERE c.t >= ? LIMIT ?");
+        assert_eq!(each_table(&SQL, Layout::SINGLE).len(), 1);
+        assert!(std::ptr::eq(each_table(&SQL, Layout::SINGLE)[0], &SQL));
+        let each: Vec<&str> = each_table(&SQL, Layout::sharded(2)).iter().map(|s| s.portable()).collect();
+        assert_eq!(
+            each,
+            [
+                "SELECT c.k FROM idempotent_record_00 c WHERE c.t >= ? LIMIT ?",
+                "SELECT c.k FROM idempotent_record_01 c WHERE c.t >= ? LIMIT ?"
+            ]
+        );
     }
 
     #[test]

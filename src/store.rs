@@ -7,6 +7,9 @@
 //! placeholders and renumbered once for PostgreSQL ([`Sql`]); where the dialects really differ
 //! (insert-if-absent, transaction start) the module that owns the statement says why.
 //!
+//! [`plan`] reads what the database would do with a statement, for the readers' tests and
+//! benchmarks.
+//!
 //! This module owns connecting and migrating. It must not know about claims or deliveries.
 
 use std::fmt;
@@ -17,6 +20,8 @@ use std::time::Duration;
 use sqlx::any::{AnyPoolOptions, install_default_drivers};
 use sqlx::migrate::Migrator;
 use sqlx::{AnyConnection, AnyPool, AssertSqlSafe, Executor, SqlSafeStr, SqlStr};
+
+pub mod plan;
 
 static POSTGRES_MIGRATIONS: Migrator = sqlx::migrate!("migrations/postgres");
 static MYSQL_MIGRATIONS: Migrator = sqlx::migrate!("migrations/mysql");
@@ -140,6 +145,12 @@ impl Sql {
                 .clone(),
             Backend::Sqlite | Backend::MySql => self.portable.into_sql_str(),
         }
+    }
+}
+
+impl fmt::Debug for Sql {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_tuple("Sql").field(&self.portable).finish()
     }
 }
 
@@ -429,6 +440,51 @@ fn statement_timeout(backend: Backend, limit: Duration) -> Option<String> {
         Backend::MySql => Some(format!("SET SESSION max_statement_time = {:.3}", limit.as_secs_f64())),
         Backend::Sqlite => None,
     }
+}
+
+/// A value bound to a [`Bound`] statement.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Arg {
+    Int(i64),
+    Text(String),
+    /// An integer column's NULL (PostgreSQL types every parameter).
+    NullInt,
+    NullText,
+}
+
+/// A statement with its values, named for people: what a reader runs, and what
+/// [`plan::reads`] reads the plan of, so that the plan checked is the plan run.
+#[derive(Debug, Clone)]
+pub struct Bound {
+    pub name: &'static str,
+    pub sql: &'static Sql,
+    pub args: Vec<Arg>,
+}
+
+impl Bound {
+    pub fn new(name: &'static str, sql: &'static Sql, args: Vec<Arg>) -> Self {
+        Self { name, sql, args }
+    }
+
+    /// The statement with its values, ready to run on `store`.
+    pub fn query(&self, store: &Store) -> AnyQuery {
+        self.bind(store.query(self.sql))
+    }
+
+    /// `query` (this statement's text, or one built around it) with this statement's values.
+    pub fn bind(&self, query: AnyQuery) -> AnyQuery {
+        bind_all(query, &self.args)
+    }
+}
+
+/// `query` with `args` bound in order.
+pub fn bind_all(query: AnyQuery, args: &[Arg]) -> AnyQuery {
+    args.iter().fold(query, |q, arg| match arg {
+        Arg::Int(v) => q.bind(*v),
+        Arg::Text(v) => q.bind(v.clone()),
+        Arg::NullInt => q.bind(None::<i64>),
+        Arg::NullText => q.bind(None::<String>),
+    })
 }
 
 /// A query for `sql` in `backend`'s placeholder style, for code that holds a connection (a

@@ -5,7 +5,8 @@
 use serde::Serialize;
 
 use super::{InspectError, Limits, LogRow, biz_type_filter, log_columns, parse_moment};
-use crate::store::{Sql, Store};
+use crate::layout::Layout;
+use crate::store::{Arg, Bound, Sql, Store};
 
 /// The rows on a page unless asked otherwise, and the most a page may hold.
 pub const DEFAULT_PAGE: usize = 50;
@@ -212,24 +213,31 @@ pub(crate) async fn list_rows(store: &Store, q: ListQuery) -> Result<Vec<LogRow>
     Ok(read(store, &q).await?.rows)
 }
 
-async fn read(store: &Store, q: &ListQuery) -> Result<ListPage, sqlx::Error> {
+/// The statement of `q`'s page with its values, on `layout`'s claim tables.
+pub fn statement(layout: Layout, q: &ListQuery) -> Bound {
     let before = q.before.unwrap_or(Cursor { logged_at_ms: i64::MAX, id: i64::MAX });
     let until = q.until_ms.unwrap_or(i64::MAX).min(before.logged_at_ms);
-    let biz_type = q.biz_type.as_deref().unwrap_or("");
+    let biz_type = q.biz_type.clone().unwrap_or_default();
+    Bound::new(
+        q.kind.slug(),
+        crate::layout::correlated(q.kind.statement(), layout),
+        vec![
+            Arg::Text(q.kind.outcome().to_owned()),
+            Arg::Int(q.since_ms.unwrap_or(0)),
+            Arg::Int(until),
+            Arg::Text(biz_type.clone()),
+            Arg::Text(biz_type),
+            Arg::Int(before.logged_at_ms),
+            Arg::Int(before.logged_at_ms),
+            Arg::Int(before.id),
+            Arg::Int(i64::try_from(q.page_size + 1).unwrap_or(i64::MAX)),
+        ],
+    )
+}
+
+async fn read(store: &Store, q: &ListQuery) -> Result<ListPage, sqlx::Error> {
     let layout = crate::layout::current(store).await?;
-    let rows = store
-        .query(crate::layout::correlated(q.kind.statement(), layout))
-        .bind(q.kind.outcome())
-        .bind(q.since_ms.unwrap_or(0))
-        .bind(until)
-        .bind(biz_type)
-        .bind(biz_type)
-        .bind(before.logged_at_ms)
-        .bind(before.logged_at_ms)
-        .bind(before.id)
-        .bind(i64::try_from(q.page_size + 1).unwrap_or(i64::MAX))
-        .fetch_all(store.pool())
-        .await?;
+    let rows = statement(layout, q).query(store).fetch_all(store.pool()).await?;
     let mut rows = rows.iter().map(LogRow::from_row).collect::<Result<Vec<_>, _>>()?;
     let next = (rows.len() > q.page_size).then(|| {
         rows.truncate(q.page_size);

@@ -18,6 +18,7 @@ use sqlx::Row;
 use sqlx::any::AnyRow;
 
 use crate::route::{MAX_BIZ_ID_CHARS, MAX_BIZ_TYPE_CHARS, MAX_ID_CHARS};
+use crate::store::plan::Bounds;
 
 /// The bounds of one request's reads.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -172,6 +173,15 @@ pub fn biz_type_filter(value: Option<&str>) -> Result<Option<String>, InspectErr
 /// The longest searchable text: a bizId, msgId or UNIQ_KEY.
 pub const MAX_SEARCH_CHARS: usize =
     if MAX_BIZ_ID_CHARS > MAX_ID_CHARS { MAX_BIZ_ID_CHARS } else { MAX_ID_CHARS };
+
+/// What confines every read of the readers' statements (the overview, the lists, the
+/// reconciler and its checks) so that none costs more when the planner's statistics are stale:
+/// a probe by a key (bizId, msgId, a ledger's deduction) or, for the read that drives a
+/// statement, its time window. Their tests read the plans ([`crate::store::plan`]) against it.
+pub const READ_BOUNDS: Bounds = Bounds {
+    keys: &["biz_id", "msg_id", "deduction_id"],
+    windows: &["logged_at_ms", "claimed_at_ms", "applied_at_ms"],
+};
 
 /// Epoch milliseconds as `2026-11-29 10:52:03.123 UTC`.
 pub fn format_ms(ms: i64) -> String {

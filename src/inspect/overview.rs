@@ -10,7 +10,7 @@ use sqlx::Row;
 use super::lists::{ListKind, ListQuery, list_rows};
 use super::{InspectError, Limits, LogRow};
 use crate::archive::{ArchiveSettings, RunRecord, runs};
-use crate::store::{Sql, Store};
+use crate::store::{Arg, Bound, Sql, Store};
 
 pub const MINUTE_MS: i64 = 60_000;
 /// Minutes in the chart.
@@ -19,10 +19,19 @@ pub const CHART_MINUTES: i64 = 60;
 pub const LATEST: usize = 5;
 
 /// Totals over one window.
+///
+/// The rates divide by the part of the window the delivery log covers (`covered_seconds`),
+/// not by the whole window: a database whose first delivery came 30 s ago has 30 s of data in
+/// its last 5 minutes, and dividing its deliveries by 300 s would show a tenth of the real rate.
 #[derive(Debug, Clone, Default, PartialEq, Serialize)]
 pub struct Window {
     pub label: &'static str,
+    /// The window's length.
     pub seconds: i64,
+    /// How much of the window the log covers: from the window's start, or from the log's first
+    /// row when that is younger, to now; never less than [`MIN_COVERED_MS`] once there is a
+    /// row, 0 while the log is empty. The rates are per second of this.
+    pub covered_seconds: f64,
     pub deliveries: i64,
     pub processed: i64,
     /// Duplicates skipped: each one a conflict on the claim or a business layer.
@@ -38,7 +47,15 @@ pub struct Window {
     pub duplicate_ratio: f64,
 }
 
+/// The least time a window is taken to cover once the log has a row: a rate read a few
+/// milliseconds after the first delivery would otherwise be that delivery over almost nothing.
+pub const MIN_COVERED_MS: i64 = 1_000;
+
 impl Window {
+    fn new(label: &'static str, seconds: i64) -> Self {
+        Self { label, seconds, ..Self::default() }
+    }
+
     fn add(&mut self, outcome: &str, count: i64, collisions: i64) {
         self.deliveries += count;
         self.collisions += collisions;
@@ -52,13 +69,25 @@ impl Window {
         }
     }
 
-    fn finish(mut self) -> Self {
-        let seconds = self.seconds.max(1) as f64;
-        self.deliveries_per_second = self.deliveries as f64 / seconds;
-        self.conflicts_per_second = self.duplicates as f64 / seconds;
+    /// The rates over the part of the window the log covers at `now_ms`, given the log's
+    /// first row (`None`: the log is empty).
+    fn finish(mut self, now_ms: i64, first_logged_ms: Option<i64>) -> Self {
+        let window_ms = self.seconds * 1_000;
+        let covered_ms = first_logged_ms.map_or(0, |first| {
+            (now_ms - first.max(now_ms - window_ms)).clamp(MIN_COVERED_MS.min(window_ms), window_ms)
+        });
+        self.covered_seconds = covered_ms as f64 / 1_000.0;
+        let per_second = |n: i64| if covered_ms == 0 { 0.0 } else { n as f64 / self.covered_seconds };
+        self.deliveries_per_second = per_second(self.deliveries);
+        self.conflicts_per_second = per_second(self.duplicates);
         self.duplicate_ratio =
             if self.deliveries == 0 { 0.0 } else { self.duplicates as f64 / self.deliveries as f64 };
         self
+    }
+
+    /// Whether the log covers less than the whole window: its rates are over `covered_seconds`.
+    pub fn is_partial(&self) -> bool {
+        self.covered_seconds < self.seconds as f64
     }
 }
 
@@ -133,18 +162,40 @@ pub struct ReconcileStatus {
     pub counts: BTreeMap<crate::reconcile::AnomalyKind, i64>,
 }
 
-static BY_OUTCOME_SINCE: Sql = Sql::new(
+// Every window is read as a range with both ends: PostgreSQL without statistics takes
+// `logged_at_ms >= ?` alone to match a third of the log and scans all of it, while a closed
+// range reads the window through the time index. The upper end is a minute past now, so that
+// the rows of an instance whose clock runs ahead still count.
+static BY_OUTCOME: Sql = Sql::new(
     "SELECT outcome, COUNT(*), COUNT(CASE WHEN payload_match = 0 THEN 1 END) FROM delivery_log \
-     WHERE logged_at_ms >= ? GROUP BY outcome",
+     WHERE logged_at_ms >= ? AND logged_at_ms < ? GROUP BY outcome",
 );
-static BY_MINUTE_SINCE: Sql = Sql::new(
+static BY_MINUTE: Sql = Sql::new(
     "SELECT logged_at_ms - logged_at_ms % 60000, outcome, COUNT(*), COUNT(CASE WHEN payload_match = 0 THEN 1 END) \
-     FROM delivery_log WHERE logged_at_ms >= ? GROUP BY logged_at_ms - logged_at_ms % 60000, outcome",
+     FROM delivery_log WHERE logged_at_ms >= ? AND logged_at_ms < ? \
+     GROUP BY logged_at_ms - logged_at_ms % 60000, outcome",
 );
 static TOP_CONFLICTS: Sql = Sql::new(
     "SELECT biz_type, COUNT(*) FROM delivery_log WHERE outcome = 'duplicate' AND logged_at_ms >= ? \
-     GROUP BY biz_type ORDER BY COUNT(*) DESC, biz_type LIMIT 10",
+     AND logged_at_ms < ? GROUP BY biz_type ORDER BY COUNT(*) DESC, biz_type LIMIT 10",
 );
+/// Where the log's data begins: the windows' rates are over the time since, when that is
+/// shorter than the window. One end of the time index.
+static FIRST_LOGGED: Sql = Sql::new("SELECT MIN(logged_at_ms) FROM delivery_log");
+
+/// The overview's own statements at `now_ms`, with their values: the 5-minute totals, the
+/// hour's minutes, the top conflicts and the log's first row. The boxes of the latest rows
+/// are the lists' first pages ([`super::lists::statement`]).
+pub fn statements(now_ms: i64) -> [Bound; 4] {
+    let until = Arg::Int(now_ms + MINUTE_MS);
+    let hour_start = Arg::Int(now_ms - CHART_MINUTES * MINUTE_MS);
+    [
+        Bound::new("last 5 minutes", &BY_OUTCOME, vec![Arg::Int(now_ms - 5 * MINUTE_MS), until.clone()]),
+        Bound::new("last hour by minute", &BY_MINUTE, vec![hour_start.clone(), until.clone()]),
+        Bound::new("top conflicts", &TOP_CONFLICTS, vec![hour_start, until]),
+        Bound::new("first logged", &FIRST_LOGGED, vec![]),
+    ]
+}
 
 /// Reads the overview at `now_ms` within `limits`.
 pub async fn overview(
@@ -158,20 +209,23 @@ pub async fn overview(
 
 async fn read(store: &Store, archive: &ArchiveSettings, now_ms: i64) -> Result<Overview, sqlx::Error> {
     let pool = store.pool();
-    let mut last_5_minutes = Window { label: "last 5 minutes", seconds: 300, ..Window::default() };
-    for r in store.query(&BY_OUTCOME_SINCE).bind(now_ms - 5 * MINUTE_MS).fetch_all(pool).await? {
+    let [by_outcome, by_minute, top_conflicts, first_logged] = statements(now_ms);
+    let first_logged_ms: Option<i64> = first_logged.query(store).fetch_one(pool).await?.try_get(0)?;
+
+    let mut last_5_minutes = Window::new("last 5 minutes", 300);
+    for r in by_outcome.query(store).fetch_all(pool).await? {
         last_5_minutes.add(&r.try_get::<String, _>(0)?, r.try_get(1)?, r.try_get(2)?);
     }
 
     let hour_start = now_ms - CHART_MINUTES * MINUTE_MS;
-    let mut last_hour = Window { label: "last hour", seconds: 3600, ..Window::default() };
-    let mut by_minute: BTreeMap<i64, Minute> = BTreeMap::new();
-    for r in store.query(&BY_MINUTE_SINCE).bind(hour_start).fetch_all(pool).await? {
+    let mut last_hour = Window::new("last hour", CHART_MINUTES * 60);
+    let mut by_minute_rows: BTreeMap<i64, Minute> = BTreeMap::new();
+    for r in by_minute.query(store).fetch_all(pool).await? {
         let start_ms: i64 = r.try_get(0)?;
         let outcome: String = r.try_get(1)?;
         let count: i64 = r.try_get(2)?;
         last_hour.add(&outcome, count, r.try_get(3)?);
-        let m = by_minute.entry(start_ms).or_insert_with(|| Minute { start_ms, ..Minute::default() });
+        let m = by_minute_rows.entry(start_ms).or_insert_with(|| Minute { start_ms, ..Minute::default() });
         m.deliveries += count;
         match outcome.as_str() {
             "duplicate" => m.duplicates += count,
@@ -184,12 +238,11 @@ async fn read(store: &Store, archive: &ArchiveSettings, now_ms: i64) -> Result<O
     let minutes = (0..=CHART_MINUTES)
         .map(|i| first_minute + i * MINUTE_MS)
         .filter(|start| *start <= now_ms)
-        .map(|start_ms| by_minute.remove(&start_ms).unwrap_or(Minute { start_ms, ..Minute::default() }))
+        .map(|start_ms| by_minute_rows.remove(&start_ms).unwrap_or(Minute { start_ms, ..Minute::default() }))
         .collect();
 
-    let top_conflicts = store
-        .query(&TOP_CONFLICTS)
-        .bind(hour_start)
+    let top_conflicts = top_conflicts
+        .query(store)
         .fetch_all(pool)
         .await?
         .iter()
@@ -214,8 +267,8 @@ async fn read(store: &Store, archive: &ArchiveSettings, now_ms: i64) -> Result<O
     Ok(Overview {
         now_ms,
         reconcile,
-        last_5_minutes: last_5_minutes.finish(),
-        last_hour: last_hour.finish(),
+        last_5_minutes: last_5_minutes.finish(now_ms, first_logged_ms),
+        last_hour: last_hour.finish(now_ms, first_logged_ms),
         minutes,
         top_conflicts,
         latest_dead_letters,
@@ -231,15 +284,41 @@ mod tests {
 
     #[test]
     fn a_window_turns_counts_into_rates_and_a_ratio() {
-        let mut w = Window { seconds: 300, ..Window::default() };
+        let now = 1_800_000_000_000;
+        let mut w = Window::new("last 5 minutes", 300);
         w.add("processed", 600, 0);
         w.add("duplicate", 300, 3);
         w.add("failed", 90, 0);
-        let w = w.finish();
+        let w = w.finish(now, Some(now - 3_600_000));
         assert_eq!((w.deliveries, w.duplicates, w.retries, w.collisions), (990, 300, 90, 3));
+        assert_eq!(w.covered_seconds, 300.0);
+        assert!(!w.is_partial());
         assert!((w.deliveries_per_second - 3.3).abs() < 1e-9);
         assert!((w.conflicts_per_second - 1.0).abs() < 1e-9);
         assert!((w.duplicate_ratio - 300.0 / 990.0).abs() < 1e-9);
-        assert_eq!(Window::default().finish().duplicate_ratio, 0.0);
+        assert_eq!(Window::default().finish(now, None).duplicate_ratio, 0.0);
+    }
+
+    #[test]
+    fn rates_are_over_the_time_the_log_covers_when_it_is_younger_than_the_window() {
+        let now = 1_800_000_000_000;
+        // 30 s of data at 200 deliveries a second.
+        let mut w = Window::new("last 5 minutes", 300);
+        w.add("processed", 6_000, 0);
+        let w = w.finish(now, Some(now - 30_000));
+        assert_eq!(w.covered_seconds, 30.0);
+        assert!(w.is_partial());
+        assert!((w.deliveries_per_second - 200.0).abs() < 1e-9, "{}", w.deliveries_per_second);
+
+        // The first delivery a moment ago is not a rate of thousands a second.
+        let mut w = Window::new("last 5 minutes", 300);
+        w.add("processed", 3, 0);
+        let w = w.finish(now, Some(now - 2));
+        assert_eq!((w.covered_seconds, w.deliveries_per_second), (1.0, 3.0));
+
+        // A row from an instance whose clock runs ahead, and an empty log.
+        assert_eq!(Window::new("w", 300).finish(now, Some(now + 5_000)).covered_seconds, 1.0);
+        let empty = Window::new("w", 300).finish(now, None);
+        assert_eq!((empty.covered_seconds, empty.deliveries_per_second), (0.0, 0.0));
     }
 }

@@ -5,8 +5,10 @@
 //! applied twice, orphaned, collided or came back after archiving, plus whatever the registered
 //! invariant checks ([`Check`]) find in business tables. Each kind is one bounded statement: the
 //! window limits what it reads, `max_per_kind` what it returns, and the grouping happens in the
-//! database, so the process holds only the anomalies. The run and its anomalies are stored
-//! ([`runs`]) for the UI, `/metrics` and scripts.
+//! database, so the process holds only the anomalies. Each reads the log (or the claims) once,
+//! by its window, and every other table by key, so that a run costs the same whatever the
+//! planner's statistics say ([`statements`] lists them with their values; the tests read their
+//! plans). The run and its anomalies are stored ([`runs`]) for the UI, `/metrics` and scripts.
 //!
 //! This module reads the gate's tables and writes only its own (`reconcile_run`,
 //! `reconcile_anomaly`). It must not change a claim or a log row.
@@ -22,7 +24,8 @@ use serde::Serialize;
 use sqlx::Row;
 
 use crate::gate::labelled;
-use crate::store::{Sql, Store};
+use crate::layout::Layout;
+use crate::store::{Arg, Bound, Sql, Store};
 
 pub use schedule::ReconcileScheduler;
 pub use settings::ReconcileSettings;
@@ -79,7 +82,9 @@ pub struct Anomaly {
 
 /// A business invariant a handler's owner registers: a statement over the business tables that
 /// returns the keys breaking it. It is given `since_ms, until_ms` as parameters and returns
-/// `(biz_id, occurrences)` rows; `describe` turns a count into the anomaly's text.
+/// `(biz_id, occurrences)` rows; `describe` turns a count into the anomaly's text. Like the
+/// reconciler's own, it should read its window through an index (the stock ledger's is on
+/// `applied_at_ms`) and anything else by key: [`crate::store::plan`] reads its plan.
 #[derive(Clone, Copy)]
 pub struct Check {
     pub name: &'static str,
@@ -160,21 +165,51 @@ pub enum ReconcileError {
 // Every detector returns (biz_type, biz_id, execute_time, first_ms, last_ms, count) and takes
 // (group, since, until, biz_type, biz_type, [extra], limit). `? = ''` switches the biz_type
 // filter off.
-macro_rules! claimed {
-    ($alias:literal, $table:literal) => {
+//
+// Each statement reads the log (or the claims) once, by its window, and looks every other
+// table up per row by the row's key, in a correlated scalar subquery whose only indexable
+// conditions are the key's columns. That holds whatever the planner's statistics say. A
+// `NOT EXISTS` would not: PostgreSQL turns it into an anti join whose shape it picks from its
+// statistics, and with none or stale ones (a fresh database, a burst, an archive run) it picks
+// a nested loop that walks the group's whole claim range for every log row, quadratic in the
+// window; MariaDB may materialize the whole archive or log instead. A scalar subquery is never
+// turned into a join: it stays one index probe per row on every backend. The claim tables hold
+// a key at most once, so the claim's id answers; the archive may hold a key twice, so it is
+// counted; the log is counted by outcome among the key's rows, which its bizId index finds.
+macro_rules! same_key {
+    ($inner:literal, $outer:literal) => {
         concat!(
-            "SELECT 1 FROM ",
-            $table,
-            " r WHERE r.biz_id = ",
-            $alias,
-            ".biz_id AND r.biz_type = ",
-            $alias,
-            ".biz_type AND r.consumer_group = ",
-            $alias,
-            ".consumer_group AND r.execute_time = ",
-            $alias,
+            $inner,
+            ".biz_id = ",
+            $outer,
+            ".biz_id AND ",
+            $inner,
+            ".biz_type = ",
+            $outer,
+            ".biz_type AND ",
+            $inner,
+            ".consumer_group = ",
+            $outer,
+            ".consumer_group AND ",
+            $inner,
+            ".execute_time = ",
+            $outer,
             ".execute_time"
         )
+    };
+}
+
+/// The row's key has no live claim.
+macro_rules! unclaimed {
+    ($alias:literal) => {
+        concat!("(SELECT r.id FROM idempotent_record_all r WHERE ", same_key!("r", $alias), ") IS NULL")
+    };
+}
+
+/// How many archived claims the row's key has, with `$and` as a further condition.
+macro_rules! archived {
+    ($alias:literal, $and:literal) => {
+        concat!("(SELECT COUNT(*) FROM idempotent_record_archive r WHERE ", same_key!("r", $alias), $and, ")")
     };
 }
 
@@ -195,55 +230,135 @@ static DOUBLE_APPLIED: Sql = Sql::new(concat!(
 ));
 static LOST: Sql = Sql::new(concat!(
     detector!("outcome = 'dead_lettered' AND biz_id <> ''"),
-    " AND NOT EXISTS (",
-    claimed!("d", "idempotent_record_all"),
-    ") AND NOT EXISTS (",
-    claimed!("d", "idempotent_record_archive"),
-    ") GROUP BY biz_type, biz_id, execute_time LIMIT ?"
+    " AND ",
+    unclaimed!("d"),
+    " AND ",
+    archived!("d", ""),
+    " = 0 GROUP BY biz_type, biz_id, execute_time LIMIT ?"
 ));
 static STUCK: Sql = Sql::new(concat!(
     detector!("outcome = 'failed' AND biz_id <> ''"),
-    " AND NOT EXISTS (",
-    claimed!("d", "idempotent_record_all"),
-    ") AND NOT EXISTS (",
-    claimed!("d", "idempotent_record_archive"),
-    ") AND NOT EXISTS (SELECT 1 FROM delivery_log x WHERE x.biz_id = d.biz_id AND x.biz_type = d.biz_type \
-     AND x.consumer_group = d.consumer_group AND x.execute_time = d.execute_time AND x.outcome = 'dead_lettered') \
-     GROUP BY biz_type, biz_id, execute_time HAVING MIN(logged_at_ms) < ? LIMIT ?"
+    " AND ",
+    unclaimed!("d"),
+    " AND ",
+    archived!("d", ""),
+    " = 0 AND (SELECT COUNT(CASE WHEN x.outcome = 'dead_lettered' THEN 1 END) FROM delivery_log x WHERE ",
+    same_key!("x", "d"),
+    ") = 0 GROUP BY biz_type, biz_id, execute_time HAVING MIN(logged_at_ms) < ? LIMIT ?"
 ));
 static PROCESSED_WITHOUT_CLAIM: Sql = Sql::new(concat!(
     detector!("outcome = 'processed'"),
-    " AND NOT EXISTS (",
-    claimed!("d", "idempotent_record_all"),
-    ") AND NOT EXISTS (",
-    claimed!("d", "idempotent_record_archive"),
-    ") GROUP BY biz_type, biz_id, execute_time LIMIT ?"
+    " AND ",
+    unclaimed!("d"),
+    " AND ",
+    archived!("d", ""),
+    " = 0 GROUP BY biz_type, biz_id, execute_time LIMIT ?"
 ));
-static CLAIM_WITHOUT_DELIVERY: Sql = Sql::new(
+// The claims are read by their window (claimed_at_ms). The group is compared through
+// COALESCE, a no-op on the NOT NULL column, so that no planner reads them by the unique key's
+// first column instead: that range is the group's whole history, not the window.
+static CLAIM_WITHOUT_DELIVERY: Sql = Sql::new(concat!(
     "SELECT biz_type, biz_id, execute_time, claimed_at_ms, claimed_at_ms, 1 FROM idempotent_record_all c \
-     WHERE consumer_group = ? AND claimed_at_ms >= ? AND claimed_at_ms < ? AND (? = '' OR biz_type = ?) \
-     AND NOT EXISTS (SELECT 1 FROM delivery_log d WHERE d.biz_id = c.biz_id AND d.msg_id = c.msg_id \
-     AND d.biz_type = c.biz_type AND d.consumer_group = c.consumer_group AND d.execute_time = c.execute_time \
-     AND d.outcome IN ('processed', 'duplicate')) LIMIT ?",
-);
+     WHERE COALESCE(consumer_group, '') = ? AND claimed_at_ms >= ? AND claimed_at_ms < ? \
+     AND (? = '' OR biz_type = ?) \
+     AND (SELECT COUNT(CASE WHEN d.outcome IN ('processed', 'duplicate') THEN 1 END) FROM delivery_log d \
+     WHERE d.msg_id = c.msg_id AND ",
+    same_key!("d", "c"),
+    ") = 0 LIMIT ?"
+));
 static COLLISIONS: Sql = Sql::new(concat!(
     detector!("outcome = 'duplicate' AND payload_match = 0"),
     " GROUP BY biz_type, biz_id, execute_time LIMIT ?"
 ));
 static LATE: Sql = Sql::new(concat!(
-    detector!("(layer = 'late_duplicate' OR (outcome = 'processed' AND EXISTS ("),
-    claimed!("d", "idempotent_record_archive"),
-    " AND r.archived_at_ms <= d.logged_at_ms))) GROUP BY biz_type, biz_id, execute_time LIMIT ?"
+    detector!("(layer = 'late_duplicate' OR (outcome = 'processed' AND "),
+    archived!("d", " AND r.archived_at_ms <= d.logged_at_ms"),
+    " > 0)) GROUP BY biz_type, biz_id, execute_time LIMIT ?"
 ));
 
-/// One detecting statement: its kind, its extra parameter (the stuck threshold), where its
-/// window starts, and how a count reads.
+/// One detecting statement with its values, and how a count reads.
 struct Detector {
     kind: AnomalyKind,
-    sql: &'static Sql,
-    extra: Option<i64>,
-    since: i64,
+    statement: Bound,
     describe: fn(i64) -> String,
+}
+
+/// The detectors of a run over `o` at `now_ms`, on `layout`'s claim tables.
+fn detectors(o: &ReconcileOptions, layout: Layout, now_ms: i64) -> Vec<Detector> {
+    let biz_type = o.biz_type.clone().unwrap_or_default();
+    let limit = i64::try_from(o.max_per_kind + 1).unwrap_or(i64::MAX);
+    let orphan_since = o.since_ms.max(now_ms - o.log_retention_ms);
+    let d = |kind, name, sql, since, extra: Option<i64>, describe| {
+        let mut args = vec![
+            Arg::Text(o.consumer_group.clone()),
+            Arg::Int(since),
+            Arg::Int(o.until_ms),
+            Arg::Text(biz_type.clone()),
+            Arg::Text(biz_type.clone()),
+        ];
+        args.extend(extra.map(Arg::Int));
+        args.push(Arg::Int(limit));
+        Detector { kind, statement: Bound::new(name, sql, args), describe }
+    };
+    let on_claims = |sql| crate::layout::correlated(sql, layout);
+    let mut detectors = vec![
+        d(AnomalyKind::DoubleApplied, "double applied", &DOUBLE_APPLIED, o.since_ms, None, |n| {
+            format!("{n} processed deliveries for one claim key: the effect ran {n} times")
+        }),
+        d(AnomalyKind::Lost, "lost", on_claims(&LOST), o.since_ms, None, |n| {
+            format!("dead-lettered ({n}×) and never applied; no claim, nothing pending")
+        }),
+        d(AnomalyKind::Stuck, "stuck", on_claims(&STUCK), o.since_ms, Some(now_ms - o.stuck_after_ms), |n| {
+            format!("{n} failed attempts and still not applied")
+        }),
+        d(
+            AnomalyKind::Orphan,
+            "processed without claim",
+            on_claims(&PROCESSED_WITHOUT_CLAIM),
+            o.since_ms,
+            None,
+            |n| format!("{n} processed deliveries but no claim, live or archived: the claim was removed"),
+        ),
+    ];
+    // Driven by the claims of the window: one statement per claim table.
+    detectors.extend(crate::layout::each_table(&CLAIM_WITHOUT_DELIVERY, layout).into_iter().map(|sql| {
+        d(AnomalyKind::Orphan, "claim without delivery", sql, orphan_since, None, |_| {
+            "a claim with no processed delivery in the log: it was written around the gate".to_owned()
+        })
+    }));
+    detectors.extend([
+        d(AnomalyKind::KeyCollision, "key collision", &COLLISIONS, o.since_ms, None, |n| {
+            format!("{n} duplicates with a different body than the claim's")
+        }),
+        d(AnomalyKind::LateDuplicate, "late duplicate", &LATE, o.since_ms, None, |n| {
+            format!("{n} deliveries after the claim was archived")
+        }),
+    ]);
+    detectors
+}
+
+/// `check` over `o`'s window.
+fn check_statement(check: &Check, o: &ReconcileOptions) -> Bound {
+    Bound::new(check.name, check.sql, vec![Arg::Int(o.since_ms), Arg::Int(o.until_ms)])
+}
+
+/// Every statement a run over `o` at `now_ms` makes, in order, with its values: the
+/// detectors' and those of the `checks` that apply. For reading their plans
+/// ([`crate::store::plan`]); the run itself makes exactly these.
+pub async fn statements(
+    store: &Store,
+    o: &ReconcileOptions,
+    checks: &[Check],
+    now_ms: i64,
+) -> Result<Vec<Bound>, sqlx::Error> {
+    let layout = crate::layout::current(store).await?;
+    let mut all: Vec<Bound> = detectors(o, layout, now_ms).into_iter().map(|d| d.statement).collect();
+    all.extend(applicable(checks, o).map(|c| check_statement(c, o)));
+    Ok(all)
+}
+
+fn applicable<'a>(checks: &'a [Check], o: &'a ReconcileOptions) -> impl Iterator<Item = &'a Check> {
+    checks.iter().filter(|c| o.biz_type.as_deref().is_none_or(|t| t == c.biz_type))
 }
 
 /// Runs every detector and check over the window, stores the run and its anomalies, and
@@ -289,52 +404,9 @@ async fn find(
 ) -> Result<(Vec<Anomaly>, Vec<AnomalyKind>), sqlx::Error> {
     let mut found = Vec::new();
     let mut cut = Vec::new();
-    let biz_type = o.biz_type.as_deref().unwrap_or("");
-    let limit = i64::try_from(o.max_per_kind + 1).unwrap_or(i64::MAX);
-    let orphan_since = o.since_ms.max(now_ms - o.log_retention_ms);
     let layout = crate::layout::current(store).await?;
-    let d = |kind, sql, extra, since, describe| Detector {
-        kind,
-        sql: crate::layout::correlated(sql, layout),
-        extra,
-        since,
-        describe,
-    };
-    let detectors: [Detector; 7] = [
-        d(AnomalyKind::DoubleApplied, &DOUBLE_APPLIED, None, o.since_ms, |n| {
-            format!("{n} processed deliveries for one claim key: the effect ran {n} times")
-        }),
-        d(AnomalyKind::Lost, &LOST, None, o.since_ms, |n| {
-            format!("dead-lettered ({n}×) and never applied; no claim, nothing pending")
-        }),
-        d(AnomalyKind::Stuck, &STUCK, Some(now_ms - o.stuck_after_ms), o.since_ms, |n| {
-            format!("{n} failed attempts and still not applied")
-        }),
-        d(AnomalyKind::Orphan, &PROCESSED_WITHOUT_CLAIM, None, o.since_ms, |n| {
-            format!("{n} processed deliveries but no claim, live or archived: the claim was removed")
-        }),
-        d(AnomalyKind::Orphan, &CLAIM_WITHOUT_DELIVERY, None, orphan_since, |_| {
-            "a claim with no processed delivery in the log: it was written around the gate".to_owned()
-        }),
-        d(AnomalyKind::KeyCollision, &COLLISIONS, None, o.since_ms, |n| {
-            format!("{n} duplicates with a different body than the claim's")
-        }),
-        d(AnomalyKind::LateDuplicate, &LATE, None, o.since_ms, |n| {
-            format!("{n} deliveries after the claim was archived")
-        }),
-    ];
-    for Detector { kind, sql, extra, since, describe } in detectors {
-        let mut q = store
-            .query(sql)
-            .bind(o.consumer_group.as_str())
-            .bind(since)
-            .bind(o.until_ms)
-            .bind(biz_type)
-            .bind(biz_type);
-        if let Some(extra) = extra {
-            q = q.bind(extra);
-        }
-        let rows = q.bind(limit).fetch_all(store.pool()).await?;
+    for Detector { kind, statement, describe } in detectors(o, layout, now_ms) {
+        let rows = statement.query(store).fetch_all(store.pool()).await?;
         if rows.len() > o.max_per_kind {
             cut.push(kind);
         }
@@ -352,11 +424,8 @@ async fn find(
             });
         }
     }
-    for check in checks {
-        if o.biz_type.as_deref().is_some_and(|t| t != check.biz_type) {
-            continue;
-        }
-        let rows = store.query(check.sql).bind(o.since_ms).bind(o.until_ms).fetch_all(store.pool()).await?;
+    for check in applicable(checks, o) {
+        let rows = check_statement(check, o).query(store).fetch_all(store.pool()).await?;
         if rows.len() > o.max_per_kind {
             cut.push(check.kind);
         }

@@ -1,8 +1,9 @@
 //! The reconciler on SQLite, PostgreSQL and MariaDB: each anomaly kind built on purpose through
 //! the real gate (and, where the anomaly is damage, by doing what breaks it: a handler that
 //! writes around the gate, a claim deleted by hand, a claim archived too early), then checked
-//! to be reported for exactly those keys; and a clean run of 10,000 keys with 30% duplicates
-//! that reports nothing.
+//! to be reported for exactly those keys; a clean run of 10,000 keys with 30% duplicates
+//! that reports nothing; and, on a database the planner has no statistics about, the plan of
+//! every statement of a run and of the overview, read by key or by window.
 
 #[allow(dead_code)]
 #[path = "../conformance/support.rs"]
@@ -277,6 +278,84 @@ mod cases {
 }
 
 on_every_backend!(a_clean_run_of_ten_thousand_keys_with_thirty_percent_duplicates_reports_nothing);
+
+/// A fresh database whose planner has no statistics (automatic statistics off, nothing
+/// analyzed: as after a fresh start, a burst or an archive run) holds ten hours of the shop's
+/// traffic, an archive of the day before and a few planted anomalies; the last hour is
+/// reconciled. The plan of every statement the run makes, and of every overview read, reads
+/// the log (or the claims) once by the window and everything else by key: no read repeated per
+/// row that walks a range of an index, no read of a whole table or of an index's prefix. And
+/// the run finds exactly what was planted in the hour.
+async fn every_statement_reads_by_key_or_by_window_without_statistics(backend: Backend, shards: u16) {
+    use idemgate::bench::reconcile::{GROUP as LOADED_GROUP, load};
+    use idemgate::inspect::lists::{self, ListKind, ListQuery};
+    use idemgate::inspect::{READ_BOUNDS, overview};
+    use idemgate::store::plan;
+
+    let db = TestDb::new(backend).await;
+    let store = &db.store;
+    if shards > 0 {
+        idemgate::layout::ensure(store, shards, "test").await.expect("shards");
+    }
+    let now = now_ms();
+    let planted = load(store, 6_000, 10 * HOUR, now).await.expect("load");
+    let options = ReconcileOptions {
+        consumer_group: LOADED_GROUP.to_owned(),
+        since_ms: now - HOUR,
+        until_ms: now + 1,
+        ..options(now - HOUR)
+    };
+
+    let layout = idemgate::layout::current(store).await.unwrap();
+    let mut statements =
+        idemgate::reconcile::statements(store, &options, &[STOCK_LEDGER_CHECK], now).await.unwrap();
+    statements.extend(overview::statements(now));
+    statements.extend(
+        ListKind::ALL.map(|kind| lists::statement(layout, &ListQuery::latest(kind, overview::LATEST))),
+    );
+    let mut unbounded = Vec::new();
+    for statement in &statements {
+        let reads = plan::reads(store, statement).await.expect("plan");
+        assert!(
+            !reads.is_empty() || statement.name == "first logged",
+            "{}: no reads in its plan",
+            statement.name
+        );
+        unbounded.extend(
+            reads.iter().filter(|r| !r.is_bounded(&READ_BOUNDS)).map(|r| format!("{}: {r}", statement.name)),
+        );
+    }
+    assert!(unbounded.is_empty(), "reads whose cost hangs on the statistics: {unbounded:#?}");
+
+    let report = reconcile_once(store, &options, &[STOCK_LEDGER_CHECK], now).await.expect("run");
+    let expected: BTreeSet<(AnomalyKind, String)> =
+        planted.iter().filter(|p| p.at_ms >= options.since_ms).map(|p| (p.kind, p.biz_id.clone())).collect();
+    assert!(
+        expected.iter().any(|(k, _)| *k == AnomalyKind::Lost),
+        "a poison payment in the hour: {expected:?}"
+    );
+    assert_eq!(found(&report), expected);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn every_statement_reads_by_key_or_by_window_without_statistics_on_postgres() {
+    every_statement_reads_by_key_or_by_window_without_statistics(Backend::Postgres, 0).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn every_statement_reads_by_key_or_by_window_without_statistics_on_mariadb() {
+    every_statement_reads_by_key_or_by_window_without_statistics(Backend::MySql, 0).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn every_statement_reads_by_key_or_by_window_without_statistics_on_postgres_shards() {
+    every_statement_reads_by_key_or_by_window_without_statistics(Backend::Postgres, 4).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn every_statement_reads_by_key_or_by_window_without_statistics_on_mariadb_shards() {
+    every_statement_reads_by_key_or_by_window_without_statistics(Backend::MySql, 4).await;
+}
 
 // The broken handler writes through a second connection while the gate's transaction is open;
 // SQLite allows one writer at a time, so that handler cannot run there at all. The anomaly

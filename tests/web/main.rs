@@ -199,6 +199,50 @@ mod cases {
         assert!(html.contains("<svg") && html.contains("Latest dead letters") && html.contains("P-9"));
     }
 
+    /// A database whose log began 30 s ago, at 100 deliveries a second: the overview's windows
+    /// show 100/s over the 30 s the log covers, not the 10/s of 3,000 deliveries over 300 s, and
+    /// their cards say what the rate is over.
+    pub async fn rates_are_over_the_time_the_log_covers(backend: idemgate::store::Backend) {
+        let app = App::new(backend).await;
+        let store = &app.db.store;
+        let first = idemgate::gate::now_ms() - 30_000;
+        let row =
+            format!("(?, 'web-1', '{GROUP}', ?, 'shop', 0, 0, 0, 'stock.deduct', ?, 0, 'processed', 100)");
+        for chunk in (0..3_000i64).collect::<Vec<_>>().chunks(500) {
+            let sql = format!(
+                "INSERT INTO delivery_log (logged_at_ms, instance_id, consumer_group, msg_id, topic, queue_id, \
+                 queue_offset, reconsume_times, biz_type, biz_id, execute_time, outcome, latency_us) VALUES {}",
+                vec![row.as_str(); chunk.len()].join(", ")
+            );
+            let q = chunk.iter().fold(idemgate::store::query_built(store.backend(), sql), |q, i| {
+                q.bind(first + i * 10).bind(format!("M-{i}")).bind(format!("D-{i}"))
+            });
+            q.execute(store.pool()).await.expect("log rows");
+        }
+
+        let (status, overview) = app.json("/api/overview").await;
+        assert_eq!(status, StatusCode::OK);
+        for window in ["last_5_minutes", "last_hour"] {
+            let w = &overview[window];
+            assert_eq!(w["deliveries"], 3_000, "{w}");
+            let covered = w["covered_seconds"].as_f64().expect("covered_seconds");
+            assert!((30.0..40.0).contains(&covered), "the log covers about 30 s: {w}");
+            let rate = w["deliveries_per_second"].as_f64().expect("rate");
+            assert!((3_000.0 / covered - rate).abs() < 1e-6 && rate > 75.0, "{window}: {rate}/s: {w}");
+        }
+
+        let (status, html, _) = app.get("/").await;
+        assert_eq!(status, StatusCode::OK);
+        let said: Vec<i64> = html
+            .split("rates over the last ")
+            .skip(1)
+            .filter_map(|rest| rest.split_once(" s (all the data there is)"))
+            .filter_map(|(n, _)| n.parse().ok())
+            .collect();
+        assert_eq!(said.len(), 2, "both cards say what their rates are over: {html}");
+        assert!(said.iter().all(|s| (30..40).contains(s)), "{said:?}");
+    }
+
     /// Hostile keys are refused at the gate and logged as invalid; looking them up shows them
     /// escaped, and SQL-looking searches find nothing rather than everything.
     pub async fn hostile_and_sql_looking_input_round_trips_harmlessly(backend: idemgate::store::Backend) {
@@ -474,6 +518,7 @@ mod cases {
 on_every_backend!(
     the_trace_tells_the_whole_story_of_a_key,
     retries_and_dead_letters_stand_out,
+    rates_are_over_the_time_the_log_covers,
     hostile_and_sql_looking_input_round_trips_harmlessly,
     bad_input_gets_a_400_that_explains,
     several_matches_offer_a_choice,

@@ -12,6 +12,8 @@ use crate::inspect::{InspectError, LogRow, format_ms};
 /// One window's figures, formatted.
 struct WindowView {
     label: &'static str,
+    /// What the rates are over when the log covers less than the window, or nothing yet.
+    coverage: String,
     deliveries: i64,
     throughput: String,
     conflicts: String,
@@ -25,8 +27,16 @@ struct WindowView {
 
 impl WindowView {
     fn new(w: &Window) -> Self {
+        let coverage = if w.covered_seconds == 0.0 {
+            "no deliveries logged yet".to_owned()
+        } else if w.is_partial() {
+            format!("rates over the last {} (all the data there is)", span(w.covered_seconds))
+        } else {
+            String::new()
+        };
         Self {
             label: w.label,
+            coverage,
             deliveries: w.deliveries,
             throughput: format!("{:.1}/s", w.deliveries_per_second),
             conflicts: format!("{:.2}/s", w.conflicts_per_second),
@@ -37,6 +47,17 @@ impl WindowView {
             invalid: w.invalid,
             collisions: w.collisions,
         }
+    }
+}
+
+/// A time the log covers, as a card says it: `30 s`, `4 min 30 s`, `12 min`.
+fn span(seconds: f64) -> String {
+    let s = seconds.round() as i64;
+    match (s / 60, s % 60) {
+        (0, s) => format!("{s} s"),
+        (m, 0) => format!("{m} min"),
+        (m, s) if m < 10 => format!("{m} min {s} s"),
+        (m, _) => format!("{m} min"),
     }
 }
 
@@ -160,4 +181,17 @@ pub(super) async fn overview_page(State(state): State<AppState>) -> Result<Respo
 
 pub(in crate::http) async fn read_overview(state: &AppState) -> Result<Overview, InspectError> {
     overview::overview(&state.store, &state.web.trace.limits, &state.web.archive, crate::gate::now_ms()).await
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_covered_span_reads_in_seconds_then_minutes() {
+        assert_eq!(span(30.4), "30 s");
+        assert_eq!(span(270.0), "4 min 30 s");
+        assert_eq!(span(240.0), "4 min");
+        assert_eq!(span(725.0), "12 min");
+    }
 }
