@@ -130,6 +130,11 @@ impl Application {
         http::router(self.state.clone())
     }
 
+    /// The pages' fixed state: the handlers' describers, the host names, the form tokens.
+    pub fn web(&self) -> &Arc<Web> {
+        &self.state.web
+    }
+
     /// The settings the service runs with (the instance id filled in).
     pub fn settings(&self) -> &Settings {
         &self.settings

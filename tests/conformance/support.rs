@@ -32,6 +32,11 @@ impl TestDb {
         Self { store: scratch.store.clone(), scratch }
     }
 
+    /// The database's URL, for a service of its own on it.
+    pub fn url(&self) -> &str {
+        &self.scratch.url
+    }
+
     /// A second, independent pool on the same database: another process, as far as the
     /// database can tell.
     pub async fn second_store(&self) -> Store {

@@ -9,15 +9,14 @@
 mod support;
 
 use std::sync::Arc;
-use std::sync::atomic::AtomicBool;
 
 use axum::body::Body;
 use axum::http::{Request, StatusCode, header};
+use idemgate::app::{Application, Feed, Running};
 use idemgate::config::Settings;
 use idemgate::delivery::Delivery;
-use idemgate::gate::{Gate, Outcome, Policy};
-use idemgate::http::{AppState, Web, router};
-use idemgate::metrics::{BuildInfo, Metrics};
+use idemgate::gate::{Outcome, Policy};
+use idemgate::http::Web;
 use idemgate::shop;
 use idemgate::store::Sql;
 use serde_json::Value;
@@ -26,11 +25,13 @@ use tower::ServiceExt;
 
 const GROUP: &str = "shop-web";
 
+/// The service as `serve` assembles it (`Application::build`), started and fed by the test,
+/// its routes called without the network.
 struct App {
     db: TestDb,
-    gate: Gate,
-    settings: Settings,
-    /// One for the app's life, as in the server: its form tokens hold across requests.
+    running: Running,
+    router: axum::Router,
+    /// The pages' state of this service: its form tokens hold across requests.
     web: Arc<Web>,
 }
 
@@ -39,33 +40,21 @@ impl App {
         Self::with_settings(backend, Settings::default()).await
     }
 
-    async fn with_settings(backend: idemgate::store::Backend, settings: Settings) -> Self {
+    async fn with_settings(backend: idemgate::store::Backend, mut settings: Settings) -> Self {
         let db = TestDb::new(backend).await;
         shop::seed_stock(&db.store, "SKU-W", 1_000).await.expect("stock");
-        let gate =
-            gate(db.store.clone(), identity(GROUP, "web-1"), vec![], idemgate::handler::Handlers::new());
-        let web = Arc::new(Web::new(&settings, &shop::handlers()));
-        Self { db, gate, settings, web }
-    }
-
-    fn state(&self) -> AppState {
-        let info = BuildInfo {
-            backend: self.db.store.backend(),
-            consumer_group: GROUP.to_owned(),
-            instance_id: "web-1".to_owned(),
-            ui_url: "http://127.0.0.1:0".to_owned(),
-        };
-        let routes = self.settings.routes();
-        AppState {
-            store: self.db.store.clone(),
-            consumer_ready: Arc::new(AtomicBool::new(true)),
-            metrics: Arc::new(Metrics::new(&info, &routes.biz_types(), &Default::default())),
-            web: self.web.clone(),
-        }
+        settings.database.url = db.url().to_owned();
+        settings.http.bind = "127.0.0.1:0".to_owned();
+        settings.consumer.group = GROUP.to_owned();
+        settings.consumer.instance = "web-1".to_owned();
+        let app = Application::build(&settings, Feed::Caller).await.expect("the service builds");
+        let (router, web) = (app.router(), app.web().clone());
+        let running = app.start().await.expect("the service starts");
+        Self { db, running, router, web }
     }
 
     async fn deliver(&self, d: &Delivery) -> Outcome {
-        self.gate.process(d).await.outcome
+        self.running.gate().process(d).await.outcome
     }
 
     async fn get(&self, uri: &str) -> (StatusCode, String, axum::http::HeaderMap) {
@@ -73,7 +62,7 @@ impl App {
     }
 
     async fn request(&self, request: Request<Body>) -> (StatusCode, String, axum::http::HeaderMap) {
-        let response = router(self.state()).oneshot(request).await.expect("a response");
+        let response = self.router.clone().oneshot(request).await.expect("a response");
         let status = response.status();
         let headers = response.headers().clone();
         let bytes = axum::body::to_bytes(response.into_body(), 16 << 20).await.expect("body");
