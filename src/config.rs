@@ -407,9 +407,9 @@ impl Default for Settings {
 }
 
 /// idemgate at INFO; the RocketMQ client (chatty at INFO: every rebalance and offset
-/// commit) at WARN.
-pub const DEFAULT_LOG_FILTER: &str =
-    "info,rocketmq_client_rust=warn,rocketmq_transport=warn,rocketmq_runtime=warn,rocketmq_remoting=warn";
+/// commit) and the cron scheduler (a line per job it creates) at WARN.
+pub const DEFAULT_LOG_FILTER: &str = "info,rocketmq_client_rust=warn,rocketmq_transport=warn,rocketmq_runtime=warn,\
+     rocketmq_remoting=warn,tokio_cron_scheduler=warn";
 
 /// A setting is missing, malformed or inconsistent.
 #[derive(Debug, thiserror::Error)]
