@@ -7,6 +7,8 @@
 //! does not have. A setting that is parsed but not honoured fails its probe, and a new key
 //! without a probe fails `every_setting_of_the_service_sections_has_a_probe`.
 
+#[path = "../layers/redis_server.rs"]
+mod redis_server;
 mod support;
 
 use std::collections::BTreeSet;
@@ -19,6 +21,7 @@ use idemgate::handler::Handlers;
 use idemgate::prefilter::{FallbackCause, Step};
 use idemgate::shop;
 use idemgate::store::Backend;
+use redis_server::RedisServer;
 use support::*;
 use tokio::io::AsyncWriteExt;
 
@@ -430,7 +433,7 @@ async fn redis_key_prefix(b: Backend) {
 }
 
 async fn redis_timeout_ms(b: Backend) {
-    let server = PrivateRedis::started().await;
+    let server = RedisServer::start(&["--enable-debug-command", "yes"]).await;
     let app = spawn_app(b, |s| {
         s.redis.url = server.url();
         s.redis.timeout_ms = 600;
@@ -439,7 +442,7 @@ async fn redis_timeout_ms(b: Backend) {
     let gate = app.gate();
     assert_eq!(gate.process(&deduct("to-1")).await.prefilter.map(|p| p.step), Some(Step::Claimed));
     // Redis busy for two seconds: the delivery waits out its 600 ms, then the database decides.
-    let sleeper = server.debug_sleep(2);
+    let sleeper = debug_sleep(server.url(), 2);
     tokio::time::sleep(Duration::from_millis(100)).await;
     let started = Instant::now();
     let d = gate.process(&deduct("to-2")).await;
@@ -452,7 +455,7 @@ async fn redis_timeout_ms(b: Backend) {
 }
 
 async fn redis_cooldown_ms(b: Backend) {
-    let mut server = PrivateRedis::reserved();
+    let mut server = RedisServer::reserved(&[]);
     let app = spawn_app(b, |s| {
         s.redis.url = server.url();
         s.redis.cooldown_ms = 600_000;
@@ -460,7 +463,7 @@ async fn redis_cooldown_ms(b: Backend) {
     .await;
     // Redis was down at the start: the circuit is open. It comes up; with the default
     // cooldown of a second the probe would have closed the circuit within this wait.
-    server.start().await;
+    server.restart().await;
     tokio::time::sleep(Duration::from_secs(3)).await;
     let d = app.gate().process(&deduct("cool-1")).await;
     assert_eq!(d.outcome, Outcome::Processed);
@@ -468,81 +471,15 @@ async fn redis_cooldown_ms(b: Backend) {
     app.stop().await;
 }
 
-/// A `redis-server` of the test's own, on a free port.
-struct PrivateRedis {
-    port: u16,
-    child: Option<std::process::Child>,
-}
-
-impl PrivateRedis {
-    /// A free port, with no server on it yet.
-    fn reserved() -> Self {
-        let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
-        Self { port, child: None }
-    }
-
-    async fn started() -> Self {
-        let mut server = Self::reserved();
-        server.start().await;
-        server
-    }
-
-    fn url(&self) -> String {
-        format!("redis://127.0.0.1:{}", self.port)
-    }
-
-    async fn start(&mut self) {
-        let child = std::process::Command::new("redis-server")
-            .args([
-                "--port",
-                &self.port.to_string(),
-                "--bind",
-                "127.0.0.1",
-                "--save",
-                "",
-                "--appendonly",
-                "no",
-                "--enable-debug-command",
-                "yes",
-            ])
-            .stdout(std::process::Stdio::null())
-            .stderr(std::process::Stdio::null())
-            .spawn()
-            .unwrap_or_else(|e| panic!("redis-server must be installed: {e}"));
-        self.child = Some(child);
-        let deadline = Instant::now() + Duration::from_secs(10);
-        loop {
-            let client = redis::Client::open(self.url()).unwrap();
-            if let Ok(mut c) = client.get_multiplexed_async_connection().await
-                && redis::cmd("PING").query_async::<String>(&mut c).await.is_ok()
-            {
-                return;
-            }
-            assert!(Instant::now() < deadline, "redis-server on port {} did not come up", self.port);
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
-    }
-
-    /// `DEBUG SLEEP seconds` on its own connection, in the background.
-    fn debug_sleep(&self, seconds: u32) -> tokio::task::JoinHandle<()> {
-        let url = self.url();
-        tokio::spawn(async move {
-            let client = redis::Client::open(url).unwrap();
-            let config = redis::AsyncConnectionConfig::new().set_response_timeout(None);
-            let mut c = client.get_multiplexed_async_connection_with_config(&config).await.expect("connect");
-            let _: () =
-                redis::cmd("DEBUG").arg("SLEEP").arg(seconds).query_async(&mut c).await.expect("DEBUG SLEEP");
-        })
-    }
-}
-
-impl Drop for PrivateRedis {
-    fn drop(&mut self) {
-        if let Some(mut child) = self.child.take() {
-            let _ = child.kill();
-            let _ = child.wait();
-        }
-    }
+/// `DEBUG SLEEP seconds` on a connection of its own (no response timeout), in the background.
+fn debug_sleep(url: String, seconds: u32) -> tokio::task::JoinHandle<()> {
+    tokio::spawn(async move {
+        let client = redis::Client::open(url).unwrap();
+        let config = redis::AsyncConnectionConfig::new().set_response_timeout(None);
+        let mut c = client.get_multiplexed_async_connection_with_config(&config).await.expect("connect");
+        let _: () =
+            redis::cmd("DEBUG").arg("SLEEP").arg(seconds).query_async(&mut c).await.expect("DEBUG SLEEP");
+    })
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -19,6 +19,14 @@ impl RedisServer {
         server
     }
 
+    /// A free port with no server on it yet: Redis down from the start. [`RedisServer::restart`]
+    /// starts it.
+    #[allow(dead_code)]
+    pub fn reserved(extra: &[&str]) -> Self {
+        let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+        Self { port, args: extra.iter().map(|s| s.to_string()).collect(), child: None }
+    }
+
     pub fn url(&self) -> String {
         format!("redis://127.0.0.1:{}", self.port)
     }
