@@ -142,6 +142,31 @@ async fn the_assembled_service_runs_its_parts_and_is_ready() {
     }
 }
 
+#[test]
+fn the_demo_keeps_the_terminal_for_its_urls_and_status_lines_and_logs_to_a_file() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_idemgate"))
+        .current_dir(dir.path())
+        .args(["demo", "--seconds", "4", "--status-every", "1", "--rate", "300", "--duplicates", "0.5"])
+        .env("IDEMGATE_HTTP__BIND", "127.0.0.1:0")
+        .env_remove("RUST_LOG")
+        .output()
+        .expect("run idemgate demo");
+    let (stdout, stderr) = (String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    assert!(out.status.success(), "{stdout}\n{stderr}");
+    assert!(stdout.contains("Web UI at http://127.0.0.1:"), "{stdout}");
+    assert!(stdout.contains("Log in idemgate-demo.log"), "{stdout}");
+    assert!(stdout.lines().filter(|l| l.contains("deliveries/s")).count() >= 3, "{stdout}");
+    for shown in [&stdout, &stderr] {
+        assert!(
+            !shown.contains(" WARN ") && !shown.contains(" INFO "),
+            "log lines on the terminal:\n{shown}"
+        );
+    }
+    let log = std::fs::read_to_string(dir.path().join("idemgate-demo.log")).expect("the demo's log file");
+    assert!(log.contains("duplicate delivery skipped"), "the duplicates' warnings went to the file");
+}
+
 // ---------------------------------------------------------------------------------------------
 // [archive]
 
