@@ -35,11 +35,10 @@ const SECTIONS: [&str; 7] = ["archive", "redis", "dedup", "group_commit", "recon
 macro_rules! settings_table {
     (
         everywhere: [$($key:literal => $probe:ident),* $(,)?],
-        servers: [$($skey:literal => $sprobe:ident),* $(,)?],
-        elsewhere: [$($ekey:literal => $etest:literal),* $(,)?] $(,)?
+        servers: [$($skey:literal => $sprobe:ident),* $(,)?] $(,)?
     ) => {
         /// Every key that has a probe.
-        const PROBED: &[&str] = &[$($key,)* $($skey,)* $($ekey,)*];
+        const PROBED: &[&str] = &[$($key,)* $($skey,)*];
 
         mod sqlite {
             $(#[tokio::test] async fn $probe() { super::$probe(idemgate::store::Backend::Sqlite).await })*
@@ -91,6 +90,7 @@ settings_table! {
         "http.grafana_url" => http_grafana_url,
         "http.max_concurrent_requests" => http_max_concurrent_requests,
         "http.allowed_hosts" => http_allowed_hosts,
+        "http.csrf_token_ttl_seconds" => http_csrf_token_ttl_seconds,
         "consumer.group" => consumer_group,
         "consumer.instance" => consumer_instance,
         "consumer.max_reconsume_times" => consumer_max_reconsume_times,
@@ -101,10 +101,6 @@ settings_table! {
     servers: [
         "http.query_timeout_ms" => http_query_timeout_ms,
         "http.max_connections" => http_max_connections,
-    ],
-    // Probes that need the broker, with the real `serve`: (key, the test that probes it).
-    elsewhere: [
-        "http.csrf_token_ttl_seconds" => "tests/broker/lifecycle.rs: a_replay_form_older_than_its_lifetime_is_refused",
     ],
 }
 
@@ -797,6 +793,24 @@ async fn http_allowed_hosts(b: Backend) {
     assert_eq!(reply.status, 200, "a listed name is served (the default refuses it): {}", reply.body);
     let other = format!("other.test:{port}");
     assert_eq!(request(&app.addr, "GET", "/api/overview", &[("Host", &other)], b"").await.status, 421);
+    app.stop().await;
+}
+
+async fn http_csrf_token_ttl_seconds(b: Backend) {
+    let app = spawn_app(b, |s| s.http.csrf_token_ttl_seconds = 60).await;
+    // A form shown two minutes ago: within the default hour, past a minute.
+    let shown = std::time::SystemTime::now() - Duration::from_secs(120);
+    let token = app.web.replay_token(GROUP, shop::PAYMENT_CONFIRM, "P-1", 0, shown);
+    let form =
+        format!("group={GROUP}&biz_type={}&biz_id=P-1&execute_time=0&csrf={token}", shop::PAYMENT_CONFIRM);
+    let headers = [("Content-Type", "application/x-www-form-urlencoded")];
+    let reply = request(&app.addr, "POST", "/replay", &headers, form.as_bytes()).await;
+    assert_eq!(reply.status, 403, "{}", reply.body);
+    assert!(
+        reply.body.contains("expired"),
+        "a two-minute-old form is expired after one minute: {}",
+        reply.body
+    );
     app.stop().await;
 }
 

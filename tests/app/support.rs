@@ -27,6 +27,8 @@ pub const SKU: &str = "SKU-APP";
 /// A running service on its own database.
 pub struct TestApp {
     running: Option<Running>,
+    /// The pages' state of this service (its form tokens).
+    pub web: Arc<idemgate::http::Web>,
     pub db: ScratchDb,
     /// `127.0.0.1:PORT`.
     pub addr: String,
@@ -67,14 +69,11 @@ pub async fn spawn_app_with(
     configure(&mut settings);
     let mut handlers = settings.handlers().expect("the configured handlers");
     handlers.extend(extra);
-    let running = Application::build_with(&settings, handlers, Feed::Caller)
-        .await
-        .expect("the service builds")
-        .start()
-        .await
-        .expect("the service starts");
+    let app = Application::build_with(&settings, handlers, Feed::Caller).await.expect("the service builds");
+    let web = app.web().clone();
+    let running = app.start().await.expect("the service starts");
     let addr = running.url().trim_start_matches("http://").to_owned();
-    TestApp { running: Some(running), db, addr }
+    TestApp { running: Some(running), web, db, addr }
 }
 
 impl TestApp {

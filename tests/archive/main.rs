@@ -343,7 +343,13 @@ mod cases {
             }
         }
         assert!(per_tick.len() >= 2, "{dedup:?}");
-        assert!(per_tick.values().all(|(success, _)| *success == 1), "one success per tick: {per_tick:?}");
+        // Never two runs in one tick; a tick whose lease a slow run of the tick before still
+        // holds has none, and is skipped by both.
+        assert!(
+            per_tick.values().all(|(success, _)| *success <= 1),
+            "one success per tick at most: {per_tick:?}"
+        );
+        assert!(per_tick.values().filter(|(success, _)| *success == 1).count() >= 2, "{per_tick:?}");
         assert!(
             per_tick.values().any(|(_, skipped)| *skipped == 1),
             "the other instance skipped: {per_tick:?}"
