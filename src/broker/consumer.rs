@@ -19,7 +19,7 @@ use async_trait::async_trait;
 use futures_util::FutureExt;
 use rocketmq_client_rust::{
     ClientResult, ConsumeConcurrentlyContext, ConsumeConcurrentlyStatus, DefaultMQPushConsumer,
-    MQPushConsumer, MessageListenerConcurrently,
+    MQConsumerInner, MQPushConsumer, MessageListenerConcurrently,
 };
 use rocketmq_model::common::consumer::consume_from_where::ConsumeFromWhere;
 use rocketmq_model::common::message::message_ext::MessageExt;
@@ -207,19 +207,24 @@ impl Consumer {
 const ROUTE_RETRY: std::time::Duration = std::time::Duration::from_secs(1);
 
 /// Asks the name server for the route of every subscribed topic that has none yet, every
-/// [`ROUTE_RETRY`], until each has one. A topic is created by its first send; left to itself,
-/// the client looks for new routes only every 30 s, so a fresh consumer would sit idle for up
-/// to half a minute after that send. The first miss is logged once at INFO, the route's
-/// arrival too, so that the wait is visible.
+/// [`ROUTE_RETRY`], until each has one, and then joins the topic's broker at once
+/// ([`join_brokers`]). A topic is created by its first send; left to itself, the client looks
+/// for new routes every 30 s, tells a broker it did not know at start of its consumer only with
+/// its next heartbeat (every 30 s) and shares out queues at its next rebalance (every 20 s,
+/// and one that finds the group without members at the broker waits another 20 s), so a fresh
+/// consumer sat idle for 20 to 40 s after that send. The first miss is logged once at INFO,
+/// the route's arrival too, so that the wait is visible.
 async fn watch_routes(consumer: Arc<tokio::sync::Mutex<DefaultMQPushConsumer>>, topics: Vec<String>) {
     let mut waiting: Vec<(String, bool)> = topics.into_iter().map(|t| (t, false)).collect();
     while !waiting.is_empty() {
         let mut still = Vec::new();
         for (topic, announced) in waiting {
-            let queues = consumer.lock().await.fetch_subscribe_message_queues(&topic).await;
+            let mut client = consumer.lock().await;
+            let queues = client.fetch_subscribe_message_queues(&topic).await;
             match queues {
                 Ok(queues) if !queues.is_empty() => {
                     if announced {
+                        join_brokers(&client).await;
                         tracing::info!(%topic, queues = queues.len(), "the topic has a route now; consuming");
                     }
                 }
@@ -238,6 +243,26 @@ async fn watch_routes(consumer: Arc<tokio::sync::Mutex<DefaultMQPushConsumer>>, 
         if !waiting.is_empty() {
             tokio::time::sleep(ROUTE_RETRY).await;
         }
+    }
+}
+
+/// Tells every broker the client now knows of that this consumer is in its group (a
+/// heartbeat: before it, the broker lists no members of the group to share the queues among),
+/// then shares out the queues at once (a rebalance) instead of at the client's next rounds of
+/// either. A rebalance running beside the client's own is safe: a queue is taken only once.
+async fn join_brokers(consumer: &DefaultMQPushConsumer) {
+    let Some(inner) = consumer.default_mq_push_consumer_impl() else { return };
+    let heartbeat = match inner.get_mq_client_factory() {
+        Some(instance) => instance.send_heartbeat_to_all_broker_with_lock_v2(false).await,
+        None => false,
+    };
+    if !heartbeat {
+        tracing::warn!(
+            "no heartbeat reached a broker; the consumer joins at the client's own next heartbeat"
+        );
+    }
+    if let Err(e) = MQConsumerInner::try_rebalance(inner.as_ref()).await {
+        tracing::warn!(error = %e, "the rebalance after a new route failed; the client's own follows within 20 s");
     }
 }
 

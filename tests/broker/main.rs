@@ -1,6 +1,7 @@
 //! `idemgate serve` and `idemgate produce` against a real RocketMQ broker and real databases.
 
 mod browser;
+mod lifecycle;
 mod prometheus;
 mod replay;
 mod support;

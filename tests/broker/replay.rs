@@ -24,7 +24,13 @@ use super::support::{http_get, http_post_form};
 static STATUS: Sql = Sql::new("SELECT status FROM shop_order WHERE order_no = ?");
 
 /// Dead-letters `key` (its order missing), then sends the order: the cause is fixed.
-async fn dead_letter_then_fix(store: &Store, producer: &Producer, topic: &str, key: &str, order_no: &str) {
+pub(super) async fn dead_letter_then_fix(
+    store: &Store,
+    producer: &Producer,
+    topic: &str,
+    key: &str,
+    order_no: &str,
+) {
     producer.send(&payment(topic, key, order_no, 990)).await.unwrap();
     wait_for_log(store, key, "dead letter", |s| s.iter().any(|o| o.starts_with("dead_lettered"))).await;
     producer.send(&order(topic, order_no, 990)).await.unwrap();
@@ -78,19 +84,8 @@ async fn a_dead_letter_is_replayed_into_exactly_one_effect_and_a_second_replay_i
     // 2. From the trace page's form, with its CSRF token.
     let (key, order_no) = (format!("{run}-PAY-2"), format!("{run}-ORD-2"));
     dead_letter_then_fix(&db.store, &producer, &topic, &key, &order_no).await;
-    let (status, page) = http_get(&addr, &format!("/trace?biz_id={key}")).expect("the trace page");
-    assert_eq!(status, 200);
-    let csrf =
-        page.split("name=\"csrf\" value=\"").nth(1).and_then(|s| s.split('"').next()).expect("a replay form");
-    let form = serde_urlencoded::to_string([
-        ("group", group.as_str()),
-        ("biz_type", shop::PAYMENT_CONFIRM),
-        ("biz_id", key.as_str()),
-        ("execute_time", "0"),
-        ("csrf", csrf),
-    ])
-    .unwrap();
-    let forged = form.replace(csrf, &"0".repeat(64));
+    let ReplayForm { token, body: form } = replay_form(&addr, &group, shop::PAYMENT_CONFIRM, &key);
+    let forged = form.replace(&token, &"0".repeat(64));
     let (status, _) = http_post_form(&addr, "/replay", &forged).unwrap();
     assert_eq!(status, 403, "a forged token is refused");
     let (status, result) = http_post_form(&addr, "/replay", &form).unwrap();

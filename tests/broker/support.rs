@@ -458,6 +458,36 @@ pub async fn wait_for_log(
     }
 }
 
+/// The trace page's replay form for one key, as its browser would post it.
+pub struct ReplayForm {
+    /// The form's CSRF token.
+    pub token: String,
+    /// The url-encoded body the form posts to `/replay`.
+    pub body: String,
+}
+
+/// Loads the trace page of `key` (of `biz_type`, in `group`, execute_time 0) and reads its replay
+/// form; fails when the page offers none.
+pub fn replay_form(addr: &str, group: &str, biz_type: &str, key: &str) -> ReplayForm {
+    let (status, page) = http_get(addr, &format!("/trace?biz_id={key}")).expect("the trace page");
+    assert_eq!(status, 200, "{page}");
+    let token = page
+        .split("name=\"csrf\" value=\"")
+        .nth(1)
+        .and_then(|s| s.split('"').next())
+        .unwrap_or_else(|| panic!("the trace page of {key} has no replay form:\n{page}"))
+        .to_owned();
+    let body = serde_urlencoded::to_string([
+        ("group", group),
+        ("biz_type", biz_type),
+        ("biz_id", key),
+        ("execute_time", "0"),
+        ("csrf", token.as_str()),
+    ])
+    .expect("a url-encoded form");
+    ReplayForm { token, body }
+}
+
 /// A plain HTTP/1.1 GET; (status, body).
 pub fn http_get(addr: &str, path: &str) -> Option<(u16, String)> {
     http_request(addr, "GET", path, None)
