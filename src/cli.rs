@@ -227,6 +227,9 @@ pub struct BenchReconcileArgs {
     /// Deliveries to load, about (1,000 to 3,000,000).
     #[arg(long, default_value_t = 1_000_000)]
     pub deliveries: usize,
+    /// Hours the deliveries are spread over (24 to 2160); the run reconciles the last 24.
+    #[arg(long, default_value_t = 24)]
+    pub span_hours: u32,
     /// Seconds a statement may run before it is cancelled and reported as such.
     #[arg(long, default_value_t = 120)]
     pub statement_timeout: u64,
@@ -399,12 +402,13 @@ pub async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             let options = bench::reconcile::Options {
                 backends: args.backends,
                 deliveries: args.deliveries,
+                span_hours: args.span_hours,
                 statement_timeout: Duration::from_secs(args.statement_timeout),
             };
             println!(
-                "bench reconcile: about {} deliveries over 24 hours per backend, statistics never gathered; \
-                 statements cancelled after {} s",
-                options.deliveries, args.statement_timeout
+                "bench reconcile: about {} deliveries over {} hours per backend, the last 24 reconciled, \
+                 statistics never gathered; statements cancelled after {} s",
+                options.deliveries, options.span_hours, args.statement_timeout
             );
             let reports = bench::reconcile::run(&options, |line| eprintln!("  {line}")).await?;
             println!("\n{}", bench::reconcile::table(&reports));

@@ -7,7 +7,9 @@
 //! as a database is after a fresh start, a burst or an archive run, filled by [`load`] with
 //! the example shop's traffic over 24 hours (orders, payments and deductions with
 //! redeliveries, failed attempts, poison payments dead-lettered, an archive of the day before)
-//! and a few planted anomalies of every kind. Then each statement is timed, as written before
+//! and a few planted anomalies of every kind; with `span_hours` above 24 the same deliveries
+//! spread over more days, as a log and claims kept for a week hold them, and the run still
+//! reconciles the last 24 hours. Then each statement is timed, as written before
 //! (`NOT EXISTS` anti joins, one-sided time ranges) and as idemgate writes it, first on those
 //! stale statistics (and, on PostgreSQL, the old statements once more with
 //! `enable_nestloop = off`, the other way to keep a nested loop out), then after an
@@ -37,6 +39,8 @@ pub struct Options {
     pub backends: Vec<Backend>,
     /// Deliveries to load, about (the shape sets the exact count).
     pub deliveries: usize,
+    /// The hours the deliveries are spread over; the run reconciles the last 24 of them.
+    pub span_hours: u32,
     /// The longest a statement may run before it is cancelled and reported as such.
     pub statement_timeout: Duration,
 }
@@ -46,6 +50,7 @@ impl Default for Options {
         Self {
             backends: vec![Backend::Postgres, Backend::MySql],
             deliveries: 1_000_000,
+            span_hours: 24,
             statement_timeout: Duration::from_secs(120),
         }
     }
@@ -90,6 +95,9 @@ pub struct StatementReport {
 pub struct Report {
     pub backend: Backend,
     pub deliveries: i64,
+    /// Of them, in the reconciled 24 hours.
+    pub in_window: i64,
+    pub span_hours: u32,
     pub load: Duration,
     pub analyze: Duration,
     pub statements: Vec<StatementReport>,
@@ -105,6 +113,11 @@ pub async fn run(options: &Options, progress: impl Fn(&str)) -> anyhow::Result<V
         (1_000..=3_000_000).contains(&options.deliveries),
         "--deliveries must be from 1000 to 3000000, not {}",
         options.deliveries
+    );
+    anyhow::ensure!(
+        (24..=24 * 90).contains(&options.span_hours),
+        "--span-hours must be from 24 to 2160, not {}",
+        options.span_hours
     );
     let mut reports = Vec::new();
     for &backend in &options.backends {
@@ -230,9 +243,12 @@ async fn measure(store: &Store, options: &Options, progress: &impl Fn(&str)) -> 
     let backend = store.backend();
     let now = crate::gate::now_ms();
     let started = Instant::now();
-    let planted = load(store, options.deliveries, 24 * HOUR_MS - MINUTE_MS, now).await?;
+    let span_ms = i64::from(options.span_hours) * HOUR_MS - MINUTE_MS;
+    let planted = load(store, options.deliveries, span_ms, now).await?;
     let load = started.elapsed();
     let deliveries: i64 = store.query(&COUNT_LOG).fetch_one(store.pool()).await?.try_get(0)?;
+    let in_window: i64 =
+        store.query(&COUNT_SINCE).bind(now - 24 * HOUR_MS).fetch_one(store.pool()).await?.try_get(0)?;
     progress(&format!("{backend}: {deliveries} deliveries loaded in {:.0} s", load.as_secs_f64()));
 
     let reconcile = ReconcileOptions {
@@ -289,6 +305,7 @@ async fn measure(store: &Store, options: &Options, progress: &impl Fn(&str)) -> 
     let run = t.elapsed();
     let found: BTreeSet<(AnomalyKind, String)> =
         report.anomalies.iter().map(|a| (a.kind, a.biz_id.clone())).collect();
+    let planted: Vec<Planted> = planted.into_iter().filter(|p| p.at_ms >= reconcile.since_ms).collect();
     let expected: BTreeSet<(AnomalyKind, String)> =
         planted.iter().map(|p| (p.kind, p.biz_id.clone())).collect();
     anyhow::ensure!(
@@ -318,6 +335,8 @@ async fn measure(store: &Store, options: &Options, progress: &impl Fn(&str)) -> 
     Ok(Report {
         backend,
         deliveries,
+        in_window,
+        span_hours: options.span_hours,
         load,
         analyze,
         statements: rows,
@@ -336,6 +355,7 @@ fn counts(planted: &[Planted]) -> BTreeMap<AnomalyKind, usize> {
 }
 
 static COUNT_LOG: Sql = Sql::new("SELECT COUNT(*) FROM delivery_log");
+static COUNT_SINCE: Sql = Sql::new("SELECT COUNT(*) FROM delivery_log WHERE logged_at_ms >= ?");
 
 /// Runs `statement` on a connection of its own with `timeout`, and with nested loops off when
 /// `no_nestloop` (PostgreSQL), then closes that connection so its settings go with it.
@@ -703,10 +723,13 @@ pub fn table(reports: &[Report]) -> String {
     for r in reports {
         let _ = writeln!(
             out,
-            "{}: {} deliveries, loaded in {:.0} s; `ANALYZE` of the five tables {:.2} s; the whole run {:.2} s \
-             ({} anomalies, as planted); the whole overview read {:.3} s (both on stale statistics)\n",
+            "{}: {} deliveries over {} hours, {} of them in the reconciled 24 hours, loaded in {:.0} s; \
+             `ANALYZE` of the five tables {:.2} s; the whole run {:.2} s ({} anomalies, as planted); the whole \
+             overview read {:.3} s (both on stale statistics)\n",
             r.backend,
             r.deliveries,
+            r.span_hours,
+            r.in_window,
             r.load.as_secs_f64(),
             r.analyze.as_secs_f64(),
             r.run.as_secs_f64(),
