@@ -66,6 +66,18 @@ impl Prometheus {
         assert_eq!(v["status"], "success", "{expr}: {body}");
         v["data"]["result"].as_array().cloned().unwrap_or_default()
     }
+
+    /// Waits until Prometheus holds a sample of `group`'s delivery counters. `rate()` counts
+    /// only what a counter gained after its first sample, so deliveries made before the first
+    /// scrape would be missing from every rate.
+    fn wait_for_first_scrape(&self, group: &str, limit: Duration) {
+        let started = Instant::now();
+        let expr = format!("idemgate_deliveries_total{{consumer_group=\"{group}\"}}");
+        while self.query(&expr).is_empty() {
+            assert!(started.elapsed() < limit, "prometheus did not scrape the service within {limit:?}");
+            std::thread::sleep(Duration::from_millis(200));
+        }
+    }
 }
 
 impl Drop for Prometheus {
@@ -136,6 +148,7 @@ async fn a_real_prometheus_gets_data_for_every_dashboard_and_rule_expression_and
     let service = Service::start(&with_group_commit(settings(&db.url, &topic, &group, "scraped", 2), 1));
     let addr = service_addr(&service);
     let prometheus = Prometheus::start(&addr);
+    prometheus.wait_for_first_scrape(&group, Duration::from_secs(30));
     let (report, sends) = produce(&topic, &run, 2000, 0, &["--duplicates", "0.3", "--early-payments", "0.2"]);
     assert_converges(&db.store, &run, &group, &report, &sends).await;
     // An archive pass, so that the archive panels have runs to show (the service reads
