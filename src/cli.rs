@@ -211,6 +211,9 @@ pub enum BenchCommand {
     /// State moves per second with the state-machine helper's conditional update against the
     /// naive SELECT, check, UPDATE, for fresh and already-made moves, and two movers racing.
     StateMachine(BenchStateMachineArgs),
+    /// The consumer's msg/s and p99 while 200 loops flood the overview API and the collisions
+    /// page, for the shipped UI limits, wide limits and the pages on the consumer's own pool.
+    UiFlood(bench::ui_flood::Options),
     /// What the metrics cost: one observe call, the gate with and without metrics, one scrape
     /// of 10 biz_types × 5 outcomes × 4 causes.
     Metrics {
@@ -474,6 +477,23 @@ pub async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             );
             let report = bench::state_machine::run(&options, |line| eprintln!("  {line}")).await?;
             println!("\n{}", bench::state_machine::table(&report));
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Bench(BenchCommand::UiFlood(mut options)) => {
+            options.duplicates = share("duplicates", options.duplicates, 0.9)?;
+            anyhow::ensure!(options.messages > 0 && options.clients > 0, "bench ui-flood: --messages and --clients must be at least 1");
+            println!(
+                "bench ui-flood: {} stock.deduct messages, {:.0}% duplicates, RocketMQ -> {}, {} request loops, {} history rows, {} cores",
+                options.messages,
+                options.duplicates * 100.0,
+                options.backend,
+                options.clients,
+                options.history,
+                std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1),
+            );
+            let report = bench::ui_flood::run(&options, |line| eprintln!("  {line}")).await?;
+            println!("\n{}", bench::ui_flood::table(&report));
+            report.check()?;
             Ok(ExitCode::SUCCESS)
         }
         Command::Bench(BenchCommand::Metrics { messages }) => {

@@ -13,6 +13,7 @@ pub mod metrics;
 pub mod reconcile;
 pub mod state_machine;
 pub mod trace;
+pub mod ui_flood;
 
 use std::time::Duration;
 

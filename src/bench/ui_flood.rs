@@ -1,0 +1,535 @@
+//! `idemgate bench ui-flood`: what a flood of web requests does to the consumer. The service
+//! is the one `serve` ships ([`Application::build`], fed by a real RocketMQ broker), on a
+//! scratch database holding a history of deliveries so that the pages do real work. Each
+//! configuration consumes the same pre-loaded topic under a fresh consumer group twice: once
+//! quiet, once while `clients` loops request `/api/overview` and `/collisions?since=0` as fast
+//! as the service answers.
+//!
+//! The configurations: the shipped defaults (the UI's own small pool, a limit on requests in
+//! flight); the same with the limits opened wide; and the naive way, the pages on the
+//! consumer's own pool with no limit at all. The consumer must never wait for a connection
+//! (`PoolTimedOut`) and its books must stay exact; [`Report::check`] says so.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use anyhow::Context;
+use sqlx::Row;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+use super::{Percentiles, peak_rss_mib, reset_peak_rss};
+use crate::app::{Application, Feed};
+use crate::broker::Producer;
+use crate::broker::local::LocalBroker;
+use crate::config::Settings;
+use crate::http::{self, AppState, Web};
+use crate::metrics::{BuildInfo, Metrics};
+use crate::scratch::ScratchDb;
+use crate::shop;
+use crate::store::{Backend, Sql, Store, StoreOptions};
+
+/// The consumer groups of the measured runs, cleared between runs; the history's is another.
+const RUN_GROUP_PREFIX: &str = "uiflood_run_";
+
+#[derive(Debug, Clone, clap::Args)]
+pub struct Options {
+    /// A running name server; without it a private broker is started (scripts/install-rocketmq.sh
+    /// installs the binaries).
+    #[arg(long)]
+    pub name_server: Option<String>,
+    /// The database: postgres or mysql.
+    #[arg(long, default_value = "postgres")]
+    pub backend: Backend,
+    /// stock.deduct messages each run consumes.
+    #[arg(long, default_value_t = 2_000)]
+    pub messages: usize,
+    #[arg(long, default_value_t = 0.3)]
+    pub duplicates: f64,
+    /// Concurrent request loops of the flood.
+    #[arg(long, default_value_t = 200)]
+    pub clients: usize,
+    /// Delivery-log rows of history loaded before the runs (the pages read them).
+    #[arg(long, default_value_t = 100_000)]
+    pub history: usize,
+}
+
+/// How the web UI is wired in a run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Wiring {
+    /// `[http]` as shipped: `max_connections` 4, `max_concurrent_requests` 16.
+    Defaults,
+    /// The UI's own pool of 32, and up to 10,000 requests in flight.
+    WideLimits,
+    /// The pages on the consumer's pool, no limit on requests: the naive way.
+    SharedPool,
+}
+
+impl Wiring {
+    pub fn name(self) -> &'static str {
+        match self {
+            Wiring::Defaults => "defaults (own pool of 4, 16 in flight)",
+            Wiring::WideLimits => "own pool of 32, 10,000 in flight",
+            Wiring::SharedPool => "naive: consumer's pool, no limit",
+        }
+    }
+}
+
+/// One run: a configuration, quiet or flooded.
+#[derive(Debug, Clone)]
+pub struct Run {
+    pub wiring: Wiring,
+    pub flooded: bool,
+    pub messages: usize,
+    /// From the first delivery logged to the last message's first log row.
+    pub elapsed: Duration,
+    /// The gate's latency per delivery, from the log.
+    pub latency: Percentiles,
+    /// Deliveries that failed waiting for a pool connection, logged or not.
+    pub pool_timeouts: i64,
+    /// Deliveries the gate could not log (`idemgate_unlogged_deliveries_total`).
+    pub unlogged: f64,
+    /// Ledger rows, and deductions applied more than once.
+    pub effects: i64,
+    pub double_applied: i64,
+    pub distinct_keys: usize,
+    pub requests: Requests,
+    pub peak_rss_mib: f64,
+}
+
+impl Run {
+    pub fn rate(&self) -> f64 {
+        super::rate(self.messages, self.elapsed)
+    }
+
+    fn books_exact(&self) -> bool {
+        self.effects == self.distinct_keys as i64 && self.double_applied == 0
+    }
+}
+
+/// What the flood's requests got.
+#[derive(Debug, Clone, Default)]
+pub struct Requests {
+    pub ok: u64,
+    pub shed: u64,
+    /// Any other status, or no answer.
+    pub other: u64,
+    /// Latency of the answered 200s.
+    pub ok_latency: Percentiles,
+}
+
+#[derive(Debug, Clone)]
+pub struct Report {
+    pub backend: Backend,
+    pub history: usize,
+    pub clients: usize,
+    pub runs: Vec<Run>,
+}
+
+impl Report {
+    /// Fails unless every run's books are exact and the shipped defaults never made the
+    /// consumer wait for a connection, flooded or not.
+    pub fn check(&self) -> anyhow::Result<()> {
+        for r in &self.runs {
+            anyhow::ensure!(
+                r.books_exact(),
+                "{} ({}): {} ledger rows for {} keys, {} applied twice",
+                r.wiring.name(),
+                if r.flooded { "flooded" } else { "quiet" },
+                r.effects,
+                r.distinct_keys,
+                r.double_applied
+            );
+            if r.wiring == Wiring::Defaults {
+                anyhow::ensure!(
+                    r.pool_timeouts == 0 && r.unlogged == 0.0,
+                    "the shipped defaults let the consumer wait for a connection: {} pool timeouts, {} unlogged",
+                    r.pool_timeouts,
+                    r.unlogged
+                );
+            }
+        }
+        Ok(())
+    }
+}
+
+pub async fn run(options: &Options, progress: impl Fn(&str)) -> anyhow::Result<Report> {
+    anyhow::ensure!(options.backend != Backend::Sqlite, "bench ui-flood: --backend is postgres or mysql");
+    let local = match &options.name_server {
+        Some(_) => None,
+        None => Some(LocalBroker::start()?),
+    };
+    let name_server = options
+        .name_server
+        .clone()
+        .or_else(|| local.as_ref().map(|l| l.name_server().to_owned()))
+        .context("a name server")?;
+    let db = ScratchDb::create(options.backend, &StoreOptions::default()).await?;
+    crate::layout::ensure(&db.store, 1, "bench").await?;
+    if options.history > 0 {
+        let started = Instant::now();
+        let now = crate::gate::now_ms();
+        super::reconcile::load(&db.store, options.history, 3_600_000, now).await?;
+        progress(&format!(
+            "loaded {} delivery-log rows of history in {:.1} s",
+            options.history,
+            started.elapsed().as_secs_f64()
+        ));
+    }
+
+    let topic = format!("uiflood_{}", crate::traffic::run_id());
+    let (mut stream, distinct_keys) = super::gate::stream(options.messages, options.duplicates, 11);
+    for d in &mut stream {
+        d.topic = topic.clone();
+    }
+    let producer = Producer::start(&name_server, "idemgate_bench_producer").await?;
+    for d in &stream {
+        producer.send(d).await?;
+    }
+    producer.shutdown().await;
+    progress(&format!("loaded {} messages into {topic}", stream.len()));
+
+    let mut runs = Vec::new();
+    for wiring in [Wiring::Defaults, Wiring::WideLimits, Wiring::SharedPool] {
+        for flooded in [false, true] {
+            clear_runs(&db.store).await?;
+            reset_peak_rss();
+            let group = format!("{RUN_GROUP_PREFIX}{}", crate::traffic::run_id());
+            let settings = settings(&db.url, &name_server, &topic, &group, wiring);
+            let r = consume(&settings, wiring, flooded, options, stream.len(), distinct_keys, &db.store)
+                .await
+                .with_context(|| format!("{} ({})", wiring.name(), if flooded { "flooded" } else { "quiet" }))?;
+            progress(&format!(
+                "{}, {}: {:.0} msg/s, p99 {:.1} ms, requests {} ok / {} shed / {} other, {} pool timeouts",
+                wiring.name(),
+                if flooded { "flooded" } else { "quiet" },
+                r.rate(),
+                r.latency.p99_us as f64 / 1000.0,
+                r.requests.ok,
+                r.requests.shed,
+                r.requests.other,
+                r.pool_timeouts
+            ));
+            runs.push(r);
+        }
+    }
+    db.drop_now().await;
+    drop(local);
+    Ok(Report { backend: options.backend, history: options.history, clients: options.clients, runs })
+}
+
+/// `serve`'s settings for one run: the shop's routes on `topic`, a fresh group, the HTTP
+/// limits of `wiring`.
+fn settings(db_url: &str, name_server: &str, topic: &str, group: &str, wiring: Wiring) -> Settings {
+    let mut s = Settings::default();
+    s.database.url = db_url.to_owned();
+    s.broker.name_server = name_server.to_owned();
+    s.consumer.group = group.to_owned();
+    s.consumer.instance = "bench".to_owned();
+    s.http.bind = "127.0.0.1:0".to_owned();
+    s.routes = shop::routes(topic);
+    if wiring != Wiring::Defaults {
+        s.http.max_connections = 32;
+        s.http.max_concurrent_requests = 10_000;
+    }
+    s
+}
+
+async fn consume(
+    settings: &Settings,
+    wiring: Wiring,
+    flooded: bool,
+    options: &Options,
+    messages: usize,
+    distinct_keys: usize,
+    store: &Store,
+) -> anyhow::Result<Run> {
+    let app = Application::build(settings, Feed::Broker).await?;
+    // The naive wiring serves the same pages from a second listener on the gate's own pool.
+    let naive = match wiring {
+        Wiring::SharedPool => Some(shared_pool_server(settings, app.gate().store().clone()).await?),
+        _ => None,
+    };
+    let running = app.start().await?;
+    let target = naive.as_ref().map_or_else(|| authority(running.url()), |(addr, _)| addr.clone());
+    let stop_flood = Arc::new(AtomicBool::new(false));
+    let flood = flooded.then(|| Flood::start(&target, options.clients, stop_flood.clone()));
+
+    let group = &settings.consumer.group;
+    let deadline = Instant::now() + Duration::from_secs(600);
+    while seen(store, group).await? < messages as i64 {
+        anyhow::ensure!(Instant::now() < deadline, "the topic was not consumed within 10 minutes");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    stop_flood.store(true, Ordering::Release);
+    let requests = match flood {
+        Some(flood) => flood.finish().await,
+        None => Requests::default(),
+    };
+    // Redeliveries the gate asked for may still be under way; the books are read when the
+    // log has stopped growing.
+    settle(store, group).await?;
+    let metrics = scrape(&authority(running.url())).await.unwrap_or_default();
+    let unlogged = metric_sum(&metrics, "idemgate_unlogged_deliveries_total");
+    if let Some((_, stop)) = naive {
+        let _ = stop.send(());
+    }
+    running.stop().await?;
+
+    let (elapsed, latency, pool_timeouts) = log_figures(store, group).await?;
+    let (effects, double_applied) = super::gate::books(store).await?;
+    Ok(Run {
+        wiring,
+        flooded,
+        messages,
+        elapsed,
+        latency,
+        pool_timeouts,
+        unlogged,
+        effects,
+        double_applied,
+        distinct_keys,
+        requests,
+        peak_rss_mib: peak_rss_mib(),
+    })
+}
+
+/// The pages served on `store` (the consumer's pool), with no limit on requests in flight:
+/// the address it listens on and the sender that stops it.
+async fn shared_pool_server(
+    settings: &Settings,
+    store: Store,
+) -> anyhow::Result<(String, tokio::sync::oneshot::Sender<()>)> {
+    let mut naive = settings.clone();
+    naive.http.max_concurrent_requests = 1_000_000;
+    let handlers = naive.handlers()?;
+    let server = http::Server::bind("127.0.0.1:0").await?;
+    let addr = server.local_addr()?.to_string();
+    let info = BuildInfo {
+        backend: store.backend(),
+        consumer_group: naive.consumer.group.clone(),
+        instance_id: "bench-naive-ui".to_owned(),
+        ui_url: format!("http://{addr}"),
+    };
+    let metrics = Arc::new(Metrics::new(&info, &naive.routes().biz_types(), &[]));
+    let state = AppState {
+        store,
+        consumer_ready: Arc::new(AtomicBool::new(true)),
+        metrics,
+        web: Arc::new(Web::new(&naive, &handlers)),
+    };
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    tokio::spawn(server.run(state, async move {
+        let _ = stopped.await;
+    }));
+    Ok((addr, stop))
+}
+
+fn authority(url: &str) -> String {
+    url.trim_start_matches("http://").trim_end_matches('/').to_owned()
+}
+
+/// `clients` loops, each alternating the overview API and the collisions page, one request
+/// after the other, until `stop`.
+struct Flood {
+    loops: Vec<tokio::task::JoinHandle<Vec<(u16, u64)>>>,
+}
+
+impl Flood {
+    fn start(addr: &str, clients: usize, stop: Arc<AtomicBool>) -> Self {
+        let loops = (0..clients)
+            .map(|i| {
+                let addr = addr.to_owned();
+                let stop = stop.clone();
+                tokio::spawn(async move {
+                    let mut answers = Vec::new();
+                    let mut n = i;
+                    while !stop.load(Ordering::Acquire) {
+                        let path = if n % 2 == 0 { "/api/overview" } else { "/collisions?since=0" };
+                        n += 1;
+                        let started = Instant::now();
+                        let status = get_status(&addr, path).await.unwrap_or(0);
+                        answers.push((status, started.elapsed().as_micros() as u64));
+                        if status == 0 {
+                            tokio::time::sleep(Duration::from_millis(10)).await;
+                        }
+                    }
+                    answers
+                })
+            })
+            .collect();
+        Self { loops }
+    }
+
+    async fn finish(self) -> Requests {
+        let mut requests = Requests::default();
+        let mut ok_latency = Vec::new();
+        for handle in self.loops {
+            for (status, us) in handle.await.unwrap_or_default() {
+                match status {
+                    200 => {
+                        requests.ok += 1;
+                        ok_latency.push(us);
+                    }
+                    503 => requests.shed += 1,
+                    _ => requests.other += 1,
+                }
+            }
+        }
+        requests.ok_latency = Percentiles::of(&mut ok_latency);
+        requests
+    }
+}
+
+/// One HTTP/1.1 GET on a fresh connection; the status code, or `None` without an answer.
+async fn get_status(addr: &str, path: &str) -> Option<u16> {
+    let text = get(addr, path).await?;
+    text.split_whitespace().nth(1)?.parse().ok()
+}
+
+async fn get(addr: &str, path: &str) -> Option<String> {
+    let mut stream = tokio::net::TcpStream::connect(addr).await.ok()?;
+    let request = format!("GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n");
+    stream.write_all(request.as_bytes()).await.ok()?;
+    let mut answer = Vec::new();
+    tokio::time::timeout(Duration::from_secs(60), stream.read_to_end(&mut answer)).await.ok()?.ok()?;
+    Some(String::from_utf8_lossy(&answer).into_owned())
+}
+
+async fn scrape(addr: &str) -> Option<String> {
+    get(addr, "/metrics").await
+}
+
+/// The sum of a metric's samples in a Prometheus text exposition.
+fn metric_sum(exposition: &str, name: &str) -> f64 {
+    exposition
+        .lines()
+        .filter(|l| l.starts_with(name) && l[name.len()..].starts_with(['{', ' ']))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum()
+}
+
+static SEEN: Sql = Sql::new("SELECT COUNT(DISTINCT msg_id) FROM delivery_log WHERE consumer_group = ?");
+static LOG_ROWS: Sql = Sql::new("SELECT COUNT(*) FROM delivery_log WHERE consumer_group = ?");
+static SPAN: Sql = Sql::new(
+    "SELECT MIN(first_ms), MAX(first_ms) FROM \
+     (SELECT MIN(logged_at_ms) AS first_ms FROM delivery_log WHERE consumer_group = ? GROUP BY msg_id) t",
+);
+static LATENCIES: Sql = Sql::new("SELECT latency_us FROM delivery_log WHERE consumer_group = ?");
+static POOL_TIMEOUTS: Sql = Sql::new(
+    "SELECT COUNT(*) FROM delivery_log WHERE consumer_group = ? AND error LIKE '%pool timed out%'",
+);
+static CLEAR: [Sql; 3] = [
+    Sql::new("DELETE FROM delivery_log WHERE consumer_group LIKE 'uiflood_run_%'"),
+    Sql::new("DELETE FROM idempotent_record WHERE consumer_group LIKE 'uiflood_run_%'"),
+    Sql::new("DELETE FROM shop_stock_ledger"),
+];
+
+async fn seen(store: &Store, group: &str) -> anyhow::Result<i64> {
+    Ok(store.query(&SEEN).bind(group.to_owned()).fetch_one(store.pool()).await?.try_get(0)?)
+}
+
+/// Waits until the group's log has not grown for two seconds.
+async fn settle(store: &Store, group: &str) -> anyhow::Result<()> {
+    let mut last = -1_i64;
+    let mut still = 0;
+    while still < 4 {
+        let rows: i64 = store.query(&LOG_ROWS).bind(group.to_owned()).fetch_one(store.pool()).await?.try_get(0)?;
+        still = if rows == last { still + 1 } else { 0 };
+        last = rows;
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    Ok(())
+}
+
+async fn log_figures(store: &Store, group: &str) -> anyhow::Result<(Duration, Percentiles, i64)> {
+    let span = store.query(&SPAN).bind(group.to_owned()).fetch_one(store.pool()).await?;
+    let (first, last): (i64, i64) = (span.try_get(0)?, span.try_get(1)?);
+    let mut latencies: Vec<u64> = store
+        .query(&LATENCIES)
+        .bind(group.to_owned())
+        .fetch_all(store.pool())
+        .await?
+        .iter()
+        .map(|r| r.try_get::<i64, _>(0).map(|v| v.max(0) as u64))
+        .collect::<Result<_, _>>()?;
+    let timeouts = store.query(&POOL_TIMEOUTS).bind(group.to_owned()).fetch_one(store.pool()).await?.try_get(0)?;
+    Ok((Duration::from_millis((last - first).max(1) as u64), Percentiles::of(&mut latencies), timeouts))
+}
+
+async fn clear_runs(store: &Store) -> anyhow::Result<()> {
+    for sql in &CLEAR {
+        store.query(sql).execute(store.pool()).await?;
+    }
+    Ok(())
+}
+
+/// The runs as a Markdown table.
+pub fn table(report: &Report) -> String {
+    let mut out = String::from(
+        "| UI wiring | flood | msg/s | delivery p50 ms | delivery p99 ms | pool timeouts | unlogged | requests 200 / 503 / other | 200 p50 ms | 200 p99 ms | effects / keys | applied twice | peak RSS MiB |\n\
+         |---|---|---|---|---|---|---|---|---|---|---|---|---|\n",
+    );
+    for r in &report.runs {
+        let q = &r.requests;
+        out.push_str(&format!(
+            "| {} | {} | {:.0} | {:.1} | {:.1} | {} | {} | {} / {} / {} | {:.0} | {:.0} | {} / {} | {} | {:.0} |\n",
+            r.wiring.name(),
+            if r.flooded { "yes" } else { "no" },
+            r.rate(),
+            r.latency.p50_us as f64 / 1000.0,
+            r.latency.p99_us as f64 / 1000.0,
+            r.pool_timeouts,
+            r.unlogged,
+            q.ok,
+            q.shed,
+            q.other,
+            q.ok_latency.p50_us as f64 / 1000.0,
+            q.ok_latency.p99_us as f64 / 1000.0,
+            r.effects,
+            r.distinct_keys,
+            r.double_applied,
+            r.peak_rss_mib,
+        ));
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_metric_is_summed_over_its_labels_and_not_over_its_namesakes() {
+        let text = "# HELP x\nidemgate_unlogged_deliveries_total{group=\"a\"} 2\n\
+                    idemgate_unlogged_deliveries_total{group=\"b\"} 3\n\
+                    idemgate_unlogged_deliveries_total_other 7\n";
+        assert_eq!(metric_sum(text, "idemgate_unlogged_deliveries_total"), 5.0);
+        assert_eq!(metric_sum(text, "idemgate_missing_total"), 0.0);
+    }
+
+    #[test]
+    fn a_run_with_a_key_applied_twice_fails_the_check() {
+        let run = Run {
+            wiring: Wiring::SharedPool,
+            flooded: true,
+            messages: 10,
+            elapsed: Duration::from_secs(1),
+            latency: Percentiles::default(),
+            pool_timeouts: 3,
+            unlogged: 0.0,
+            effects: 8,
+            double_applied: 1,
+            distinct_keys: 7,
+            requests: Requests::default(),
+            peak_rss_mib: 0.0,
+        };
+        let mut report = Report { backend: Backend::Postgres, history: 0, clients: 1, runs: vec![run.clone()] };
+        assert!(report.check().is_err());
+        // The naive wiring may time out; only the books fail it.
+        report.runs[0] = Run { effects: 7, double_applied: 0, ..run.clone() };
+        assert!(report.check().is_ok());
+        report.runs[0] = Run { wiring: Wiring::Defaults, effects: 7, double_applied: 0, ..run };
+        assert!(report.check().is_err(), "the defaults may not time out");
+    }
+}
