@@ -1,4 +1,4 @@
-//! A custom handler on the gate, as the README shows it: credit a wallet exactly once per
+//! A custom handler on the gate, as docs/handlers.md shows it: credit a wallet exactly once per
 //! business key. Run with `cargo run --example wallet_handler`; it uses a SQLite file in a
 //! temporary folder and delivers the same credit twice.
 

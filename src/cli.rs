@@ -481,7 +481,10 @@ pub async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         }
         Command::Bench(BenchCommand::UiFlood(mut options)) => {
             options.duplicates = share("duplicates", options.duplicates, 0.9)?;
-            anyhow::ensure!(options.messages > 0 && options.clients > 0, "bench ui-flood: --messages and --clients must be at least 1");
+            anyhow::ensure!(
+                options.messages > 0 && options.clients > 0,
+                "bench ui-flood: --messages and --clients must be at least 1"
+            );
             println!(
                 "bench ui-flood: {} stock.deduct messages, {:.0}% duplicates, RocketMQ -> {}, {} request loops, {} history rows, {} cores",
                 options.messages,

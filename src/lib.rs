@@ -33,7 +33,7 @@
 //! - [`metrics`]: every Prometheus metric, declared once; `/metrics`.
 //! - [`traffic`]: the example traffic, and the books of what was sent.
 //! - [`demo`]: the one-command demo on embedded defaults.
-//! - [`bench`]: the measurements behind the README's figures.
+//! - [`bench`]: the measurements behind the figures in docs/benchmarks.md.
 //! - [`cli`]: the command line.
 //! - [`config`]: the typed, layered configuration.
 

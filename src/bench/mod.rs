@@ -1,4 +1,4 @@
-//! `idemgate bench …`: the measurements behind the README's figures. Each benchmark runs the
+//! `idemgate bench …`: the measurements behind the figures in docs/benchmarks.md. Each benchmark runs the
 //! product beside the naive way a user would write the same thing, on the same database in
 //! the same run, checks the results for correctness, and prints a table.
 //!

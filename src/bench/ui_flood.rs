@@ -11,7 +11,7 @@
 //! (`PoolTimedOut`) and its books must stay exact; [`Report::check`] says so.
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use anyhow::Context;
@@ -198,7 +198,9 @@ pub async fn run(options: &Options, progress: impl Fn(&str)) -> anyhow::Result<R
             let settings = settings(&db.url, &name_server, &topic, &group, wiring);
             let r = consume(&settings, wiring, flooded, options, stream.len(), distinct_keys, &db.store)
                 .await
-                .with_context(|| format!("{} ({})", wiring.name(), if flooded { "flooded" } else { "quiet" }))?;
+                .with_context(|| {
+                    format!("{} ({})", wiring.name(), if flooded { "flooded" } else { "quiet" })
+                })?;
             progress(&format!(
                 "{}, {}: {:.0} msg/s, p99 {:.1} ms, requests {} ok / {} shed / {} other, {} pool timeouts",
                 wiring.name(),
@@ -311,7 +313,7 @@ async fn shared_pool_server(
         instance_id: "bench-naive-ui".to_owned(),
         ui_url: format!("http://{addr}"),
     };
-    let metrics = Arc::new(Metrics::new(&info, &naive.routes().biz_types(), &[]));
+    let metrics = Arc::new(Metrics::new(&info, &naive.routes().biz_types(), &Default::default()));
     let state = AppState {
         store,
         consumer_ready: Arc::new(AtomicBool::new(true)),
@@ -416,9 +418,8 @@ static SPAN: Sql = Sql::new(
      (SELECT MIN(logged_at_ms) AS first_ms FROM delivery_log WHERE consumer_group = ? GROUP BY msg_id) t",
 );
 static LATENCIES: Sql = Sql::new("SELECT latency_us FROM delivery_log WHERE consumer_group = ?");
-static POOL_TIMEOUTS: Sql = Sql::new(
-    "SELECT COUNT(*) FROM delivery_log WHERE consumer_group = ? AND error LIKE '%pool timed out%'",
-);
+static POOL_TIMEOUTS: Sql =
+    Sql::new("SELECT COUNT(*) FROM delivery_log WHERE consumer_group = ? AND error LIKE '%pool timed out%'");
 static CLEAR: [Sql; 3] = [
     Sql::new("DELETE FROM delivery_log WHERE consumer_group LIKE 'uiflood_run_%'"),
     Sql::new("DELETE FROM idempotent_record WHERE consumer_group LIKE 'uiflood_run_%'"),
@@ -434,7 +435,8 @@ async fn settle(store: &Store, group: &str) -> anyhow::Result<()> {
     let mut last = -1_i64;
     let mut still = 0;
     while still < 4 {
-        let rows: i64 = store.query(&LOG_ROWS).bind(group.to_owned()).fetch_one(store.pool()).await?.try_get(0)?;
+        let rows: i64 =
+            store.query(&LOG_ROWS).bind(group.to_owned()).fetch_one(store.pool()).await?.try_get(0)?;
         still = if rows == last { still + 1 } else { 0 };
         last = rows;
         tokio::time::sleep(Duration::from_millis(500)).await;
@@ -453,7 +455,8 @@ async fn log_figures(store: &Store, group: &str) -> anyhow::Result<(Duration, Pe
         .iter()
         .map(|r| r.try_get::<i64, _>(0).map(|v| v.max(0) as u64))
         .collect::<Result<_, _>>()?;
-    let timeouts = store.query(&POOL_TIMEOUTS).bind(group.to_owned()).fetch_one(store.pool()).await?.try_get(0)?;
+    let timeouts =
+        store.query(&POOL_TIMEOUTS).bind(group.to_owned()).fetch_one(store.pool()).await?.try_get(0)?;
     Ok((Duration::from_millis((last - first).max(1) as u64), Percentiles::of(&mut latencies), timeouts))
 }
 
@@ -524,7 +527,8 @@ mod tests {
             requests: Requests::default(),
             peak_rss_mib: 0.0,
         };
-        let mut report = Report { backend: Backend::Postgres, history: 0, clients: 1, runs: vec![run.clone()] };
+        let mut report =
+            Report { backend: Backend::Postgres, history: 0, clients: 1, runs: vec![run.clone()] };
         assert!(report.check().is_err());
         // The naive wiring may time out; only the books fail it.
         report.runs[0] = Run { effects: 7, double_applied: 0, ..run.clone() };

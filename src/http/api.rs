@@ -1,6 +1,6 @@
 //! The JSON API behind every page, for scripts and runbooks. Each endpoint takes the same
 //! parameters as its page and answers the same data as JSON; errors are
-//! `{"error": "...", "status": N}` with the page's status code. README's "JSON API" section
+//! `{"error": "...", "status": N}` with the page's status code. docs/http-api.md
 //! documents it.
 
 use axum::extract::{Path, RawQuery, State};
@@ -34,7 +34,7 @@ pub(super) fn router() -> Router<AppState> {
 
 /// The answer for an `/api/` path that does not exist.
 pub(super) fn not_found() -> ApiError {
-    ApiError(Problem::not_found("no such API endpoint; the README's JSON API section lists them"))
+    ApiError(Problem::not_found("no such API endpoint; docs/http-api.md lists them"))
 }
 
 /// A [`Problem`] answered as JSON.
