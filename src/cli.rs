@@ -557,7 +557,7 @@ async fn replay_command(settings: &Settings, args: ReplayArgs) -> anyhow::Result
                 .map_err(|m| anyhow::anyhow!("--biz-id {m}"))?;
             Selection::Key { biz_id, biz_type: args.biz_type, execute_time: args.execute_time }
         }
-        (None, Some(age)) => Selection::Since(crate::gate::now_ms() - age),
+        (None, Some(age)) => Selection::Since(crate::clock::now_ms() - age),
         (None, None) => anyhow::bail!("give --biz-id or --dead-lettered-since"),
     };
     let store = open_store(settings).await?;
@@ -606,7 +606,7 @@ async fn reconcile_command(settings: &Settings, args: ReconcileArgs) -> anyhow::
         started_by: "command",
         log_retention_days: settings.archive.log_retention_days,
     };
-    let now = crate::gate::now_ms();
+    let now = crate::clock::now_ms();
     let options = settings.reconcile.options(&who, biz_type, window, now);
     let checks = settings.handlers()?.checks(&settings.routes());
     let report = crate::reconcile::reconcile_once(&store, &options, &checks, now).await;
@@ -632,7 +632,11 @@ async fn trace_command(settings: &Settings, args: TraceArgs) -> anyhow::Result<E
         args.group.as_deref(),
     )?;
     let store = open_store(settings).await?;
-    let web = crate::http::Web::new(settings, &settings.handlers()?);
+    let web = crate::http::Web::new(
+        &settings.http,
+        &settings.archive,
+        settings.handlers()?.by_biz_type(&settings.routes()),
+    );
     let answer = trace::trace(&store, &web.trace, &query).await;
     store.close().await;
     let answer = answer?;
@@ -770,8 +774,9 @@ async fn bench_broker(args: BenchBrokerArgs) -> anyhow::Result<ExitCode> {
         group_threads: args.group_threads,
         group_listener_batch: args.group_listener_batch.clamp(1, 32),
         group: crate::gate::GroupSettings {
+            enabled: true,
             max_batch: args.max_batch,
-            linger: std::time::Duration::from_millis(args.linger_ms),
+            linger_ms: args.linger_ms,
             in_flight: args.in_flight.max(1),
             queue: 4 * (args.group_threads * args.group_listener_batch.clamp(1, 32)) as usize,
         },

@@ -6,6 +6,7 @@
 //! service's supervisor watches, so a job that can no longer run turns `/readyz` to 503 and
 //! stops the process with the job named. It knows nothing of what a tick does.
 
+use std::fmt;
 use std::future::Future;
 use std::panic::AssertUnwindSafe;
 use std::sync::Arc;
@@ -13,6 +14,58 @@ use std::sync::Arc;
 use futures_util::FutureExt;
 use tokio::sync::mpsc;
 use tokio_cron_scheduler::{Job, JobScheduler, JobSchedulerError};
+
+/// A checked 6-field cron expression, in UTC.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Schedule(String);
+
+/// A cron expression that cannot be used.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error(
+    "{expression:?} is not a valid schedule ({why}); write 6 fields, second minute hour day-of-month \
+     month day-of-week, in UTC: \"0 0 3 * * *\" is daily at 03:00"
+)]
+pub struct ScheduleError {
+    pub expression: String,
+    pub why: String,
+}
+
+impl Schedule {
+    /// Checks `expression`: exactly six fields, and a schedule the scheduler accepts.
+    pub fn parse(expression: &str) -> Result<Self, ScheduleError> {
+        let fields = expression.split_whitespace().count();
+        let refuse = |why: String| ScheduleError { expression: expression.to_owned(), why };
+        if fields != 6 {
+            return Err(refuse(format!("it has {fields} fields")));
+        }
+        Job::new_async(expression, |_, _| Box::pin(async {}))
+            .map_err(|_| refuse("the scheduler cannot read it".to_owned()))?;
+        Ok(Self(expression.trim().to_owned()))
+    }
+
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+
+    /// The first moment after `after_ms` (epoch ms) that the schedule fires, read as the
+    /// scheduler reads it (UTC, seconds required).
+    pub fn next_after(&self, after_ms: i64) -> Option<i64> {
+        let cron = croner::parser::CronParser::builder()
+            .seconds(croner::parser::Seconds::Required)
+            .dom_and_dow(true)
+            .build()
+            .parse(&self.0)
+            .ok()?;
+        let after = chrono::DateTime::from_timestamp_millis(after_ms)?;
+        cron.find_next_occurrence(&after, false).ok().map(|t| t.timestamp_millis())
+    }
+}
+
+impl fmt::Display for Schedule {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
 
 /// A started job. Stop it with [`CronJob::shutdown`].
 pub struct CronJob {
@@ -111,5 +164,19 @@ mod tests {
         job.shutdown().await;
         assert!(fault.is_err(), "no fault expected");
         assert!(ran.load(std::sync::atomic::Ordering::Relaxed) >= 1, "the job ticked");
+    }
+
+    #[test]
+    fn six_fields_are_accepted_and_anything_else_is_refused_with_the_expression_named() {
+        assert!(Schedule::parse("0 0 3 * * *").is_ok());
+        // 2026-11-29T10:52:00Z; the next 03:00 UTC is the morning after.
+        let next = Schedule::parse("0 0 3 * * *").unwrap().next_after(1_795_949_520_000);
+        assert_eq!(next, Some(1_796_007_600_000));
+        assert!(Schedule::parse("0 */15 * * * Mon-Fri").is_ok());
+        let five = Schedule::parse("0 3 * * *").unwrap_err().to_string();
+        assert!(five.starts_with("\"0 3 * * *\" is not a valid schedule (it has 5 fields)"), "{five}");
+        assert!(five.contains("second minute hour day-of-month month day-of-week"), "{five}");
+        let nonsense = Schedule::parse("0 0 25 * * *").unwrap_err().to_string();
+        assert!(nonsense.contains("\"0 0 25 * * *\""), "{nonsense}");
     }
 }

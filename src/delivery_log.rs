@@ -6,7 +6,7 @@
 //! its own. It must not decide outcomes; the gate does.
 
 use crate::delivery::Delivery;
-use crate::gate::{DuplicateCause, Layer, Outcome};
+use crate::outcome::{DuplicateCause, Layer, Outcome};
 use crate::route::{
     MAX_BIZ_ID_CHARS, MAX_BIZ_TYPE_CHARS, MAX_ID_CHARS, MAX_TOPIC_CHARS, excerpt, stored_key,
 };

@@ -13,7 +13,8 @@ use std::time::{Duration, Instant};
 use tokio::sync::{Mutex, mpsc};
 
 use crate::delivery::Delivery;
-use crate::gate::{Disposition, DuplicateCause, Gate, Outcome, Verdict};
+use crate::gate::{Disposition, Gate};
+use crate::outcome::{DuplicateCause, Outcome, Verdict};
 use crate::traffic::{Mix, Traffic};
 
 /// How the demo runs.
@@ -174,7 +175,7 @@ pub async fn run(
             _ = send_tick.tick() => {
                 let mut d = traffic.next_send().message;
                 d.msg_id = msg_id();
-                d.born_at_ms = crate::gate::now_ms();
+                d.born_at_ms = crate::clock::now_ms();
                 if tx.send(d).await.is_err() {
                     break;
                 }

@@ -13,7 +13,7 @@ use std::sync::Arc;
 use async_trait::async_trait;
 
 use crate::delivery::Delivery;
-use crate::gate::Layer;
+use crate::outcome::Layer;
 use crate::route::{BizKey, Routes};
 use crate::store::{Backend, Conn, Store};
 
@@ -107,7 +107,7 @@ pub trait Handler: Send + Sync + 'static {
 
     /// Invariants of this handler's business tables that the reconciler checks on every run
     /// (for example: one ledger row per deduction). The default has none.
-    fn checks(&self) -> Vec<crate::reconcile::Check> {
+    fn checks(&self) -> Vec<crate::reconcile::check::Check> {
         Vec::new()
     }
 
@@ -160,7 +160,7 @@ impl Handlers {
     }
 
     /// The invariant checks of every handler `routes` use, each once.
-    pub fn checks(&self, routes: &Routes) -> Vec<crate::reconcile::Check> {
+    pub fn checks(&self, routes: &Routes) -> Vec<crate::reconcile::check::Check> {
         let mut names: Vec<&str> = routes.handler_by_biz_type().into_values().collect();
         names.sort_unstable();
         names.dedup();

@@ -329,7 +329,7 @@ pub async fn ensure(store: &Store, wanted: u16, by: &str) -> Result<Layout, Layo
     let mismatch = |r: Recorded| LayoutError::Mismatch {
         recorded: r.layout,
         wanted,
-        at: crate::inspect::format_ms(r.at_ms),
+        at: crate::clock::format_ms(r.at_ms),
         by: r.by,
     };
     if let Some(r) = read(store).await? {
@@ -351,7 +351,7 @@ pub async fn ensure(store: &Store, wanted: u16, by: &str) -> Result<Layout, Layo
     let mut conn = store.pool().acquire().await?;
     RECORD_LAYOUT
         .execute(&mut conn, store.backend(), |q| {
-            q.bind(LAYOUT_ROW).bind(i32::from(wanted)).bind(crate::gate::now_ms()).bind(by.to_owned())
+            q.bind(LAYOUT_ROW).bind(i32::from(wanted)).bind(crate::clock::now_ms()).bind(by.to_owned())
         })
         .await?;
     drop(conn);
@@ -440,6 +440,28 @@ async fn create_shards(store: &Store, shards: u16) -> Result<(), sqlx::Error> {
     };
     pool.execute(AssertSqlSafe(view)).await?;
     Ok(())
+}
+
+/// `[dedup]`: how the claims are laid out.
+#[derive(Debug, Clone, Default, PartialEq, serde::Serialize, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DedupSettings {
+    /// `IDEMGATE_DEDUP__SHARDS`: 0 keeps every claim in `idempotent_record`; 2 to 100 splits
+    /// them over `idempotent_record_00 …` by a stable hash of the key. Fixed when the first
+    /// process runs on a database: a later start with another value is refused.
+    pub shards: u16,
+}
+
+impl DedupSettings {
+    pub fn validate(&self) -> Result<(), crate::setting::Invalid> {
+        if self.shards == 1 || self.shards > MAX_SHARDS {
+            return Err(crate::setting::invalid(
+                "dedup.shards",
+                format!("is {}; use 0 (one table) or 2 to {MAX_SHARDS}", self.shards),
+            ));
+        }
+        Ok(())
+    }
 }
 
 #[cfg(test)]

@@ -17,9 +17,10 @@ use prometheus::{
 };
 use sqlx::Row;
 
+use crate::clock::now_ms;
 use crate::delivery::Delivery;
-use crate::gate::group::{GroupEnd, GroupReport};
-use crate::gate::{Disposition, DuplicateCause, Layer, Outcome, now_ms};
+use crate::gate::{Disposition, GroupEnd, GroupReport, Observer};
+use crate::outcome::{DuplicateCause, Layer, Outcome};
 use crate::prefilter::{FallbackCause, Settled, Step};
 use crate::reconcile::AnomalyKind;
 use crate::store::{Backend, Sql, Store};
@@ -343,73 +344,6 @@ impl Metrics {
         }
     }
 
-    /// Records one delivery's fate.
-    pub fn observe(&self, d: &Delivery, r: &Disposition) {
-        let g = self.group.as_str();
-        let biz_type = r.key.as_ref().map(|k| k.biz_type.as_str()).unwrap_or("");
-        self.deliveries.with_label_values(&[biz_type, &d.topic, g, r.outcome.as_str()]).inc();
-        if d.reconsume_times > 0 {
-            self.redeliveries.with_label_values(&[biz_type, &d.topic, g]).inc();
-        }
-        let conflict = r.outcome == Outcome::Duplicate;
-        if conflict {
-            let layer = r.layer.unwrap_or(Layer::Db);
-            let cause = r.cause.unwrap_or(DuplicateCause::Unknown);
-            self.conflicts.with_label_values(&[biz_type, g, layer.as_str(), cause.as_str()]).inc();
-        }
-        if r.payload_match == Some(false) {
-            self.key_collisions.with_label_values(&[biz_type, g]).inc();
-        }
-        if r.outcome == Outcome::DeadLettered && r.layer == Some(Layer::StateMachine) {
-            self.illegal_transitions.with_label_values(&[biz_type, g]).inc();
-        }
-        if !r.logged {
-            self.unlogged.with_label_values(&[g]).inc();
-        }
-        if let Some(p) = &r.prefilter {
-            self.prefilter.with_label_values(&[biz_type, g, p.step.as_str()]).inc();
-            if let Some(cause) = p.fallback {
-                self.prefilter_fallbacks.with_label_values(&[g, cause.as_str()]).inc();
-            }
-            if let Some(settled) = p.settled {
-                self.prefilter_settled.with_label_values(&[g, settled.as_str()]).inc();
-            }
-        }
-        if r.phases.handler_us > 0 {
-            self.handler_seconds.with_label_values(&[biz_type, g]).observe(r.phases.handler_us as f64 / 1e6);
-        }
-        self.delivery_seconds
-            .with_label_values(&[biz_type, r.outcome.as_str(), g])
-            .observe(r.latency.as_secs_f64());
-        if d.born_at_ms > 0 {
-            let age_ms = (now_ms() - d.born_at_ms).max(0);
-            self.end_to_end_seconds.with_label_values(&[biz_type, g]).observe(age_ms as f64 / 1e3);
-        }
-        let second = now_ms() / 1000;
-        let mut windows = self.windows.lock().unwrap_or_else(|p| p.into_inner());
-        windows.entry(biz_type.to_owned()).or_default().add(second, conflict);
-    }
-
-    /// Records one group commit's size and end.
-    pub fn observe_group(&self, report: &GroupReport) {
-        let g = self.group.as_str();
-        self.group_size.with_label_values(&[g]).observe(report.size as f64);
-        self.group_commits.with_label_values(&[g, report.end.as_str()]).inc();
-        if report.retries > 0 {
-            self.group_retries.with_label_values(&[g]).inc_by(u64::from(report.retries));
-        }
-    }
-
-    /// Records how long one delivery waited for its group.
-    pub fn observe_group_wait(&self, waited: Duration) {
-        self.group_wait_seconds.with_label_values(&[self.group.as_str()]).observe(waited.as_secs_f64());
-    }
-
-    /// Counts a delivery that found the group-commit queue full.
-    pub fn observe_group_queue_full(&self) {
-        self.group_queue_full.with_label_values(&[self.group.as_str()]).inc();
-    }
-
     /// Counts a page or API call turned away because too many were in flight.
     pub fn observe_http_shed(&self) {
         self.http_shed.with_label_values(NO_LABELS).inc();
@@ -480,6 +414,76 @@ impl Metrics {
                 self.reconcile_anomalies.with_label_values(&[&self.group, kind.as_str()]).set(*n);
             }
         }
+    }
+}
+
+/// The gate reports every delivery and group here.
+impl Observer for Metrics {
+    /// Records one delivery's fate.
+    fn delivery(&self, d: &Delivery, r: &Disposition) {
+        let g = self.group.as_str();
+        let biz_type = r.key.as_ref().map(|k| k.biz_type.as_str()).unwrap_or("");
+        self.deliveries.with_label_values(&[biz_type, &d.topic, g, r.outcome.as_str()]).inc();
+        if d.reconsume_times > 0 {
+            self.redeliveries.with_label_values(&[biz_type, &d.topic, g]).inc();
+        }
+        let conflict = r.outcome == Outcome::Duplicate;
+        if conflict {
+            let layer = r.layer.unwrap_or(Layer::Db);
+            let cause = r.cause.unwrap_or(DuplicateCause::Unknown);
+            self.conflicts.with_label_values(&[biz_type, g, layer.as_str(), cause.as_str()]).inc();
+        }
+        if r.payload_match == Some(false) {
+            self.key_collisions.with_label_values(&[biz_type, g]).inc();
+        }
+        if r.outcome == Outcome::DeadLettered && r.layer == Some(Layer::StateMachine) {
+            self.illegal_transitions.with_label_values(&[biz_type, g]).inc();
+        }
+        if !r.logged {
+            self.unlogged.with_label_values(&[g]).inc();
+        }
+        if let Some(p) = &r.prefilter {
+            self.prefilter.with_label_values(&[biz_type, g, p.step.as_str()]).inc();
+            if let Some(cause) = p.fallback {
+                self.prefilter_fallbacks.with_label_values(&[g, cause.as_str()]).inc();
+            }
+            if let Some(settled) = p.settled {
+                self.prefilter_settled.with_label_values(&[g, settled.as_str()]).inc();
+            }
+        }
+        if r.phases.handler_us > 0 {
+            self.handler_seconds.with_label_values(&[biz_type, g]).observe(r.phases.handler_us as f64 / 1e6);
+        }
+        self.delivery_seconds
+            .with_label_values(&[biz_type, r.outcome.as_str(), g])
+            .observe(r.latency.as_secs_f64());
+        if d.born_at_ms > 0 {
+            let age_ms = (now_ms() - d.born_at_ms).max(0);
+            self.end_to_end_seconds.with_label_values(&[biz_type, g]).observe(age_ms as f64 / 1e3);
+        }
+        let second = now_ms() / 1000;
+        let mut windows = self.windows.lock().unwrap_or_else(|p| p.into_inner());
+        windows.entry(biz_type.to_owned()).or_default().add(second, conflict);
+    }
+
+    /// Records one group commit's size and end.
+    fn group(&self, report: &GroupReport) {
+        let g = self.group.as_str();
+        self.group_size.with_label_values(&[g]).observe(report.size as f64);
+        self.group_commits.with_label_values(&[g, report.end.as_str()]).inc();
+        if report.retries > 0 {
+            self.group_retries.with_label_values(&[g]).inc_by(u64::from(report.retries));
+        }
+    }
+
+    /// Records how long one delivery waited for its group.
+    fn group_wait(&self, waited: Duration) {
+        self.group_wait_seconds.with_label_values(&[self.group.as_str()]).observe(waited.as_secs_f64());
+    }
+
+    /// Counts a delivery that found the group-commit queue full.
+    fn group_queue_full(&self) {
+        self.group_queue_full.with_label_values(&[self.group.as_str()]).inc();
     }
 }
 

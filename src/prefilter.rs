@@ -23,6 +23,7 @@
 //!
 //! This module owns the Redis commands and the circuit. It must not touch the database.
 
+use crate::setting::{Invalid, invalid};
 use std::collections::BTreeSet;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, LazyLock};
@@ -32,7 +33,8 @@ use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use serde::{Deserialize, Serialize};
 
 use crate::delivery::Delivery;
-use crate::gate::{Claim, labelled};
+use crate::labelled::labelled;
+use crate::outcome::Claim;
 use crate::route::BizKey;
 
 labelled! {
@@ -182,13 +184,6 @@ impl std::fmt::Debug for RedisSettings {
     }
 }
 
-/// A `[redis]` setting is wrong: the key and why.
-#[derive(Debug)]
-pub struct SettingError {
-    pub key: &'static str,
-    pub message: String,
-}
-
 impl RedisSettings {
     pub fn enabled(&self) -> bool {
         !self.url.is_empty()
@@ -199,17 +194,15 @@ impl RedisSettings {
         Self { url: crate::store::redact_url(&self.url), ..self.clone() }
     }
 
-    pub fn validate(&self) -> Result<(), SettingError> {
-        let bad = |key, message: &str| Err(SettingError { key, message: message.to_owned() });
+    pub fn validate(&self) -> Result<(), Invalid> {
+        let bad = |key: &str, message: &str| Err(invalid(key, message));
         if self.enabled() {
             if !(self.url.starts_with("redis://") || self.url.starts_with("rediss://")) {
                 return bad("redis.url", "must start with redis:// or rediss://");
             }
             if let Err(e) = redis::Client::open(self.url.as_str()) {
-                return Err(SettingError {
-                    key: "redis.url",
-                    message: format!("{:?} is not a Redis URL ({e})", crate::store::redact_url(&self.url)),
-                });
+                let shown = crate::store::redact_url(&self.url);
+                return Err(invalid("redis.url", format!("{shown:?} is not a Redis URL ({e})")));
             }
         }
         if self.biz_types.is_empty() {
@@ -218,7 +211,7 @@ impl RedisSettings {
         for t in &self.biz_types {
             if t != "*" {
                 crate::route::check_key_text(t, crate::route::MAX_BIZ_TYPE_CHARS)
-                    .map_err(|m| SettingError { key: "redis.biz_types", message: format!("{t:?}: {m}") })?;
+                    .map_err(|m| invalid("redis.biz_types", format!("{t:?}: {m}")))?;
             }
         }
         if !(1..=86_400).contains(&self.ttl_seconds) {

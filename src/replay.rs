@@ -67,7 +67,7 @@ impl Action {
             Action::WouldSend => "not sent".to_owned(),
             Action::RefusedClaimed { state, claimed_at_ms, msg_id } => format!(
                 "refused: already applied ({state} claim of {}, by msgId {msg_id})",
-                crate::inspect::format_ms(*claimed_at_ms)
+                crate::clock::format_ms(*claimed_at_ms)
             ),
             Action::RefusedNoBody => "refused: the dead letter's body was not kept".to_owned(),
             Action::RefusedBodyCut => format!(
@@ -253,7 +253,7 @@ pub fn render_text(lines: &[Line], dry_run: bool) -> String {
             l.biz_id,
             if l.execute_time == 0 { String::new() } else { format!(" @{}", l.execute_time) },
             l.dead_letter_msg_id,
-            crate::inspect::format_ms(l.dead_lettered_at_ms)
+            crate::clock::format_ms(l.dead_lettered_at_ms)
         );
     }
     out

@@ -24,8 +24,8 @@ use async_trait::async_trait;
 use serde::{Deserialize, Serialize};
 use sqlx::{AssertSqlSafe, SqlSafeStr, SqlStr};
 
-use crate::gate::Layer;
 use crate::handler::{Effect, Fact, Handler, HandlerError, Handlers, Work};
+use crate::outcome::Layer;
 use crate::route::{MAX_BIZ_ID_CHARS, MAX_BIZ_TYPE_CHARS, Source, check_key_text};
 use crate::store::{AnyQuery, Backend, Conn, Store, number_placeholders};
 
@@ -789,7 +789,7 @@ impl Handler for TransitionHandler {
             vec![Fact::new("row", format!("{table} {biz_id}")), Fact::new(&t.machine.state_column, meaning)];
         for (column, value) in t.set.iter().zip(set) {
             let shown = match value {
-                Some(Value::Int(ms)) => crate::inspect::format_ms(ms),
+                Some(Value::Int(ms)) => crate::clock::format_ms(ms),
                 Some(other) => other.to_string(),
                 None => "not set".to_owned(),
             };

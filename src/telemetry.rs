@@ -11,24 +11,46 @@ use tracing_subscriber::layer::{Context, SubscriberExt};
 use tracing_subscriber::util::SubscriberInitExt;
 use tracing_subscriber::{EnvFilter, Layer};
 
-use crate::config::{LogFormat, LogSettings};
+use serde::{Deserialize, Serialize};
+
+/// `[log]`: how the process logs.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct LogSettings {
+    /// `IDEMGATE_LOG__FILTER`: a `tracing` filter such as `info` or `idemgate=debug,sqlx=warn`.
+    /// `RUST_LOG`, when set, wins.
+    pub filter: String,
+    /// `IDEMGATE_LOG__FORMAT`: `text` or `json`.
+    pub format: LogFormat,
+}
+
+impl Default for LogSettings {
+    fn default() -> Self {
+        Self { filter: DEFAULT_LOG_FILTER.to_owned(), format: LogFormat::Text }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum LogFormat {
+    Text,
+    Json,
+}
+
+/// idemgate at INFO; the RocketMQ client (chatty at INFO: every rebalance and offset
+/// commit) and the cron scheduler (a line per job it creates) at WARN.
+pub const DEFAULT_LOG_FILTER: &str = "info,rocketmq_client_rust=warn,rocketmq_transport=warn,rocketmq_runtime=warn,\
+     rocketmq_remoting=warn,tokio_cron_scheduler=warn";
 
 static COUNTING: AtomicBool = AtomicBool::new(false);
 static STATEMENTS: AtomicU64 = AtomicU64::new(0);
 
 /// Starts or stops counting the SQL statements this process runs (for the benchmarks'
 /// statements-per-message figures). sqlx reports each statement it has run as a `sqlx::query`
-/// event (all but `BEGIN`, which [`crate::store::Store::begin`] counts); while counting is off,
-/// those events are not even built.
+/// event (all but `BEGIN`, which [`crate::store::Store::begin`] reports the same way); while
+/// counting is off, those events are not even built.
 pub fn count_statements(on: bool) {
     COUNTING.store(on, Ordering::Release);
-}
-
-/// Counts a statement sqlx does not report itself (it reports none for `BEGIN`).
-pub fn count_unreported_statement() {
-    if COUNTING.load(Ordering::Acquire) {
-        STATEMENTS.fetch_add(1, Ordering::AcqRel);
-    }
 }
 
 /// The statements counted so far.

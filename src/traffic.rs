@@ -14,9 +14,6 @@ use rand::{Rng, SeedableRng};
 use crate::delivery::Delivery;
 use crate::shop::{self, ConfirmPayment, CreateOrder, DeductStock};
 
-/// The SKUs the traffic deducts from.
-pub const SKUS: [&str; 5] = ["SKU-1", "SKU-2", "SKU-3", "SKU-4", "SKU-5"];
-
 /// What one send is, from the producer's side.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum SendKind {
@@ -197,7 +194,7 @@ impl Traffic {
         let n = self.next_order;
         self.next_order += 1;
         let order_no = format!("{}-O-{n}", self.run);
-        let sku = SKUS[self.rng.random_range(0..SKUS.len())];
+        let sku = shop::SKUS[self.rng.random_range(0..shop::SKUS.len())];
         let quantity = self.rng.random_range(1..=3);
         let amount_cents = quantity * 1_250;
         let order = self.message(

@@ -28,6 +28,7 @@ use crate::http::{self, AppState, Web};
 use crate::metrics::{BuildInfo, Metrics};
 use crate::prefilter::Prefilter;
 use crate::reconcile::{Check, ReconcileScheduler};
+use crate::replay::Replayer;
 use crate::store::{Backend, Store, redact_url};
 use tasks::Tasks;
 
@@ -99,9 +100,13 @@ impl Application {
             ui_url: url.clone(),
         };
         let metrics = Arc::new(Metrics::new(&info, &routes.biz_types(), &topics));
-        let web = Web::new(&settings, &handlers);
+        let web = Web::new(&settings.http, &settings.archive, handlers.by_biz_type(&routes));
         let web = Arc::new(match feed {
-            Feed::Broker => web.with_replay(&settings),
+            Feed::Broker => web.with_replay(Replayer::new(
+                &settings.broker.name_server,
+                &settings.broker.producer_group,
+                routes.clone(),
+            )),
             Feed::Caller => web,
         });
         let checks = handlers.checks(&routes);
@@ -214,7 +219,7 @@ async fn start_parts(
         });
     }
     if feed == Feed::Broker {
-        let mut consumer = Consumer::start(gate.clone(), &settings.consumer_options()).await?;
+        let mut consumer = Consumer::start(gate.clone(), &settings.broker).await?;
         tasks.spawn("consumer", |stop| async move {
             tokio::select! {
                 () = stop => {
@@ -339,18 +344,19 @@ pub fn assemble_gate(
         tracing::info!("the late-duplicate guard is on: fresh claims are looked up in the archive");
     }
     if let Some(metrics) = metrics {
-        gate = gate.with_metrics(metrics);
+        gate = gate.with_observer(metrics);
     }
-    if let Some(group) = settings.group_commit.group_settings() {
+    let group = &settings.group_commit;
+    if group.enabled {
         tracing::info!(
             max_batch = group.max_batch,
-            linger_ms = group.linger.as_millis() as u64,
+            linger_ms = group.linger_ms,
             in_flight = group.in_flight,
             server,
             claim = claim_path,
             "group commit is on"
         );
-        gate = gate.with_group_commit(group);
+        gate = gate.with_group_commit(group.clone());
     }
     if settings.redis.enabled() {
         let prefilter = Prefilter::new(&settings.redis)

@@ -56,7 +56,7 @@ pub async fn command(
     ) {
         writeln!(out, "warning: {w}")?;
     }
-    run_by_hand(store, &options, request.dry_run, crate::gate::now_ms(), out).await
+    run_by_hand(store, &options, request.dry_run, crate::clock::now_ms(), out).await
 }
 
 /// Runs the job now (or, with `dry_run`, only reports it) and writes what happened to `out`.

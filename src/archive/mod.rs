@@ -13,14 +13,14 @@
 //!    before each batch, pauses between batches and stops at its time budget;
 //! 4. gives the lease back.
 //!
-//! [`retention`] checks at start that claims outlive every redelivery and replay; [`guard`] is
-//! the optional late-duplicate lookup the gate makes on a fresh claim.
+//! [`retention`] checks at start that claims outlive every redelivery and replay. The optional
+//! late-duplicate lookup the gate makes in this archive on a fresh claim is the gate's own
+//! ([`crate::gate::guard`]).
 //!
 //! This module owns the archive tables and the job. It must not decide a delivery's outcome
 //! (the gate does) nor parse the command line or the configuration file.
 
 mod batch;
-pub mod guard;
 pub mod lease;
 pub mod manual;
 pub mod retention;
@@ -35,7 +35,7 @@ pub use retention::{
     LogRetention, RetentionWarning, check_dedup_retention, parse_age, redelivery_horizon_ms,
 };
 pub use runs::{RunKind, RunRecord, RunStatus, StartedBy};
-pub use schedule::{ArchiveScheduler, Schedule, ScheduleError};
+pub use schedule::ArchiveScheduler;
 pub use settings::ArchiveSettings;
 
 use crate::store::Store;

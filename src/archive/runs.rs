@@ -7,7 +7,7 @@
 use sqlx::Row;
 use sqlx::any::AnyRow;
 
-use crate::gate::labelled;
+use crate::labelled::labelled;
 use crate::store::{Sql, Store};
 
 labelled! {

@@ -4,65 +4,9 @@
 //! schedules it, and the lease decides which one archives. This module owns the cron
 //! expression's check and the scheduler's lifecycle. It must not move rows itself.
 
-use std::fmt;
-
-use tokio_cron_scheduler::Job;
-
 use super::{ArchiveOptions, ArchiveOutcome, ArchiveSettings, StartedBy, archive_once};
-use crate::cron::CronJob;
+use crate::cron::{CronJob, Schedule};
 use crate::store::Store;
-
-/// A checked 6-field cron expression, in UTC.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Schedule(String);
-
-/// A cron expression that cannot be used.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error(
-    "{expression:?} is not a valid schedule ({why}); write 6 fields, second minute hour day-of-month \
-     month day-of-week, in UTC: \"0 0 3 * * *\" is daily at 03:00"
-)]
-pub struct ScheduleError {
-    pub expression: String,
-    pub why: String,
-}
-
-impl Schedule {
-    /// Checks `expression`: exactly six fields, and a schedule the scheduler accepts.
-    pub fn parse(expression: &str) -> Result<Self, ScheduleError> {
-        let fields = expression.split_whitespace().count();
-        let refuse = |why: String| ScheduleError { expression: expression.to_owned(), why };
-        if fields != 6 {
-            return Err(refuse(format!("it has {fields} fields")));
-        }
-        Job::new_async(expression, |_, _| Box::pin(async {}))
-            .map_err(|_| refuse("the scheduler cannot read it".to_owned()))?;
-        Ok(Self(expression.trim().to_owned()))
-    }
-
-    pub fn as_str(&self) -> &str {
-        &self.0
-    }
-
-    /// The first moment after `after_ms` (epoch ms) that the schedule fires, read as the
-    /// scheduler reads it (UTC, seconds required).
-    pub fn next_after(&self, after_ms: i64) -> Option<i64> {
-        let cron = croner::parser::CronParser::builder()
-            .seconds(croner::parser::Seconds::Required)
-            .dom_and_dow(true)
-            .build()
-            .parse(&self.0)
-            .ok()?;
-        let after = chrono::DateTime::from_timestamp_millis(after_ms)?;
-        cron.find_next_occurrence(&after, false).ok().map(|t| t.timestamp_millis())
-    }
-}
-
-impl fmt::Display for Schedule {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(&self.0)
-    }
-}
 
 /// The running scheduler. Stop it with [`ArchiveScheduler::shutdown`]; a run in progress is
 /// then abandoned at its next await, which is safe: each batch is one transaction.
@@ -126,7 +70,7 @@ impl ArchiveScheduler {
 /// One tick: run the job and log what it did. Failures are recorded in `archive_run` by the
 /// job itself; here they only become log lines.
 pub async fn run_tick(store: &Store, options: &ArchiveOptions) {
-    match archive_once(store, options, crate::gate::now_ms()).await {
+    match archive_once(store, options, crate::clock::now_ms()).await {
         Ok(report) => match &report.outcome {
             ArchiveOutcome::Skipped { holder, until_ms } => {
                 tracing::info!(%holder, until_ms, "archive run skipped: another instance holds the lease")
@@ -139,24 +83,5 @@ pub async fn run_tick(store: &Store, options: &ArchiveOptions) {
             ),
         },
         Err(e) => tracing::error!(error = %e, "archive run failed"),
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn six_fields_are_accepted_and_anything_else_is_refused_with_the_expression_named() {
-        assert!(Schedule::parse("0 0 3 * * *").is_ok());
-        // 2026-11-29T10:52:00Z; the next 03:00 UTC is the morning after.
-        let next = Schedule::parse("0 0 3 * * *").unwrap().next_after(1_795_949_520_000);
-        assert_eq!(next, Some(1_796_007_600_000));
-        assert!(Schedule::parse("0 */15 * * * Mon-Fri").is_ok());
-        let five = Schedule::parse("0 3 * * *").unwrap_err().to_string();
-        assert!(five.starts_with("\"0 3 * * *\" is not a valid schedule (it has 5 fields)"), "{five}");
-        assert!(five.contains("second minute hour day-of-month month day-of-week"), "{five}");
-        let nonsense = Schedule::parse("0 0 25 * * *").unwrap_err().to_string();
-        assert!(nonsense.contains("\"0 0 25 * * *\""), "{nonsense}");
     }
 }

@@ -4,14 +4,15 @@
 //!
 //! This module owns the section's fields, defaults and checks. It must not touch the database.
 
+use crate::setting::{Invalid, invalid};
 use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
 use super::StartedBy;
 use super::retention::{DAY_MS, RetentionWarning, check_dedup_retention};
-use super::schedule::Schedule;
 use super::{ArchiveOptions, Fault};
+use crate::cron::Schedule;
 
 /// `[archive]`: scheduled archiving of old claims and deletion of old delivery-log rows.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -72,18 +73,6 @@ impl Default for ArchiveSettings {
     }
 }
 
-/// A bad `[archive]` value, with its key.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("configuration key {key}: {message}")]
-pub struct SettingError {
-    pub key: &'static str,
-    pub message: String,
-}
-
-fn bad(key: &'static str, message: impl Into<String>) -> SettingError {
-    SettingError { key, message: message.into() }
-}
-
 impl ArchiveSettings {
     /// When the job next runs inside `serve` after `now_ms`, or `None` when it does not run
     /// on a schedule.
@@ -95,32 +84,32 @@ impl ArchiveSettings {
     }
 
     /// Checks what types alone cannot, naming the key.
-    pub fn validate(&self) -> Result<(), SettingError> {
-        Schedule::parse(&self.schedule).map_err(|e| bad("archive.schedule", e.to_string()))?;
+    pub fn validate(&self) -> Result<(), Invalid> {
+        Schedule::parse(&self.schedule).map_err(|e| invalid("archive.schedule", e.to_string()))?;
         if !(1..=36_500).contains(&self.dedup_retention_days) {
-            return Err(bad("archive.dedup_retention_days", "must be between 1 and 36500"));
+            return Err(invalid("archive.dedup_retention_days", "must be between 1 and 36500"));
         }
         if !(1..=36_500).contains(&self.log_retention_days) {
-            return Err(bad("archive.log_retention_days", "must be between 1 and 36500"));
+            return Err(invalid("archive.log_retention_days", "must be between 1 and 36500"));
         }
         if !(1..=100_000).contains(&self.batch_size) {
-            return Err(bad("archive.batch_size", "must be between 1 and 100000"));
+            return Err(invalid("archive.batch_size", "must be between 1 and 100000"));
         }
         if self.pause_ms > 60_000 {
-            return Err(bad("archive.pause_ms", "must be at most 60000"));
+            return Err(invalid("archive.pause_ms", "must be at most 60000"));
         }
         if self.max_run_seconds == 0 {
-            return Err(bad("archive.max_run_seconds", "must be at least 1"));
+            return Err(invalid("archive.max_run_seconds", "must be at least 1"));
         }
         if !(10..=86_400).contains(&self.lease_seconds) {
-            return Err(bad("archive.lease_seconds", "must be between 10 and 86400"));
+            return Err(invalid("archive.lease_seconds", "must be between 10 and 86400"));
         }
         Ok(())
     }
 
     /// The validated schedule.
-    pub fn schedule(&self) -> Result<Schedule, SettingError> {
-        Schedule::parse(&self.schedule).map_err(|e| bad("archive.schedule", e.to_string()))
+    pub fn schedule(&self) -> Result<Schedule, Invalid> {
+        Schedule::parse(&self.schedule).map_err(|e| invalid("archive.schedule", e.to_string()))
     }
 
     /// The options of a run started by `started_by` on `instance_id`.

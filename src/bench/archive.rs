@@ -17,7 +17,8 @@ use super::{Percentiles, create_digits, rate};
 use crate::archive::retention::DAY_MS;
 use crate::archive::{ArchiveOptions, Fault, PassReport, StartedBy, archive_once};
 use crate::delivery::Delivery;
-use crate::gate::{Gate, Identity, Layer, Outcome, Policy};
+use crate::gate::{Gate, Identity, Policy};
+use crate::outcome::{Layer, Outcome};
 use crate::route::Routes;
 use crate::scratch::ScratchDb;
 use crate::shop::{self, DeductStock};
@@ -108,7 +109,7 @@ pub async fn run(options: &Options, mut progress: impl FnMut(&str)) -> anyhow::R
         let store = db.store.clone();
         shop::seed_stock(&store, SKU, i64::MAX / 2).await?;
         create_digits(&store).await?;
-        let now = crate::gate::now_ms();
+        let now = crate::clock::now_ms();
         let archive = ArchiveOptions {
             dedup_retention_ms: 90 * DAY_MS,
             log_retention_ms: None,

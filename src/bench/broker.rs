@@ -18,11 +18,13 @@ use anyhow::Context;
 use async_trait::async_trait;
 
 use super::{peak_rss_mib, rate};
-use crate::broker::consumer::{ConsumerOptions, Sink, Subscription};
+use crate::broker::BrokerSettings;
+use crate::broker::consumer::{Sink, Subscription};
 use crate::broker::local::LocalBroker;
 use crate::broker::{ClientHost, Consumer, Producer, StartFrom};
 use crate::delivery::Delivery;
-use crate::gate::{Gate, GroupSettings, Identity, Phases, Policy, Verdict};
+use crate::gate::{Gate, GroupSettings, Identity, Phases, Policy};
+use crate::outcome::Verdict;
 use crate::route::Routes;
 use crate::scratch::ScratchDb;
 use crate::shop;
@@ -302,14 +304,12 @@ pub async fn run(options: &Options, mut report: impl FnMut(&Run)) -> anyhow::Res
         };
         let subscription =
             Subscription { group, topics: vec![(topic.clone(), "*".to_owned())], max_reconsume_times: 16 };
-        let consumer_options = ConsumerOptions {
+        let consumer_options = BrokerSettings {
             name_server: name_server.clone(),
             consume_threads,
             batch_size: if mode == Mode::GroupCommit { options.group_listener_batch } else { 1 },
-            pull_batch_size: 32,
-            buffered_messages: 4_000,
-            buffered_mib: 64,
             start_from: StartFrom::First,
+            ..BrokerSettings::default()
         };
         let consumer = Consumer::start_with(timed.clone(), &subscription, &consumer_options, host).await?;
         let deadline = Instant::now() + Duration::from_secs(600);
@@ -410,7 +410,7 @@ async fn raw_batched_inserts(
                         .bind(format!("U-{i}"))
                         .bind("0".repeat(64))
                         .bind("bench")
-                        .bind(crate::gate::now_ms());
+                        .bind(crate::clock::now_ms());
                 }
                 let mut tx = store.begin().await?;
                 q.execute(&mut *tx).await?;

@@ -20,7 +20,8 @@ use tokio::sync::Mutex;
 
 use super::{Percentiles, peak_rss_mib, rate};
 use crate::delivery::Delivery;
-use crate::gate::{Gate, Identity, Outcome, Phases, Policy};
+use crate::gate::{Gate, Identity, Phases, Policy};
+use crate::outcome::Outcome;
 use crate::route::Routes;
 use crate::scratch::ScratchDb;
 use crate::shop::{self, DeductStock};
@@ -270,7 +271,7 @@ static LEDGER: Sql = Sql::new(
 pub(crate) async fn naive(store: &Store, d: &Delivery) -> Result<(), sqlx::Error> {
     let biz_id = d.keys.first().map(String::as_str).unwrap_or("");
     let body: DeductStock = serde_json::from_slice(&d.body).map_err(|e| sqlx::Error::Decode(e.into()))?;
-    let now = crate::gate::now_ms();
+    let now = crate::clock::now_ms();
     let mut tx = store.begin().await?;
     let seen = store
         .query(&NAIVE_CHECK)

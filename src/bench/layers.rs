@@ -21,8 +21,9 @@ use tokio::sync::Mutex;
 use super::gate::{GROUP, books, reset, stream};
 use super::{Percentiles, peak_rss_mib, rate};
 use crate::delivery::Delivery;
-use crate::gate::{Gate, Identity, Outcome, Policy};
+use crate::gate::{Gate, Identity, Policy};
 use crate::layout;
+use crate::outcome::Outcome;
 use crate::prefilter::{Prefilter, RedisSettings};
 use crate::route::Routes;
 use crate::scratch::ScratchDb;
@@ -203,7 +204,7 @@ async fn run_mode(
                         if !matches!(r.outcome, Outcome::Processed | Outcome::Duplicate) {
                             anyhow::bail!("{}: {:?} {:?}", d.msg_id, r.outcome, r.error);
                         }
-                        if r.layer == Some(crate::gate::Layer::Redis) {
+                        if r.layer == Some(crate::outcome::Layer::Redis) {
                             stopped.fetch_add(1, Ordering::Relaxed);
                         }
                     }
@@ -261,7 +262,7 @@ impl NaiveRedis {
         }
         let body: DeductStock = serde_json::from_slice(&d.body)?;
         let mut tx = store.begin().await?;
-        super::gate::deduct(store, &mut tx, biz_id, &body, crate::gate::now_ms()).await?;
+        super::gate::deduct(store, &mut tx, biz_id, &body, crate::clock::now_ms()).await?;
         tx.commit().await?;
         Ok(())
     }

@@ -3,14 +3,16 @@
 //! without metrics, in the same run. The scrape is measured with 10 biz_types × 5 outcomes ×
 //! 4 causes of live series.
 
+use crate::gate::Observer;
 use std::collections::BTreeSet;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use super::{peak_rss_mib, rate};
 use crate::delivery::Delivery;
-use crate::gate::{Disposition, DuplicateCause, Gate, Identity, Layer, Outcome, Phases, Policy, Verdict};
+use crate::gate::{Disposition, Gate, Identity, Phases, Policy};
 use crate::metrics::{BuildInfo, Metrics};
+use crate::outcome::{DuplicateCause, Layer, Outcome, Verdict};
 use crate::route::{BizKey, Routes};
 use crate::scratch::ScratchDb;
 use crate::shop;
@@ -47,7 +49,7 @@ pub async fn run(messages: usize) -> anyhow::Result<Report> {
             let cause = DuplicateCause::ALL[i % DuplicateCause::ALL.len()];
             let d = Delivery {
                 topic: "topic_a".into(),
-                born_at_ms: crate::gate::now_ms() - 5,
+                born_at_ms: crate::clock::now_ms() - 5,
                 ..Default::default()
             };
             let r = Disposition {
@@ -77,14 +79,14 @@ pub async fn run(messages: usize) -> anyhow::Result<Report> {
             let mut r = r.clone();
             r.outcome = Outcome::Duplicate;
             r.cause = Some(*cause);
-            metrics.observe(d, &r);
+            metrics.delivery(d, &r);
         }
     }
     let n = 1_000_000;
     let started = Instant::now();
     for i in 0..n {
         let (d, r) = &dispositions[i % dispositions.len()];
-        metrics.observe(d, r);
+        metrics.delivery(d, r);
     }
     let observe_ns = started.elapsed().as_nanos() as f64 / n as f64;
 
@@ -115,7 +117,7 @@ pub async fn run(messages: usize) -> anyhow::Result<Report> {
         )?;
         let gate = if with_metrics {
             let topics = routes.topics().into_iter().map(|(t, _)| t).collect();
-            gate.with_metrics(Arc::new(Metrics::new(&info(), &routes.biz_types(), &topics)))
+            gate.with_observer(Arc::new(Metrics::new(&info(), &routes.biz_types(), &topics)))
         } else {
             gate
         };

@@ -24,8 +24,9 @@ use sqlx::{AssertSqlSafe, Executor, Row};
 use crate::inspect::overview;
 use crate::inspect::{Limits, READ_BOUNDS};
 use crate::layout::Layout;
-use crate::reconcile::{AnomalyKind, ReconcileOptions, STOCK_LEDGER_CHECK, reconcile_once};
+use crate::reconcile::{AnomalyKind, ReconcileOptions, reconcile_once};
 use crate::scratch::ScratchDb;
+use crate::shop::STOCK_LEDGER_CHECK;
 use crate::store::plan::{self, Read};
 use crate::store::{Arg, Backend, Bound, Sql, Store, StoreOptions, bind_all, query_built};
 
@@ -241,7 +242,7 @@ fn naive(name: &str) -> Option<(&'static Sql, Option<usize>)> {
 
 async fn measure(store: &Store, options: &Options, progress: &impl Fn(&str)) -> anyhow::Result<Report> {
     let backend = store.backend();
-    let now = crate::gate::now_ms();
+    let now = crate::clock::now_ms();
     let started = Instant::now();
     let span_ms = i64::from(options.span_hours) * HOUR_MS - MINUTE_MS;
     let planted = load(store, options.deliveries, span_ms, now).await?;

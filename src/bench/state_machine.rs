@@ -226,7 +226,7 @@ async fn run_one(
 /// The helper, as a handler runs it: one transaction, the conditional update.
 async fn helper_move(store: &Store, ship: &Transition, key: &str) -> Result<Ended, sqlx::Error> {
     let mut tx = store.begin().await?;
-    let answer = ship.apply(&mut tx, store.backend(), &Move::of(key).set(crate::gate::now_ms())).await?;
+    let answer = ship.apply(&mut tx, store.backend(), &Move::of(key).set(crate::clock::now_ms())).await?;
     tx.commit().await?;
     Ok(match answer {
         Answer::Moved => Ended::Moved,
@@ -252,7 +252,7 @@ async fn naive_move(store: &Store, key: &str, statements: &mut u64) -> Result<En
             store
                 .query(&NAIVE_WRITE)
                 .bind("SHIPPED")
-                .bind(crate::gate::now_ms())
+                .bind(crate::clock::now_ms())
                 .bind(key)
                 .execute(&mut *tx)
                 .await?;

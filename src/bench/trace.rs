@@ -274,7 +274,7 @@ const LOG_KINDS: [LogKind; 3] = [
 pub(crate) async fn load(store: &Store, claims: usize, span_ms: i64) -> anyhow::Result<()> {
     create_digits(store).await?;
     let mysql = store.backend() == Backend::MySql;
-    let start = crate::gate::now_ms() - span_ms;
+    let start = crate::clock::now_ms() - span_ms;
     // Keys are spread evenly over the span.
     let step = (span_ms / claims as i64).max(1);
     let rows = claims as i64;

@@ -168,7 +168,7 @@ pub async fn run(options: &Options, progress: impl Fn(&str)) -> anyhow::Result<R
     crate::layout::ensure(&db.store, 1, "bench").await?;
     if options.history > 0 {
         let started = Instant::now();
-        let now = crate::gate::now_ms();
+        let now = crate::clock::now_ms();
         super::reconcile::load(&db.store, options.history, 3_600_000, now).await?;
         progress(&format!(
             "loaded {} delivery-log rows of history in {:.1} s",
@@ -318,7 +318,7 @@ async fn shared_pool_server(
         store,
         consumer_ready: Arc::new(AtomicBool::new(true)),
         metrics,
-        web: Arc::new(Web::new(&naive, &handlers)),
+        web: Arc::new(Web::new(&naive.http, &naive.archive, handlers.by_biz_type(&naive.routes()))),
     };
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
     tokio::spawn(server.run(state, async move {

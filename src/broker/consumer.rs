@@ -24,28 +24,11 @@ use rocketmq_client_rust::{
 use rocketmq_model::common::consumer::consume_from_where::ConsumeFromWhere;
 use rocketmq_model::common::message::message_ext::MessageExt;
 
-use super::{ClientHost, StartFrom};
+use super::ClientHost;
+use super::settings::{BrokerSettings, StartFrom};
 use crate::delivery::{Delivery, UNIQ_KEY_PROPERTY};
-use crate::gate::{Gate, Verdict};
-
-/// How the consumer connects and how much it takes on at once.
-#[derive(Debug, Clone)]
-pub struct ConsumerOptions {
-    pub name_server: String,
-    /// Listener calls in flight at once (the client's consume threads).
-    pub consume_threads: u32,
-    /// Messages per listener call. With more than one, a retry of one message redelivers the
-    /// whole batch (harmless through the gate, but wasted work).
-    pub batch_size: u32,
-    /// Messages fetched from a queue per pull.
-    pub pull_batch_size: u32,
-    /// Messages pulled but not yet consumed, per topic, at most: the client pauses pulling
-    /// beyond it, which is what keeps memory flat while the database is slow.
-    pub buffered_messages: u32,
-    /// The same bound in MiB of bodies.
-    pub buffered_mib: u32,
-    pub start_from: StartFrom,
-}
+use crate::gate::Gate;
+use crate::outcome::Verdict;
 
 /// What the consumer has seen, for status lines, benchmarks and tests.
 #[derive(Debug, Default)]
@@ -126,7 +109,7 @@ pub struct Consumer {
 
 impl Consumer {
     /// Subscribes to every topic the gate's routes cover and starts pulling.
-    pub async fn start(gate: Arc<Gate>, options: &ConsumerOptions) -> anyhow::Result<Self> {
+    pub async fn start(gate: Arc<Gate>, options: &BrokerSettings) -> anyhow::Result<Self> {
         let subscription = Subscription::of(&gate);
         let host = ClientHost::new("consumer", options.consume_threads as usize)?;
         Self::start_with(gate, &subscription, options, host).await
@@ -136,7 +119,7 @@ impl Consumer {
     pub async fn start_with(
         sink: Arc<dyn Sink>,
         subscription: &Subscription,
-        options: &ConsumerOptions,
+        options: &BrokerSettings,
         host: ClientHost,
     ) -> anyhow::Result<Self> {
         let counters = Arc::new(ConsumerCounters::default());

@@ -45,17 +45,21 @@ use std::time::{Duration, Instant};
 use sqlx::{AssertSqlSafe, Executor, Row};
 use tokio::sync::{mpsc, oneshot};
 
-use super::claim::{Claim, Claimant};
-use super::{
-    Core, Disposition, DuplicateCause, Layer, Outcome, Phases, Stopwatch, Verdict, committed_disposition,
-    micros, now_ms, rejection_disposition,
-};
+use serde::{Deserialize, Serialize};
+
+use super::claim::Claimant;
+use super::core::Core;
+use super::disposition::{Disposition, Phases, committed_disposition, rejection_disposition};
+use super::observer::{GroupEnd, GroupReport, Observer};
+use crate::clock::{Stopwatch, micros, now_ms};
 use crate::delivery::Delivery;
 use crate::delivery_log::{self, Entry};
 use crate::handler::{Effect, HandlerError, Work};
 use crate::layout::ClaimTable;
+use crate::outcome::{Claim, DuplicateCause, Layer, Outcome, Verdict};
 use crate::prefilter::{Check, PrefilterReport, Settle, Token, claim_of};
 use crate::route::{BizKey, Rejection};
+use crate::setting::{Invalid, invalid};
 use crate::store::{Backend, Conn, is_transient, query, query_built, values_list};
 
 /// The most deliveries one group may hold. PostgreSQL keeps the ids of 64 subtransactions
@@ -63,53 +67,64 @@ use crate::store::{Backend, Conn, is_transient, query, query_built, values_list}
 /// snapshots slow down until the group commits.
 pub const MAX_BATCH: usize = 64;
 
-/// How deliveries are grouped.
-#[derive(Debug, Clone, PartialEq, Eq)]
+/// `[group_commit]`: deliveries that arrive together share one transaction, each in its own
+/// savepoint. Off by default: one transaction per delivery.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct GroupSettings {
-    /// Deliveries per transaction at most.
+    /// `IDEMGATE_GROUP_COMMIT__ENABLED`.
+    pub enabled: bool,
+    /// `IDEMGATE_GROUP_COMMIT__MAX_BATCH`: deliveries per transaction, 1 to 64.
     pub max_batch: usize,
-    /// How long the first delivery of a group waits for others. Under load the group fills
-    /// before that; when traffic is light this is the latency group commit adds.
-    pub linger: Duration,
-    /// Groups committing at once (each holds one connection).
+    /// `IDEMGATE_GROUP_COMMIT__LINGER_MS`: how long the first delivery of a group waits for
+    /// others, 0 to 1000. Under load the group fills before that; when traffic is light this is
+    /// the latency group commit adds.
+    pub linger_ms: u64,
+    /// `IDEMGATE_GROUP_COMMIT__IN_FLIGHT`: groups committing at once (each holds one
+    /// connection), 1 to 16.
     pub in_flight: usize,
-    /// Deliveries waiting for a group at most; the next caller waits for room.
+    /// `IDEMGATE_GROUP_COMMIT__QUEUE`: deliveries waiting for a group at most; the next caller
+    /// waits for room.
     pub queue: usize,
 }
 
 impl Default for GroupSettings {
     fn default() -> Self {
-        Self { max_batch: 32, linger: Duration::from_millis(2), in_flight: 2, queue: 256 }
+        Self { enabled: false, max_batch: 32, linger_ms: 2, in_flight: 2, queue: 256 }
     }
 }
 
-/// How a group ended, for the metrics.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum GroupEnd {
-    /// One transaction for the whole group.
-    Committed,
-    /// The group could not commit and each delivery went through the gate alone.
-    Split,
-}
+impl GroupSettings {
+    /// The defaults, switched on.
+    pub fn on() -> Self {
+        Self { enabled: true, ..Self::default() }
+    }
 
-impl GroupEnd {
-    pub const ALL: [GroupEnd; 2] = [GroupEnd::Committed, GroupEnd::Split];
+    pub fn linger(&self) -> Duration {
+        Duration::from_millis(self.linger_ms)
+    }
 
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Self::Committed => "committed",
-            Self::Split => "split",
+    pub fn validate(&self) -> Result<(), Invalid> {
+        if !(1..=MAX_BATCH).contains(&self.max_batch) {
+            return Err(invalid(
+                "group_commit.max_batch",
+                format!(
+                    "is {}; use 1 to {MAX_BATCH} (PostgreSQL tracks at most 64 savepoints per transaction cheaply)",
+                    self.max_batch
+                ),
+            ));
         }
+        if self.linger_ms > 1_000 {
+            return Err(invalid("group_commit.linger_ms", "must be at most 1000"));
+        }
+        if !(1..=16).contains(&self.in_flight) {
+            return Err(invalid("group_commit.in_flight", "must be between 1 and 16"));
+        }
+        if !(1..=100_000).contains(&self.queue) {
+            return Err(invalid("group_commit.queue", "must be between 1 and 100000"));
+        }
+        Ok(())
     }
-}
-
-/// What one group did, for the metrics.
-#[derive(Debug, Clone)]
-pub struct GroupReport {
-    pub size: usize,
-    pub end: GroupEnd,
-    /// Whole-group retries after a transient conflict.
-    pub retries: u32,
 }
 
 /// One queued delivery and where its answer goes.
@@ -123,7 +138,7 @@ struct Job {
 /// queue; the tasks finish the groups they hold and stop.
 pub(crate) struct Committer {
     queue: mpsc::Sender<Job>,
-    metrics: Option<Arc<crate::metrics::Metrics>>,
+    observer: Option<Arc<dyn Observer>>,
 }
 
 impl Committer {
@@ -133,7 +148,7 @@ impl Committer {
         for _ in 0..settings.in_flight.max(1) {
             tokio::spawn(commit_groups(core.clone(), jobs.clone(), settings.clone()));
         }
-        Self { queue, metrics: core.metrics.clone() }
+        Self { queue, observer: core.observer.clone() }
     }
 
     /// Queues `delivery` and waits for its group's answer. A full queue makes the caller wait
@@ -143,8 +158,8 @@ impl Committer {
         let room = match self.queue.try_reserve() {
             Ok(room) => room,
             Err(mpsc::error::TrySendError::Full(())) => {
-                if let Some(metrics) = &self.metrics {
-                    metrics.observe_group_queue_full();
+                if let Some(observer) = &self.observer {
+                    observer.group_queue_full();
                 }
                 match self.queue.reserve().await {
                     Ok(room) => room,
@@ -190,7 +205,7 @@ async fn commit_groups(
             let mut jobs = jobs.lock().await;
             let Some(first) = jobs.recv().await else { return };
             let mut group = vec![first];
-            let deadline = tokio::time::Instant::now() + settings.linger;
+            let deadline = tokio::time::Instant::now() + settings.linger();
             while group.len() < max_batch {
                 match jobs.try_recv() {
                     Ok(job) => group.push(job),
@@ -205,9 +220,9 @@ async fn commit_groups(
             }
             group
         };
-        if let Some(metrics) = &core.metrics {
+        if let Some(observer) = &core.observer {
             for job in &group {
-                metrics.observe_group_wait(job.queued.elapsed());
+                observer.group_wait(job.queued.elapsed());
             }
         }
         let (deliveries, replies): (Vec<Delivery>, Vec<oneshot::Sender<Disposition>>) =
@@ -437,10 +452,7 @@ impl Core {
                 let d = slots[i].d;
                 (&mut *tx).execute(AssertSqlSafe(SAVEPOINT)).await?;
                 let archived = match self.late_duplicate_guard {
-                    true => {
-                        crate::archive::guard::archived_claim(&mut tx, backend, who.consumer_group, key)
-                            .await?
-                    }
+                    true => super::guard::archived_claim(&mut tx, backend, who.consumer_group, key).await?,
                     false => None,
                 };
                 if let Some(archived) = archived {
@@ -568,7 +580,7 @@ impl Core {
             answers.push(answer);
         }
 
-        let logged_at_ms = crate::gate::now_ms();
+        let logged_at_ms = crate::clock::now_ms();
         let latency = started.elapsed();
         for (r, _) in &mut answers {
             r.latency = latency;
@@ -652,8 +664,8 @@ impl Core {
     }
 
     fn observe_group(&self, report: GroupReport) {
-        if let Some(metrics) = &self.metrics {
-            metrics.observe_group(&report);
+        if let Some(observer) = &self.observer {
+            observer.group(&report);
         }
     }
 }

@@ -9,8 +9,7 @@ use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use base64::Engine;
 
-use super::AppState;
-use crate::config::HttpSettings;
+use super::settings::HttpSettings;
 
 /// The accepted `Authorization` header values.
 #[derive(Clone, Default)]
@@ -54,13 +53,13 @@ impl Auth {
 }
 
 /// Equal in time that depends on the length only.
-pub(in crate::http) fn same(a: &[u8], b: &[u8]) -> bool {
+pub(super) fn same(a: &[u8], b: &[u8]) -> bool {
     a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
 }
 
 /// Lets a request through when it carries accepted credentials.
-pub(super) async fn require(State(state): State<AppState>, request: Request, next: Next) -> Response {
-    if state.web.auth.admits(request.headers().get(header::AUTHORIZATION)) {
+pub(super) async fn require(State(auth): State<Auth>, request: Request, next: Next) -> Response {
+    if auth.admits(request.headers().get(header::AUTHORIZATION)) {
         return next.run(request).await;
     }
     let mut response = (
@@ -68,7 +67,7 @@ pub(super) async fn require(State(state): State<AppState>, request: Request, nex
         "Sign in: this idemgate asks for a bearer token or its basic-auth user and password.\n",
     )
         .into_response();
-    if state.web.auth.basic.is_some() {
+    if auth.basic.is_some() {
         response.headers_mut().insert(
             header::WWW_AUTHENTICATE,
             HeaderValue::from_static("Basic realm=\"idemgate\", charset=\"UTF-8\""),
@@ -90,7 +89,7 @@ mod tests {
             auth_token: token.into(),
             basic_user: user.into(),
             basic_password: password.into(),
-            ..crate::config::Settings::default().http
+            ..HttpSettings::default()
         }
     }
 

@@ -16,7 +16,7 @@ use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use sha2::{Digest, Sha256};
 
-use super::ui::Problem;
+use super::problem::Problem;
 
 /// How far ahead of this process's clock a token's issue time may be: none of ours is, unless
 /// the clock was set back.

@@ -10,7 +10,7 @@ use axum::routing::get;
 use axum::{Json, Router};
 use serde_json::json;
 
-use super::AppState;
+use super::state::AppState;
 use crate::store::Sql;
 
 static PING: Sql = Sql::new("SELECT 1");

@@ -22,8 +22,7 @@ use axum::http::{StatusCode, header};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 
-use super::AppState;
-use crate::config::HttpSettings;
+use super::settings::HttpSettings;
 
 /// The names a request's `Host` may carry besides `localhost` and IP addresses.
 #[derive(Debug, Clone, Default)]
@@ -62,8 +61,11 @@ fn canonical(name: &str) -> String {
 
 /// Lets a request through when every host it names (its `Host` header and, in absolute form or
 /// over HTTP/2, its URI's authority) is one this server answers to.
-pub(super) async fn require_allowed(State(state): State<AppState>, request: Request, next: Next) -> Response {
-    let allowed = &state.web.hosts;
+pub(super) async fn require_allowed(
+    State(allowed): State<AllowedHosts>,
+    request: Request,
+    next: Next,
+) -> Response {
     let mut headers = request.headers().get_all(header::HOST).iter();
     let header_ok = match (headers.next(), headers.next()) {
         (None, _) => true,
@@ -90,7 +92,7 @@ mod tests {
     fn allowed(names: &[&str]) -> AllowedHosts {
         let http = HttpSettings {
             allowed_hosts: names.iter().map(|n| (*n).to_owned()).collect(),
-            ..crate::config::Settings::default().http
+            ..HttpSettings::default()
         };
         AllowedHosts::from_settings(&http)
     }

@@ -7,7 +7,7 @@ use axum::http::header;
 use axum::response::IntoResponse;
 use axum::routing::get;
 
-use super::AppState;
+use super::state::AppState;
 
 pub(super) fn router() -> Router<AppState> {
     Router::new().route("/metrics", get(metrics))

@@ -183,13 +183,6 @@ pub const READ_BOUNDS: Bounds = Bounds {
     windows: &["logged_at_ms", "claimed_at_ms", "applied_at_ms"],
 };
 
-/// Epoch milliseconds as `2026-11-29 10:52:03.123 UTC`.
-pub fn format_ms(ms: i64) -> String {
-    chrono::DateTime::from_timestamp_millis(ms)
-        .map(|t| t.format("%Y-%m-%d %H:%M:%S%.3f UTC").to_string())
-        .unwrap_or_else(|| format!("{ms} ms"))
-}
-
 /// Reads a moment given as epoch milliseconds, RFC 3339, or a date and time in UTC as an
 /// HTML `datetime-local` input sends it (`2026-11-29T10:52`).
 pub fn parse_moment(name: &str, text: &str) -> Result<i64, InspectError> {

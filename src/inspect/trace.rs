@@ -12,8 +12,9 @@ use serde::{Deserialize, Serialize};
 use sqlx::Row;
 use sqlx::any::AnyRow;
 
-use super::{InspectError, Limits, LogRow, checked_text, format_ms, log_columns};
+use super::{InspectError, Limits, LogRow, checked_text, log_columns};
 use crate::archive::LogRetention;
+use crate::clock::format_ms;
 use crate::handler::{Fact, Handler};
 use crate::route::MAX_ID_CHARS;
 use crate::store::{Sql, Store};
@@ -458,7 +459,7 @@ async fn story(
         Some(handler) if !key.biz_id.is_empty() => handler.describe(store, &key.biz_id).await?,
         _ => Vec::new(),
     };
-    let now = crate::gate::now_ms();
+    let now = crate::clock::now_ms();
     let retention_note = ctx.retention.and_then(|r| {
         let oldest =
             [claim.as_ref().map(|c| c.claimed_at_ms), summary.first_seen_ms].into_iter().flatten().min()?;

@@ -13,126 +13,23 @@
 //! This module reads the gate's tables and writes only its own (`reconcile_run`,
 //! `reconcile_anomaly`). It must not change a claim or a log row.
 
+pub mod check;
 pub mod runs;
 pub mod schedule;
 pub mod settings;
 
 use std::collections::BTreeMap;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use serde::Serialize;
 use sqlx::Row;
 
-use crate::gate::labelled;
 use crate::layout::Layout;
 use crate::store::{Arg, Bound, Sql, Store};
 
+pub use check::{Anomaly, AnomalyKind, Check, ReconcileOptions, window};
 pub use schedule::ReconcileScheduler;
 pub use settings::ReconcileSettings;
-
-labelled! {
-    /// What kind of disagreement between deliveries, claims and effects.
-    AnomalyKind {
-        /// Failed or dead-lettered, never processed, nothing pending: it needs a replay.
-        Lost => "lost",
-        /// Still being retried after `stuck_after`.
-        Stuck => "stuck",
-        /// More than one `processed` delivery for one claim key, or a business ledger with two
-        /// effects. This must never happen.
-        DoubleApplied => "double_applied",
-        /// A claim without its `processed` delivery, or a `processed` delivery without a claim.
-        Orphan => "orphan",
-        /// The same key sent with different bodies.
-        KeyCollision => "key_collision",
-        /// A key seen again after its claim was archived.
-        LateDuplicate => "late_duplicate",
-    }
-}
-
-impl AnomalyKind {
-    /// What an engineer should do about it.
-    pub fn advice(self) -> &'static str {
-        match self {
-            Self::Lost => {
-                "never applied: fix the cause, then replay the dead letter (its trace page, or idemgate replay)"
-            }
-            Self::Stuck => "still retrying: look at the error on its trace",
-            Self::DoubleApplied => "the effect was applied more than once: correct the business data",
-            Self::Orphan => "claims and processed deliveries disagree: something wrote around the gate",
-            Self::KeyCollision => "one key for different content: the first body won; fix the producer",
-            Self::LateDuplicate => {
-                "a copy arrived after its claim was archived: lengthen the dedup retention or turn on the late-duplicate guard"
-            }
-        }
-    }
-}
-
-/// One finding.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
-pub struct Anomaly {
-    pub kind: AnomalyKind,
-    pub consumer_group: String,
-    pub biz_type: String,
-    pub biz_id: String,
-    pub execute_time: i64,
-    pub first_seen_ms: Option<i64>,
-    pub last_seen_ms: Option<i64>,
-    pub detail: String,
-}
-
-/// A business invariant a handler's owner registers: a statement over the business tables that
-/// returns the keys breaking it. It is given `since_ms, until_ms` as parameters and returns
-/// `(biz_id, occurrences)` rows; `describe` turns a count into the anomaly's text. Like the
-/// reconciler's own, it should read its window through an index (the stock ledger's is on
-/// `applied_at_ms`) and anything else by key: [`crate::store::plan`] reads its plan.
-#[derive(Clone, Copy)]
-pub struct Check {
-    pub name: &'static str,
-    pub kind: AnomalyKind,
-    pub biz_type: &'static str,
-    pub sql: &'static Sql,
-    pub describe: fn(i64) -> String,
-}
-
-impl std::fmt::Debug for Check {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Check").field("name", &self.name).field("kind", &self.kind).finish()
-    }
-}
-
-static STOCK_LEDGER_TWICE: Sql = Sql::new(
-    "SELECT deduction_id, COUNT(*) FROM shop_stock_ledger WHERE applied_at_ms >= ? AND applied_at_ms < ? \
-     GROUP BY deduction_id HAVING COUNT(*) > 1",
-);
-
-/// The built-in example's invariant: one ledger row per stock deduction.
-pub const STOCK_LEDGER_CHECK: Check = Check {
-    name: "stock ledger: one row per deduction",
-    kind: AnomalyKind::DoubleApplied,
-    biz_type: crate::shop::STOCK_DEDUCT,
-    sql: &STOCK_LEDGER_TWICE,
-    describe: |n| format!("{n} stock ledger rows for one deduction: the stock was taken {n} times"),
-};
-
-/// What one run looks at.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ReconcileOptions {
-    pub consumer_group: String,
-    /// Only this biz_type; `None` for all.
-    pub biz_type: Option<String>,
-    /// The window: deliveries logged (and claims made) in `[since_ms, until_ms)`.
-    pub since_ms: i64,
-    pub until_ms: i64,
-    /// A key still failing this long after its first failure is stuck.
-    pub stuck_after_ms: i64,
-    /// Claims older than the log's retention have no log rows to compare with; they are not
-    /// called orphans.
-    pub log_retention_ms: i64,
-    /// The most anomalies reported per kind (and per check); the rest are counted as cut.
-    pub max_per_kind: usize,
-    pub instance_id: String,
-    pub started_by: String,
-}
 
 /// What a run found.
 #[derive(Debug, Clone, Serialize)]
@@ -373,7 +270,7 @@ pub async fn reconcile_once(
     let run_id = runs::start(store, options, now_ms).await?;
     match find(store, options, checks, now_ms).await {
         Ok((anomalies, cut)) => {
-            runs::finish(store, run_id, &anomalies, crate::gate::now_ms()).await?;
+            runs::finish(store, run_id, &anomalies, crate::clock::now_ms()).await?;
             let mut counts: BTreeMap<AnomalyKind, usize> = AnomalyKind::ALL.iter().map(|k| (*k, 0)).collect();
             for a in &anomalies {
                 *counts.entry(a.kind).or_default() += 1;
@@ -390,7 +287,7 @@ pub async fn reconcile_once(
             })
         }
         Err(e) => {
-            let _ = runs::fail(store, run_id, &e.to_string(), crate::gate::now_ms()).await;
+            let _ = runs::fail(store, run_id, &e.to_string(), crate::clock::now_ms()).await;
             Err(e.into())
         }
     }
@@ -476,8 +373,8 @@ pub fn render_text(r: &ReconcileReport) -> String {
         "reconcile run {} of group {}: {} to {} ({} ms)",
         r.run_id,
         r.consumer_group,
-        crate::inspect::format_ms(r.since_ms),
-        crate::inspect::format_ms(r.until_ms),
+        crate::clock::format_ms(r.since_ms),
+        crate::clock::format_ms(r.until_ms),
         r.elapsed_ms
     );
     let counts: Vec<String> = r.counts.iter().map(|(k, n)| format!("{k} {n}")).collect();
@@ -500,9 +397,4 @@ pub fn render_text(r: &ReconcileReport) -> String {
         let _ = writeln!(out, "no anomalies");
     }
     out
-}
-
-/// How long ago `window` started from `now`, as options for a run by hand.
-pub fn window(now_ms: i64, window: Duration) -> (i64, i64) {
-    (now_ms - i64::try_from(window.as_millis()).unwrap_or(i64::MAX), now_ms + 1)
 }

@@ -7,7 +7,7 @@ use serde::Serialize;
 use sqlx::Row;
 use sqlx::any::AnyRow;
 
-use super::{Anomaly, AnomalyKind, ReconcileOptions};
+use super::check::{Anomaly, AnomalyKind, ReconcileOptions};
 use crate::store::{Sql, Store};
 
 /// One `reconcile_run` row.

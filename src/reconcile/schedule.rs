@@ -1,8 +1,10 @@
 //! The reconciler inside `serve`: a cron job that runs [`reconcile_once`] over the configured
 //! window. Instances of one group take a lease first, so one of them reconciles per tick.
 
+use super::check::Check;
+use super::reconcile_once;
+use super::settings::ReconcileSettings;
 use super::settings::Runner;
-use super::{Check, ReconcileSettings, reconcile_once};
 use crate::archive::Lease;
 use crate::cron::CronJob;
 use crate::store::Store;
@@ -69,7 +71,7 @@ impl ReconcileScheduler {
 /// One tick. Instances woken by the same tick (cron ticks fall on whole seconds) share it: the
 /// first takes the group's lease, the others find it taken since the tick and skip.
 async fn run_tick(t: &Tick) {
-    let now = crate::gate::now_ms();
+    let now = crate::clock::now_ms();
     let tick = now - now.rem_euclid(1_000);
     let lease_name = format!("reconcile:{}", t.consumer_group);
     let ttl = 10 * 60_000;

@@ -1,12 +1,13 @@
 //! The `[reconcile]` section of the configuration: when `serve` reconciles, over which window,
 //! and how much one run may report. Checked with the rest of the configuration at start.
 
+use crate::setting::{Invalid, invalid};
 use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
-use super::ReconcileOptions;
-use crate::archive::Schedule;
+use super::check::ReconcileOptions;
+use crate::cron::Schedule;
 
 /// `[reconcile]`: the scheduled reconciler.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -51,18 +52,11 @@ pub struct Runner<'a> {
     pub log_retention_days: u32,
 }
 
-/// A `[reconcile]` value that cannot work, with its key.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct SettingError {
-    pub key: &'static str,
-    pub message: String,
-}
-
 impl ReconcileSettings {
-    pub fn validate(&self) -> Result<(), SettingError> {
-        let bad = |key, message: &str| Err(SettingError { key, message: message.to_owned() });
+    pub fn validate(&self) -> Result<(), Invalid> {
+        let bad = |key: &str, message: &str| Err(invalid(key, message));
         if let Err(e) = Schedule::parse(&self.schedule) {
-            return Err(SettingError { key: "reconcile.schedule", message: e.to_string() });
+            return Err(invalid("reconcile.schedule", e.to_string()));
         }
         if !(1..=24 * 90).contains(&self.window_hours) {
             return bad("reconcile.window_hours", "must be from 1 to 2160 (90 days)");
@@ -84,7 +78,7 @@ impl ReconcileSettings {
         window: Duration,
         now_ms: i64,
     ) -> ReconcileOptions {
-        let (since_ms, until_ms) = super::window(now_ms, window);
+        let (since_ms, until_ms) = super::check::window(now_ms, window);
         ReconcileOptions {
             consumer_group: who.consumer_group.to_owned(),
             biz_type,

@@ -17,7 +17,7 @@ use serde::de::DeserializeOwned;
 
 pub use order::{CreateOrder, OrderCreate};
 pub use payment::{ConfirmPayment, PaymentConfirm};
-pub use stock::{DeductStock, StockDeduct, ensure_stock, seed_stock};
+pub use stock::{DeductStock, STOCK_LEDGER_CHECK, StockDeduct, ensure_stock, seed_stock};
 
 use crate::delivery::Delivery;
 use crate::handler::{HandlerError, Handlers};
@@ -25,6 +25,9 @@ use crate::route::RouteConfig;
 
 pub const ORDER_CREATE: &str = "order.create";
 pub const PAYMENT_CONFIRM: &str = "payment.confirm";
+/// The SKUs the shop sells (and the example traffic deducts from).
+pub const SKUS: [&str; 5] = ["SKU-1", "SKU-2", "SKU-3", "SKU-4", "SKU-5"];
+
 pub const STOCK_DEDUCT: &str = "stock.deduct";
 
 /// The topic the example traffic uses, with one tag per business event.
@@ -86,7 +89,7 @@ pub const INITIAL_STOCK: i64 = 1_000_000_000_000;
 /// Creates the example SKUs' stock rows that are missing, so that `stock.deduct` traffic from
 /// `idemgate produce` finds its SKUs.
 pub async fn ensure_example_stock(store: &crate::store::Store) -> Result<(), sqlx::Error> {
-    for sku in crate::traffic::SKUS {
+    for sku in SKUS {
         ensure_stock(store, sku, INITIAL_STOCK).await?;
     }
     Ok(())
@@ -107,8 +110,8 @@ async fn describe_order(
     by_payment: bool,
     id: &str,
 ) -> Result<Vec<crate::handler::Fact>, sqlx::Error> {
+    use crate::clock::format_ms;
     use crate::handler::Fact;
-    use crate::inspect::format_ms;
     use sqlx::Row;
     let sql = if by_payment { &ORDER_BY_PAYMENT } else { &ORDER_BY_NO };
     let rows = store.query(sql).bind(id).fetch_all(store.pool()).await?;

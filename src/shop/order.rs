@@ -3,9 +3,9 @@
 use async_trait::async_trait;
 use serde::{Deserialize, Serialize};
 
-use crate::gate::Layer;
 use crate::handler::{Effect, Fact, Handler, HandlerError, Work};
 use crate::insert_if_absent;
+use crate::outcome::Layer;
 use crate::store::{Conn, InsertIfAbsent, Store};
 
 /// The body of an `order.create` message.

@@ -51,7 +51,7 @@ impl Handler for PaymentConfirm {
         let order = format!("order {}", pay.order_no);
         match MARK_PAID.apply(conn, work.backend, &paid).await? {
             Answer::AlreadyDone { state, found } => Ok(Effect::AlreadyApplied {
-                layer: crate::gate::Layer::StateMachine,
+                layer: crate::outcome::Layer::StateMachine,
                 detail: format!(
                     "{order} is already {state} by payment {}",
                     found.set.first().cloned().flatten().map_or("?".to_owned(), |p| p.to_string())

@@ -8,6 +8,7 @@ use sqlx::Row;
 
 use crate::handler::{Effect, Fact, Handler, HandlerError, Work};
 use crate::insert_if_absent;
+use crate::reconcile::check::{AnomalyKind, Check};
 use crate::store::{Conn, InsertIfAbsent, Sql, Store, query};
 
 /// The body of a `stock.deduct` message.
@@ -72,8 +73,8 @@ impl Handler for StockDeduct {
         Ok(Effect::Applied)
     }
 
-    fn checks(&self) -> Vec<crate::reconcile::Check> {
-        vec![crate::reconcile::STOCK_LEDGER_CHECK]
+    fn checks(&self) -> Vec<Check> {
+        vec![STOCK_LEDGER_CHECK]
     }
 
     /// Every deduction of one SKU updates its one stock row.
@@ -93,7 +94,7 @@ impl Handler for StockDeduct {
                     "{} × {} at {}",
                     r.try_get::<i64, _>(1)?,
                     r.try_get::<String, _>(0)?,
-                    crate::inspect::format_ms(r.try_get(2)?)
+                    crate::clock::format_ms(r.try_get(2)?)
                 ),
             ));
         }
@@ -126,3 +127,17 @@ pub async fn ensure_stock(store: &Store, sku: &str, quantity: i64) -> Result<(),
     INSERT_SKU_IF_ABSENT.execute(&mut conn, store.backend(), |q| q.bind(sku).bind(quantity)).await?;
     Ok(())
 }
+
+static STOCK_LEDGER_TWICE: Sql = Sql::new(
+    "SELECT deduction_id, COUNT(*) FROM shop_stock_ledger WHERE applied_at_ms >= ? AND applied_at_ms < ? \
+     GROUP BY deduction_id HAVING COUNT(*) > 1",
+);
+
+/// The built-in example's invariant: one ledger row per stock deduction.
+pub const STOCK_LEDGER_CHECK: Check = Check {
+    name: "stock ledger: one row per deduction",
+    kind: AnomalyKind::DoubleApplied,
+    biz_type: super::STOCK_DEDUCT,
+    sql: &STOCK_LEDGER_TWICE,
+    describe: |n| format!("{n} stock ledger rows for one deduction: the stock was taken {n} times"),
+};

@@ -16,8 +16,8 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use idemgate::config::Settings;
-use idemgate::gate::{Layer, Outcome, Verdict};
 use idemgate::handler::Handlers;
+use idemgate::outcome::{Layer, Outcome, Verdict};
 use idemgate::prefilter::{FallbackCause, Step};
 use idemgate::shop;
 use idemgate::store::Backend;

@@ -194,7 +194,7 @@ pub enum Arg<'a> {
 }
 
 pub fn now_ms() -> i64 {
-    idemgate::gate::now_ms()
+    idemgate::clock::now_ms()
 }
 
 /// A `stock.deduct` of one unit of [`SKU`] for `biz_id`, as first sent.

@@ -11,13 +11,14 @@ use std::collections::BTreeSet;
 use std::sync::Arc;
 use std::time::Duration;
 
+use idemgate::cron::Schedule;
 use idemgate::archive::retention::DAY_MS;
 use idemgate::archive::{
-    ArchiveOptions, ArchiveOutcome, ArchiveScheduler, Fault, RunKind, RunStatus, Schedule, StartedBy,
+    ArchiveOptions, ArchiveOutcome, ArchiveScheduler, Fault, RunKind, RunStatus, StartedBy,
     archive_once, dry_run, runs,
 };
-use idemgate::gate::{Layer, Outcome};
 use idemgate::handler::Handlers;
+use idemgate::outcome::{Layer, Outcome};
 use idemgate::shop;
 use idemgate::store::{Sql, Store};
 use sqlx::Row;
@@ -233,7 +234,7 @@ mod cases {
     ) {
         let db = TestDb::new(backend).await;
         shop::seed_stock(&db.store, "SKU-A", 1_000_000).await.unwrap();
-        let now = idemgate::gate::now_ms();
+        let now = idemgate::clock::now_ms();
         const OLD: usize = 1_500;
         const NEW: usize = 600;
         seed_claims(&db.store, "OLD", OLD, now, 100 * DAY_MS).await;
@@ -320,7 +321,7 @@ mod cases {
 
     pub async fn two_schedulers_on_one_database_archive_once_per_tick(backend: idemgate::store::Backend) {
         let db = TestDb::new(backend).await;
-        let now = idemgate::gate::now_ms();
+        let now = idemgate::clock::now_ms();
         seed_claims(&db.store, "OLD", 30, now, 100 * DAY_MS).await;
         let other = db.second_store().await;
         let every_second = Schedule::parse("* * * * * *").expect("schedule");
@@ -363,7 +364,7 @@ mod cases {
     ) {
         let db = TestDb::new(backend).await;
         shop::seed_stock(&db.store, "SKU-A", 100).await.unwrap();
-        let now = idemgate::gate::now_ms();
+        let now = idemgate::clock::now_ms();
         seed_claims(&db.store, "OLD", 3, now, 100 * DAY_MS).await;
         archive_once(&db.store, &options("a", 10), now).await.expect("run");
         let unguarded = gate(db.store.clone(), identity(GROUP, "c"), vec![], Handlers::new());
@@ -374,7 +375,7 @@ mod cases {
         let copy = stock_deduct("OLD-0", "LATE-1", "U-OLD-0", "SKU-A", 1);
         let stopped = guarded.process(&copy).await;
         assert_eq!((stopped.outcome, stopped.layer), (Outcome::Duplicate, Some(Layer::LateDuplicate)));
-        assert_eq!(stopped.cause, Some(idemgate::gate::DuplicateCause::Redelivery));
+        assert_eq!(stopped.cause, Some(idemgate::outcome::DuplicateCause::Redelivery));
         assert_eq!(db.scalar(&LEDGER_ROWS_LIKE, &["OLD-0"]).await, 0, "not applied");
         assert_eq!(db.scalar(&CLAIMS_LIKE, &["OLD-0"]).await, 0, "the fresh claim was rolled back");
         assert_eq!(db.scalar(&LATE_DUPLICATE_LOG_ROWS, &["LATE-1"]).await, 1, "logged at its layer");

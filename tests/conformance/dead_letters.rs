@@ -5,10 +5,12 @@
 //! their note, once, when the database is migrated.
 
 use async_trait::async_trait;
+use idemgate::clock::now_ms;
 use idemgate::delivery::Delivery;
 use idemgate::delivery_log::MAX_KEPT_PAYLOAD;
-use idemgate::gate::{Gate, Outcome, Verdict, now_ms};
+use idemgate::gate::Gate;
 use idemgate::handler::{Effect, Handler, HandlerError, Handlers, Work};
+use idemgate::outcome::{Outcome, Verdict};
 use idemgate::replay::{self, Action, Line, Selection};
 use idemgate::route::RouteConfig;
 use idemgate::store::{Backend, Conn, Sql, Store};

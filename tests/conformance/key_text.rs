@@ -5,9 +5,11 @@
 //! keys run right to left. A key the rules refuse (an emoji, a Thai tone mark) is logged
 //! `invalid` with its reason and found by its own text.
 
-use idemgate::gate::{DuplicateCause, Outcome, now_ms};
+use idemgate::clock::now_ms;
 use idemgate::inspect::trace::{Answer, FinalState, SearchBy, Story, TraceContext, TraceQuery, trace};
-use idemgate::reconcile::{AnomalyKind, ReconcileOptions, STOCK_LEDGER_CHECK, reconcile_once, runs};
+use idemgate::outcome::{DuplicateCause, Outcome};
+use idemgate::reconcile::{AnomalyKind, ReconcileOptions, reconcile_once, runs};
+use idemgate::shop::STOCK_LEDGER_CHECK;
 use idemgate::replay::{self, Action, Selection};
 use idemgate::store::{Sql, Store};
 

@@ -13,8 +13,9 @@ use std::sync::atomic::{AtomicBool, Ordering};
 
 use async_trait::async_trait;
 use idemgate::delivery::{Delivery, REPLAY_PROPERTY};
-use idemgate::gate::{DuplicateCause, Gate, Layer, Outcome, Verdict};
+use idemgate::gate::Gate;
 use idemgate::handler::{Effect, Handler, HandlerError, Handlers, Work};
+use idemgate::outcome::{DuplicateCause, Layer, Outcome, Verdict};
 use idemgate::route::RouteConfig;
 use idemgate::shop::{self, ConfirmPayment, CreateOrder};
 use idemgate::store::{Backend, Conn, Sql, query};

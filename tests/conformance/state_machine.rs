@@ -7,9 +7,10 @@ use std::collections::BTreeSet;
 use std::sync::Arc;
 
 use idemgate::delivery::Delivery;
-use idemgate::gate::{Disposition, Gate, Layer, Outcome, Verdict};
+use idemgate::gate::{Disposition, Gate};
 use idemgate::handler::Handler;
 use idemgate::metrics::{BuildInfo, Metrics};
+use idemgate::outcome::{Layer, Outcome, Verdict};
 use idemgate::route::{RouteConfig, Routes};
 use idemgate::shop;
 use idemgate::state_machine::{
@@ -89,7 +90,7 @@ fn configured_gate(db: &TestDb) -> (Gate, Arc<Metrics>) {
     };
     let metrics = Arc::new(Metrics::new(&info, &routes.biz_types(), &topics));
     let g = gate(db.store.clone(), identity(GROUP, "ship-1"), self::routes(), handlers)
-        .with_metrics(metrics.clone());
+        .with_observer(metrics.clone());
     (g, metrics)
 }
 
@@ -295,9 +296,9 @@ pub mod cases {
                 .await
                 .expect("parcel");
         }
-        let before = idemgate::gate::now_ms();
+        let before = idemgate::clock::now_ms();
         assert_eq!(g.process(&parcel_delivered("P-1", "M-1")).await.outcome, Outcome::Processed);
-        let after = idemgate::gate::now_ms();
+        let after = idemgate::clock::now_ms();
         let row = db.store.query(&PARCEL).bind("P-1").fetch_one(db.store.pool()).await.expect("parcel");
         let (state, at): (String, Option<i64>) = (row.get(0), row.get(1));
         assert_eq!(state, "DELIVERED");
@@ -320,7 +321,7 @@ pub mod cases {
             [("row", "test_parcel P-1"), ("state", "DELIVERED: the move to DELIVERED is made")]
         );
         assert_eq!(shown[2].0, "delivered_at_ms");
-        assert_eq!(shown[2].1, idemgate::inspect::format_ms(at.unwrap_or_default()));
+        assert_eq!(shown[2].1, idemgate::clock::format_ms(at.unwrap_or_default()));
         let facts = handler.describe(&db.store, "P-3").await.expect("describe");
         assert_eq!(facts[1].value, "RETURNED: cannot become DELIVERED");
         let facts = handler.describe(&db.store, "P-9").await.expect("describe");

@@ -3,11 +3,12 @@
 
 use std::sync::Arc;
 
-use idemgate::config::{GroupCommitSettings, Settings};
+use idemgate::config::Settings;
 use idemgate::delivery::Delivery;
 use idemgate::gate::group::ClaimPath;
-use idemgate::gate::{Gate, GroupSettings, Identity, Outcome, Verdict};
+use idemgate::gate::{Gate, GroupSettings, Identity};
 use idemgate::handler::Handlers;
+use idemgate::outcome::{Outcome, Verdict};
 use idemgate::route::RouteConfig;
 use idemgate::scratch::ScratchDb;
 use idemgate::shop;
@@ -72,7 +73,7 @@ tokio::task_local! {
 /// The group commit of the grouped runs: small groups and a linger long enough for the cases'
 /// concurrent deliveries to meet in one group.
 pub fn test_group_settings() -> GroupSettings {
-    GroupSettings { max_batch: 8, linger: std::time::Duration::from_millis(20), in_flight: 2, queue: 64 }
+    GroupSettings { enabled: true, max_batch: 8, linger_ms: 20, in_flight: 2, queue: 64 }
 }
 
 tokio::task_local! {
@@ -114,14 +115,7 @@ pub fn gate_settings(id: &Identity, extra_routes: Vec<RouteConfig>) -> Settings 
     settings.consumer.group = id.consumer_group.clone();
     settings.consumer.instance = id.instance_id.clone();
     if GROUP_COMMIT.try_with(|on| *on).unwrap_or(false) {
-        let g = test_group_settings();
-        settings.group_commit = GroupCommitSettings {
-            enabled: true,
-            max_batch: g.max_batch,
-            linger_ms: g.linger.as_millis() as u64,
-            in_flight: g.in_flight,
-            queue: g.queue,
-        };
+        settings.group_commit = test_group_settings();
     }
     settings
 }

@@ -16,10 +16,11 @@ use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
 use idemgate::delivery::Delivery;
-use idemgate::gate::{DuplicateCause, Gate, Layer, Outcome, Verdict};
+use idemgate::gate::Gate;
 use idemgate::handler::{Effect, Handler, HandlerError, Handlers, Work};
 use idemgate::layout::{self, Layout, LayoutError};
 use idemgate::metrics::{BuildInfo, Metrics};
+use idemgate::outcome::{DuplicateCause, Layer, Outcome, Verdict};
 use idemgate::prefilter::{Check, FallbackCause, Prefilter, RedisSettings, Settle, Settled, Step};
 use idemgate::route::{BizKey, RouteConfig};
 use idemgate::shop;
@@ -345,7 +346,7 @@ mod cases {
         );
 
         // Reconcile over the shards: the dead letter is lost, the rest is clean.
-        let now = idemgate::gate::now_ms();
+        let now = idemgate::clock::now_ms();
         let opts = idemgate::reconcile::ReconcileOptions {
             consumer_group: GROUP.to_owned(),
             biz_type: None,
@@ -357,7 +358,7 @@ mod cases {
             instance_id: "test".to_owned(),
             started_by: "command".to_owned(),
         };
-        let checks = [idemgate::reconcile::STOCK_LEDGER_CHECK];
+        let checks = [idemgate::shop::STOCK_LEDGER_CHECK];
         let report = idemgate::reconcile::reconcile_once(&db.store, &opts, &checks, now).await.unwrap();
         let found: Vec<_> = report.anomalies.iter().map(|a| (a.kind, a.biz_id.as_str())).collect();
         assert_eq!(found, [(idemgate::reconcile::AnomalyKind::Lost, "SH-POISON")]);
@@ -394,7 +395,7 @@ mod cases {
         let m = metrics();
         let g = gate(db.store.clone(), identity(GROUP, "a"), vec![], Handlers::new())
             .with_prefilter(prefilter(&settings))
-            .with_metrics(m.clone());
+            .with_observer(m.clone());
         shop::seed_stock(&db.store, "SKU-P", 100).await.unwrap();
         let first = g.process(&stock_deduct("D-P", "M-1", "U-1", "SKU-P", 2)).await;
         assert_eq!(first.outcome, Outcome::Processed);
@@ -576,7 +577,7 @@ async fn redis_stopped_and_restarted_mid_stream_loses_and_doubles_nothing() {
     let g = Arc::new(
         gate(db.store.clone(), identity(GROUP, "a"), vec![], Handlers::new())
             .with_prefilter(p.clone())
-            .with_metrics(m.clone()),
+            .with_observer(m.clone()),
     );
     shop::seed_stock(&db.store, "SKU-F", 10_000).await.unwrap();
     let deliveries = spaced(stream("F", 300, "SKU-F"));

@@ -15,14 +15,15 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
 use async_trait::async_trait;
+use idemgate::clock::now_ms;
 use idemgate::delivery::Delivery;
-use idemgate::gate::{Gate, Outcome, Policy, now_ms};
+use idemgate::gate::{Gate, Policy};
 use idemgate::handler::{Effect, Handler, HandlerError, Handlers, Work};
-use idemgate::reconcile::{
-    AnomalyKind, ReconcileOptions, ReconcileReport, STOCK_LEDGER_CHECK, reconcile_once, runs,
-};
+use idemgate::outcome::Outcome;
+use idemgate::reconcile::{AnomalyKind, ReconcileOptions, ReconcileReport, reconcile_once, runs};
 use idemgate::route::RouteConfig;
 use idemgate::shop;
+use idemgate::shop::STOCK_LEDGER_CHECK;
 use idemgate::store::{Backend, Conn, Sql, Store};
 use support::{TestDb, gate, identity, stock_deduct};
 

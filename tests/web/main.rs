@@ -15,8 +15,9 @@ use axum::http::{Request, StatusCode, header};
 use idemgate::app::{Application, Feed, Running};
 use idemgate::config::Settings;
 use idemgate::delivery::Delivery;
-use idemgate::gate::{Outcome, Policy};
+use idemgate::gate::Policy;
 use idemgate::http::Web;
+use idemgate::outcome::Outcome;
 use idemgate::shop;
 use idemgate::store::Sql;
 use serde_json::Value;
@@ -194,7 +195,7 @@ mod cases {
     pub async fn rates_are_over_the_time_the_log_covers(backend: idemgate::store::Backend) {
         let app = App::new(backend).await;
         let store = &app.db.store;
-        let first = idemgate::gate::now_ms() - 30_000;
+        let first = idemgate::clock::now_ms() - 30_000;
         let row =
             format!("(?, 'web-1', '{GROUP}', ?, 'shop', 0, 0, 0, 'stock.deduct', ?, 0, 'processed', 100)");
         for chunk in (0..3_000i64).collect::<Vec<_>>().chunks(500) {
@@ -403,7 +404,7 @@ mod cases {
              payload_hash, instance_id, claimed_at_ms) VALUES (?, 'stock.deduct', 'D-OLD', 0, 'M-OLD', '', 'h', 'i', ?)",
         );
         let app = App::new(backend).await;
-        let forty_days_ago = idemgate::gate::now_ms() - 40 * 86_400_000;
+        let forty_days_ago = idemgate::clock::now_ms() - 40 * 86_400_000;
         app.db
             .store
             .query(&OLD_CLAIM)
@@ -432,7 +433,7 @@ mod cases {
         let (_, html, _) = app.get("/anomalies").await;
         assert!(html.contains("No successful reconcile run yet"), "{html}");
 
-        let now = idemgate::gate::now_ms();
+        let now = idemgate::clock::now_ms();
         let options = idemgate::reconcile::ReconcileOptions {
             consumer_group: GROUP.to_owned(),
             biz_type: None,

@@ -4,10 +4,20 @@ use askama::Template;
 use axum::extract::State;
 use axum::response::Response;
 
-use super::{Problem, RowView, RunView, href, render};
-use crate::http::AppState;
+use super::problem::ApiError;
+use super::problem::Problem;
+use super::state::AppState;
+use super::view::json;
+use super::view::{RowView, RunView, href, render};
+use crate::clock::format_ms;
 use crate::inspect::overview::{self, Minute, Overview, Window};
-use crate::inspect::{InspectError, LogRow, format_ms};
+use crate::inspect::{InspectError, LogRow};
+use axum::Router;
+use axum::routing::get;
+
+pub(super) fn router() -> Router<AppState> {
+    Router::new().route("/", get(overview_page)).route("/api/overview", get(overview))
+}
 
 /// One window's figures, formatted.
 struct WindowView {
@@ -179,8 +189,9 @@ pub(super) async fn overview_page(State(state): State<AppState>) -> Result<Respo
     Ok(render(&page))
 }
 
-pub(in crate::http) async fn read_overview(state: &AppState) -> Result<Overview, InspectError> {
-    overview::overview(&state.store, &state.web.trace.limits, &state.web.archive, crate::gate::now_ms()).await
+pub(super) async fn read_overview(state: &AppState) -> Result<Overview, InspectError> {
+    overview::overview(&state.store, &state.web.trace.limits, &state.web.archive, crate::clock::now_ms())
+        .await
 }
 
 #[cfg(test)]
@@ -194,4 +205,10 @@ mod tests {
         assert_eq!(span(240.0), "4 min");
         assert_eq!(span(725.0), "12 min");
     }
+}
+
+// ---- the JSON API --------------------------------------------------------------------------
+
+async fn overview(State(state): State<AppState>) -> Result<Response, ApiError> {
+    Ok(json(&read_overview(&state).await?))
 }

@@ -5,10 +5,17 @@ use axum::extract::State;
 use axum::http::StatusCode;
 use axum::response::Response;
 
-use super::{Problem, render, trace_href};
-use crate::http::AppState;
-use crate::http::params::Params;
-use crate::inspect::format_ms;
+use super::params::Params;
+use super::problem::Problem;
+use super::state::AppState;
+use super::view::{render, trace_href};
+use crate::clock::format_ms;
+use axum::Router;
+use axum::routing::post;
+
+pub(super) fn router() -> Router<AppState> {
+    Router::new().route("/replay", post(replay_action))
+}
 
 struct ReplayLineView {
     key: String,

@@ -10,7 +10,7 @@
 //!
 //! This module owns the lookup. It must not decide the outcome; the gate does.
 
-use crate::gate::Claim;
+use crate::outcome::Claim;
 use crate::route::BizKey;
 use crate::store::{Backend, Conn, Sql, query};
 

@@ -5,16 +5,29 @@ use axum::extract::{RawQuery, State};
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 
-use super::{Problem, RowView, href, render, trace_href};
+use super::params::Params;
+use super::problem::ApiError;
+use super::problem::Problem;
+use super::state::AppState;
+use super::view::{RowView, href, render, trace_href};
+use crate::clock::format_ms;
 use crate::handler::Fact;
-use crate::http::AppState;
-use crate::http::params::Params;
+use crate::inspect::InspectError;
 use crate::inspect::trace::{self, Answer, Candidate, ClaimRecord, SearchBy, Story, TraceQuery};
-use crate::inspect::{InspectError, format_ms};
+use axum::extract::Path;
+use axum::routing::get;
+use axum::{Json, Router};
+
+pub(super) fn router() -> Router<AppState> {
+    Router::new()
+        .route("/trace", get(trace_page))
+        .route("/api/trace", get(trace_by_query))
+        .route("/api/trace/{biz_id}", get(trace_by_path))
+}
 
 /// Reads a trace search from the query string: `q` (or `biz_id`, `msg_id`, `uniq_key`), `by`,
 /// `biz_type`, `execute_time`, `group`.
-pub(in crate::http) fn trace_query(p: &Params) -> Result<Option<TraceQuery>, InspectError> {
+pub(super) fn trace_query(p: &Params) -> Result<Option<TraceQuery>, InspectError> {
     let (text, implied) = if let Some(t) = p.get("biz_id") {
         (t, SearchBy::BizId)
     } else if let Some(t) = p.get("msg_id") {
@@ -237,4 +250,41 @@ pub(super) async fn trace_page(
         }
     };
     Ok((status, render(&page)).into_response())
+}
+
+// ---- the JSON API --------------------------------------------------------------------------
+
+async fn trace_by_query(
+    State(state): State<AppState>,
+    RawQuery(raw): RawQuery,
+) -> Result<Response, ApiError> {
+    let params = Params::parse(raw.as_deref())?;
+    let query = trace_query(&params)?.ok_or_else(|| {
+        ApiError(Problem::bad_request("give biz_id, msg_id, uniq_key or q (any of the three)"))
+    })?;
+    answer(&state, &query).await
+}
+
+async fn trace_by_path(
+    State(state): State<AppState>,
+    Path(biz_id): Path<String>,
+    RawQuery(raw): RawQuery,
+) -> Result<Response, ApiError> {
+    let params = Params::parse(raw.as_deref())?;
+    let by = params.get("by").map(SearchBy::parse).transpose()?.unwrap_or(SearchBy::BizId);
+    let query = TraceQuery::new(
+        &biz_id,
+        by,
+        params.get("biz_type"),
+        params.get("execute_time"),
+        params.get("group"),
+    )?;
+    answer(&state, &query).await
+}
+
+async fn answer(state: &AppState, query: &TraceQuery) -> Result<Response, ApiError> {
+    let answer = trace::trace(&state.store, &state.web.trace, query).await?;
+    let status =
+        if matches!(answer, Answer::Nothing { .. }) { StatusCode::NOT_FOUND } else { StatusCode::OK };
+    Ok((status, Json(answer)).into_response())
 }

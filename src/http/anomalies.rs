@@ -4,16 +4,24 @@ use askama::Template;
 use axum::extract::{RawQuery, State};
 use axum::response::Response;
 
-use super::{Problem, href, render, trace_href};
-use crate::http::AppState;
-use crate::http::params::Params;
-use crate::inspect::{InspectError, format_ms};
+use super::params::Params;
+use super::problem::ApiError;
+use super::problem::Problem;
+use super::state::AppState;
+use super::view::json;
+use super::view::{href, render, trace_href};
+use crate::clock::format_ms;
+use crate::inspect::InspectError;
 use crate::reconcile::AnomalyKind;
+use axum::Router;
+use axum::routing::get;
+
+pub(super) fn router() -> Router<AppState> {
+    Router::new().route("/anomalies", get(anomalies_page)).route("/api/anomalies", get(anomalies))
+}
 
 /// Reads `/anomalies` parameters: `kind` (empty or `.*` for all) and `run` (default: the latest).
-pub(in crate::http) fn anomalies_query(
-    p: &Params,
-) -> Result<(Option<AnomalyKind>, Option<i64>), InspectError> {
+pub(super) fn anomalies_query(p: &Params) -> Result<(Option<AnomalyKind>, Option<i64>), InspectError> {
     let kind = match p.get("kind").map(str::trim) {
         k if crate::inspect::means_all(k) => None,
         None => None,
@@ -46,7 +54,7 @@ pub struct AnomalyReport {
     pub recent_runs: Vec<crate::reconcile::runs::RunRecord>,
 }
 
-pub(in crate::http) async fn read_anomalies(
+pub(super) async fn read_anomalies(
     state: &AppState,
     kind: Option<AnomalyKind>,
     run: Option<i64>,
@@ -187,4 +195,16 @@ pub(super) async fn anomalies_page(
         ),
     };
     Ok(render(&page))
+}
+
+// ---- the JSON API --------------------------------------------------------------------------
+
+async fn anomalies(State(state): State<AppState>, RawQuery(raw): RawQuery) -> Result<Response, ApiError> {
+    let params = Params::parse(raw.as_deref())?;
+    let (kind, run) = anomalies_query(&params)?;
+    let report = read_anomalies(&state, kind, run).await?;
+    if run.is_some() && report.run.is_none() {
+        return Err(ApiError(Problem::not_found("there is no reconcile run with that number")));
+    }
+    Ok(json(&report))
 }

@@ -4,15 +4,33 @@ use askama::Template;
 use axum::extract::{RawQuery, State};
 use axum::response::Response;
 
-use super::{Problem, RowView, RunView, href, render};
-use crate::http::AppState;
-use crate::http::params::Params;
+use super::params::Params;
+use super::problem::ApiError;
+use super::problem::Problem;
+use super::state::AppState;
+use super::view::json;
+use super::view::{RowView, RunView, href, render};
+use crate::clock::format_ms;
+use crate::inspect::InspectError;
 use crate::inspect::lists::{self, ListKind, ListQuery};
 use crate::inspect::overview::{ArchiveStatus, archive_status};
-use crate::inspect::{InspectError, format_ms};
+use axum::Router;
+use axum::routing::get;
+
+pub(super) fn router() -> Router<AppState> {
+    Router::new()
+        .route("/dead-letters", get(|s: State<AppState>, q: RawQuery| list_page(ListKind::DeadLetters, s, q)))
+        .route("/invalid", get(|s: State<AppState>, q: RawQuery| list_page(ListKind::Invalid, s, q)))
+        .route("/collisions", get(|s: State<AppState>, q: RawQuery| list_page(ListKind::Collisions, s, q)))
+        .route("/archive", get(archive_page))
+        .route("/api/dead-letters", get(|s: State<AppState>, q: RawQuery| list(ListKind::DeadLetters, s, q)))
+        .route("/api/invalid", get(|s: State<AppState>, q: RawQuery| list(ListKind::Invalid, s, q)))
+        .route("/api/collisions", get(|s: State<AppState>, q: RawQuery| list(ListKind::Collisions, s, q)))
+        .route("/api/archive", get(archive))
+}
 
 /// Reads a list request from the query string: `biz_type`, `since`, `until`, `before`, `limit`.
-pub(in crate::http) fn list_query(kind: ListKind, p: &Params) -> Result<ListQuery, InspectError> {
+pub(super) fn list_query(kind: ListKind, p: &Params) -> Result<ListQuery, InspectError> {
     ListQuery::new(kind, p.get("biz_type"), p.get("since"), p.get("until"), p.get("before"), p.get("limit"))
 }
 
@@ -90,8 +108,8 @@ struct ArchivePage<'a> {
 }
 
 /// The archive job with its last 50 passes, for the page and its JSON.
-pub(in crate::http) async fn read_archive(state: &AppState) -> Result<ArchiveStatus, InspectError> {
-    let now = crate::gate::now_ms();
+pub(super) async fn read_archive(state: &AppState) -> Result<ArchiveStatus, InspectError> {
+    let now = crate::clock::now_ms();
     state.web.trace.limits.run(archive_status(&state.store, &state.web.archive, now, 50)).await
 }
 
@@ -108,4 +126,20 @@ pub(super) async fn archive_page(State(state): State<AppState>) -> Result<Respon
         runs: a.runs.iter().map(RunView::new).collect(),
     };
     Ok(render(&page))
+}
+
+// ---- the JSON API --------------------------------------------------------------------------
+
+async fn list(
+    kind: ListKind,
+    State(state): State<AppState>,
+    RawQuery(raw): RawQuery,
+) -> Result<Response, ApiError> {
+    let params = Params::parse(raw.as_deref())?;
+    let query = list_query(kind, &params)?;
+    Ok(json(&lists::list(&state.store, &state.web.trace.limits, &query).await?))
+}
+
+async fn archive(State(state): State<AppState>) -> Result<Response, ApiError> {
+    Ok(json(&read_archive(&state).await?))
 }

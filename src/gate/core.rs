@@ -1,0 +1,463 @@
+//! The single path: one delivery, one transaction. The claim, the handler and the log row
+//! commit together or not at all; a duplicate rolls back and is logged in its own statement.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use super::claim::Claimant;
+use super::disposition::{Disposition, Phases, committed_disposition, rejection_disposition, replay_cause};
+use super::guard;
+use super::observer::Observer;
+use super::settings::{Identity, Policy};
+use crate::clock::{Stopwatch, micros, now_ms};
+use crate::delivery::Delivery;
+use crate::delivery_log::{self, Entry};
+use crate::handler::{Effect, HandlerError, Handlers, Work};
+use crate::layout::Layout;
+use crate::outcome::{Claim, DuplicateCause, Layer, Outcome, Verdict, classify};
+use crate::prefilter::{Check, Prefilter, PrefilterReport, Settle};
+use crate::route::{BizKey, MAX_ID_CHARS, Rejection, Routes, excerpt};
+use crate::store::{Store, is_transient};
+use crate::throttle::{Permit, Throttle};
+
+/// Everything a gate knows; the group committer's tasks share it.
+pub(crate) struct Core {
+    pub(super) store: Store,
+    pub(super) routes: Routes,
+    pub(super) handlers: Handlers,
+    pub(super) identity: Identity,
+    pub(super) policy: Policy,
+    pub(super) duplicate_warnings: Throttle,
+    pub(super) observer: Option<Arc<dyn Observer>>,
+    /// See [`Gate::with_late_duplicate_guard`].
+    pub(super) late_duplicate_guard: bool,
+    /// See [`Gate::with_prefilter`].
+    pub(super) prefilter: Option<Arc<Prefilter>>,
+    /// The claim tables, read from the database on first use ([`crate::layout::recorded`]).
+    pub(super) layout: tokio::sync::OnceCell<Layout>,
+}
+
+/// Where an attempt ended.
+pub(super) enum Attempt {
+    Committed {
+        effect: Effect,
+    },
+    Taken(&'static crate::layout::ClaimTable),
+    /// Claimed afresh, but the archive holds the key: a duplicate older than the retention.
+    Archived(Claim),
+    Refused(HandlerError),
+}
+
+impl Core {
+    pub(super) async fn process(&self, d: &Delivery) -> Disposition {
+        let r = self.decide(d).await;
+        self.observe(d, &r);
+        r
+    }
+
+    pub(super) fn observe(&self, d: &Delivery, r: &Disposition) {
+        if let Some(observer) = &self.observer {
+            observer.delivery(d, r);
+        }
+    }
+
+    pub(super) async fn decide(&self, d: &Delivery) -> Disposition {
+        let started = Instant::now();
+        let key = match self.routes.resolve(d) {
+            Ok(key) => key,
+            Err(rejection) => return self.reject(d, rejection, started).await,
+        };
+        let payload_hash = d.payload_hash();
+        let mut phases = Phases::default();
+        let prefilter = self.prefilter.as_deref().filter(|p| p.covers(&key.biz_type));
+        let mut token = None;
+        let mut report = None;
+        if let Some(p) = prefilter {
+            let asked = Instant::now();
+            let check = p.check(&self.identity.consumer_group, &key).await;
+            phases.redis_us += micros(asked.elapsed());
+            report = Some(PrefilterReport::of(&check));
+            match check {
+                Check::Owned(t) => token = Some(t),
+                Check::Duplicate(earlier) => {
+                    let found = Found::Redis(earlier);
+                    let (mut r, _) = self.duplicate(d, key, &payload_hash, found, started, phases).await;
+                    r.prefilter = report;
+                    return r;
+                }
+                Check::InFlight | Check::Fallback(_) => {}
+            }
+        }
+        let (mut r, settle) = self.conclude(d, key, &payload_hash, started, phases).await;
+        if let (Some(p), Some(token)) = (prefilter, token) {
+            let settling = Instant::now();
+            let settled = p.settle(token, settle.as_ref().map_or(Settle::Release, Settle::Done)).await;
+            r.phases.redis_us += micros(settling.elapsed());
+            r.latency = started.elapsed();
+            if let Some(report) = report.as_mut() {
+                report.settled = Some(settled);
+            }
+        }
+        r.prefilter = report;
+        r
+    }
+
+    /// The database's part: the claim (with retries of transient conflicts) and its outcome.
+    /// Also returns the claim that now holds the key, if any, for the pre-filter to remember.
+    pub(super) async fn conclude(
+        &self,
+        d: &Delivery,
+        key: BizKey,
+        payload_hash: &str,
+        started: Instant,
+        mut phases: Phases,
+    ) -> (Disposition, Option<Claim>) {
+        let attempt = loop {
+            match self.attempt(d, &key, payload_hash, started, &mut phases).await {
+                Err(e) if is_transient(&e) && phases.transient_retries < self.policy.transient_retries => {
+                    phases.transient_retries += 1;
+                    let jitter = rand::random_range(0..=5u64 << phases.transient_retries);
+                    tokio::time::sleep(Duration::from_millis(jitter)).await;
+                }
+                other => break other,
+            }
+        };
+        match attempt {
+            Ok(Attempt::Committed { effect }) => {
+                let claim = crate::prefilter::claim_of(d, payload_hash);
+                let mut r = committed_disposition(d, key, &effect, phases);
+                r.latency = started.elapsed();
+                (r, Some(claim))
+            }
+            Ok(Attempt::Taken(table)) => {
+                self.duplicate(d, key, payload_hash, Found::Db(table), started, phases).await
+            }
+            Ok(Attempt::Archived(claim)) => {
+                self.duplicate(d, key, payload_hash, Found::Archive(claim), started, phases).await
+            }
+            Ok(Attempt::Refused(why)) => {
+                (self.refused(d, key, payload_hash, why, started, phases).await, None)
+            }
+            Err(e) => {
+                let why = HandlerError::Retryable(format!("database error: {e}"));
+                (self.refused(d, key, payload_hash, why, started, phases).await, None)
+            }
+        }
+    }
+
+    /// This gate as the claimant of a key at `now_ms`.
+    pub(super) fn claimant(&self, now_ms: i64) -> Claimant<'_> {
+        Claimant {
+            consumer_group: &self.identity.consumer_group,
+            instance_id: &self.identity.instance_id,
+            now_ms,
+        }
+    }
+
+    /// The gate's claim tables.
+    pub(super) async fn layout(&self) -> Result<Layout, sqlx::Error> {
+        self.layout.get_or_try_init(|| crate::layout::recorded(&self.store)).await.copied()
+    }
+
+    /// One transaction: claim, handler, log row, commit.
+    pub(super) async fn attempt(
+        &self,
+        d: &Delivery,
+        key: &BizKey,
+        payload_hash: &str,
+        started: Instant,
+        phases: &mut Phases,
+    ) -> Result<Attempt, sqlx::Error> {
+        let backend = self.store.backend();
+        let now_ms = now_ms();
+        let who = self.claimant(now_ms);
+        let mut watch = Stopwatch::start();
+
+        let table =
+            self.layout().await?.table_for(who.consumer_group, &key.biz_type, &key.biz_id, key.execute_time);
+        let mut tx = self.store.begin().await?;
+        watch.lap(&mut phases.begin_us);
+        let claimed = super::claim::claim(&mut tx, backend, table, &who, key, d, payload_hash).await?;
+        let archived = if claimed && self.late_duplicate_guard {
+            guard::archived_claim(&mut tx, backend, who.consumer_group, key).await?
+        } else {
+            None
+        };
+        watch.lap(&mut phases.claim_us);
+        if !claimed {
+            tx.rollback().await?;
+            return Ok(Attempt::Taken(table));
+        }
+        if let Some(archived) = archived {
+            tx.rollback().await?;
+            return Ok(Attempt::Archived(archived));
+        }
+
+        let handler =
+            self.handlers.get(&key.handler).expect("Gate::new checked that every route's handler exists");
+        let work = Work { delivery: d, key, backend, now_ms };
+        let result = handler.handle(&work, &mut tx).await;
+        watch.lap(&mut phases.handler_us);
+        let effect = match result {
+            Ok(effect) => effect,
+            Err(HandlerError::Database(e)) => {
+                tx.rollback().await?;
+                return Err(e);
+            }
+            Err(refusal) => {
+                tx.rollback().await?;
+                return Ok(Attempt::Refused(refusal));
+            }
+        };
+
+        if let Effect::AlreadyApplied { layer, .. } = &effect {
+            self.warn_duplicate(d, key, DuplicateCause::Unknown, Some(*layer));
+        }
+        let mut done = committed_disposition(d, key.clone(), &effect, Phases::default());
+        done.latency = started.elapsed();
+        let mut entry = self.entry(d, Some(key), Some(payload_hash), &done, now_ms);
+        entry.error = effect.detail();
+        delivery_log::append(&mut tx, backend, &entry).await?;
+        watch.lap(&mut phases.log_us);
+        tx.commit().await?;
+        watch.lap(&mut phases.commit_us);
+        Ok(Attempt::Committed { effect })
+    }
+
+    /// The key was taken where `found` says: name the cause, log the duplicate, acknowledge.
+    /// Also returns the earlier claim, when it could be read.
+    pub(super) async fn duplicate(
+        &self,
+        d: &Delivery,
+        key: BizKey,
+        payload_hash: &str,
+        found: Found,
+        started: Instant,
+        mut phases: Phases,
+    ) -> (Disposition, Option<Claim>) {
+        let backend = self.store.backend();
+        let (layer, earlier) = match found {
+            Found::Archive(claim) => (Layer::LateDuplicate, Some(claim)),
+            Found::Redis(claim) => (Layer::Redis, claim),
+            Found::Db(table) => {
+                let lookup_started = Instant::now();
+                let earlier = match self.store.pool().acquire().await {
+                    Ok(mut conn) => {
+                        super::claim::find(&mut conn, backend, table, &self.identity.consumer_group, &key)
+                            .await
+                    }
+                    Err(e) => Err(e),
+                };
+                phases.lookup_us += micros(lookup_started.elapsed());
+                let earlier = earlier.unwrap_or_else(|e| {
+                    tracing::warn!(error = %e, "could not read the earlier claim of a duplicate; its cause is logged as unknown");
+                    None
+                });
+                (Layer::Db, earlier)
+            }
+        };
+        let disposition = self.duplicate_disposition(d, &key, payload_hash, layer, earlier.as_ref(), phases);
+        (self.record(d, Some(key), Some(payload_hash), disposition, started).await, earlier)
+    }
+
+    /// A duplicate stopped at `layer`, whose key `earlier` claimed: its cause, whether the body
+    /// matches, and the warnings (rate-limited; a key collision always logs an error).
+    pub(super) fn duplicate_disposition(
+        &self,
+        d: &Delivery,
+        key: &BizKey,
+        payload_hash: &str,
+        layer: Layer,
+        earlier: Option<&Claim>,
+        phases: Phases,
+    ) -> Disposition {
+        let (cause, payload_match) = classify(d, payload_hash, earlier);
+        self.warn_duplicate(d, key, cause, Some(layer));
+        if payload_match == Some(false) {
+            tracing::error!(
+                biz_type = %key.biz_type, biz_id = %key.biz_id, msg_id = ?d.msg_id, uniq_key = ?d.uniq_key,
+                claimed_by = ?earlier.map(|c| c.msg_id.as_str()),
+                "key collision: a duplicate carries a different body than the delivery that claimed the key"
+            );
+        }
+        let error =
+            (payload_match == Some(false)).then_some("key collision: the body differs from the claim's");
+        Disposition {
+            outcome: Outcome::Duplicate,
+            verdict: Verdict::Ack,
+            cause: Some(cause),
+            layer: Some(layer),
+            payload_match,
+            error: error.map(str::to_owned),
+            latency: Duration::ZERO,
+            logged: false,
+            phases,
+            key: None,
+            prefilter: None,
+        }
+    }
+
+    /// The handler or the database said no: retry, dead-letter or invalid.
+    pub(super) async fn refused(
+        &self,
+        d: &Delivery,
+        key: BizKey,
+        payload_hash: &str,
+        why: HandlerError,
+        started: Instant,
+        phases: Phases,
+    ) -> Disposition {
+        let disposition = self.refusal_disposition(d, &key, why, phases);
+        self.record(d, Some(key), Some(payload_hash), disposition, started).await
+    }
+
+    /// What a refusal means: retry, dead-letter or invalid, logged at INFO or WARN.
+    pub(super) fn refusal_disposition(
+        &self,
+        d: &Delivery,
+        key: &BizKey,
+        why: HandlerError,
+        phases: Phases,
+    ) -> Disposition {
+        let (outcome, verdict) = match &why {
+            HandlerError::Invalid(_) => (Outcome::Invalid, Verdict::Ack),
+            HandlerError::Permanent(_) | HandlerError::IllegalTransition(_) => {
+                (Outcome::DeadLettered, Verdict::DeadLetter)
+            }
+            HandlerError::Retryable(_) | HandlerError::Database(_) => {
+                if d.reconsume_times >= self.policy.max_reconsume_times {
+                    (Outcome::DeadLettered, Verdict::Retry)
+                } else {
+                    (Outcome::Failed, Verdict::Retry)
+                }
+            }
+        };
+        let error = why.to_string();
+        match outcome {
+            Outcome::Failed => tracing::info!(
+                biz_type = %key.biz_type, biz_id = %key.biz_id, msg_id = ?d.msg_id,
+                reconsume_times = d.reconsume_times, error = %error, "delivery failed; the broker will redeliver it"
+            ),
+            _ => tracing::warn!(
+                biz_type = %key.biz_type, biz_id = %key.biz_id, msg_id = ?d.msg_id,
+                reconsume_times = d.reconsume_times, outcome = %outcome, error = %error, "delivery given up"
+            ),
+        }
+        Disposition {
+            outcome,
+            verdict,
+            key: None,
+            cause: None,
+            // An illegal state-machine move is told apart from other dead letters by its layer.
+            layer: matches!(why, HandlerError::IllegalTransition(_)).then_some(Layer::StateMachine),
+            payload_match: None,
+            error: Some(error),
+            latency: Duration::ZERO,
+            logged: false,
+            phases,
+            prefilter: None,
+        }
+    }
+
+    /// The key could not be read: log `invalid` with the reason and the body.
+    pub(super) async fn reject(&self, d: &Delivery, rejection: Rejection, started: Instant) -> Disposition {
+        let (disposition, key) = rejection_disposition(d, rejection);
+        self.record(d, Some(key), None, disposition, started).await
+    }
+
+    /// Writes the log row of a delivery that did not commit an effect. If the row cannot be
+    /// written, the delivery is not acknowledged: the broker brings it back and nothing is lost.
+    pub(super) async fn record(
+        &self,
+        d: &Delivery,
+        key: Option<BizKey>,
+        payload_hash: Option<&str>,
+        mut disposition: Disposition,
+        started: Instant,
+    ) -> Disposition {
+        let backend = self.store.backend();
+        disposition.latency = started.elapsed();
+        let entry = self.entry(d, key.as_ref(), payload_hash, &disposition, now_ms());
+        let log_started = Instant::now();
+        let written = match self.store.pool().acquire().await {
+            Ok(mut conn) => delivery_log::append(&mut conn, backend, &entry).await,
+            Err(e) => Err(e),
+        };
+        disposition.phases.log_us += micros(log_started.elapsed());
+        match written {
+            Ok(()) => disposition.logged = true,
+            Err(e) => {
+                tracing::error!(
+                    error = %e, msg_id = ?excerpt(&d.msg_id, MAX_ID_CHARS), outcome = %disposition.outcome,
+                    "could not write the delivery log; asking the broker to redeliver"
+                );
+                disposition.verdict = Verdict::Retry;
+            }
+        }
+        if disposition.outcome != Outcome::Invalid {
+            disposition.key = key;
+        }
+        disposition
+    }
+
+    /// The log row of `disposition`. A rejected delivery's `key` holds what could be read of it.
+    pub(super) fn entry<'a>(
+        &'a self,
+        d: &'a Delivery,
+        key: Option<&'a BizKey>,
+        payload_hash: Option<&'a str>,
+        disposition: &'a Disposition,
+        logged_at_ms: i64,
+    ) -> Entry<'a> {
+        Entry {
+            logged_at_ms,
+            instance_id: &self.identity.instance_id,
+            consumer_group: &self.identity.consumer_group,
+            delivery: d,
+            biz_type: key.map_or("", |k| k.biz_type.as_str()),
+            biz_id: key.map_or("", |k| k.biz_id.as_str()),
+            execute_time: key.map_or(0, |k| k.execute_time),
+            outcome: disposition.outcome,
+            cause: disposition.cause.or(replay_cause(d)),
+            layer: disposition.layer,
+            payload_match: disposition.payload_match,
+            payload_hash,
+            error: disposition.error.as_deref(),
+            latency_us: micros(disposition.latency) as i64,
+            keep_payload: matches!(disposition.outcome, Outcome::DeadLettered | Outcome::Invalid),
+        }
+    }
+
+    pub(super) fn warn_duplicate(
+        &self,
+        d: &Delivery,
+        key: &BizKey,
+        cause: DuplicateCause,
+        layer: Option<Layer>,
+    ) {
+        if let Permit::Emit { held_back } = self.duplicate_warnings.check() {
+            tracing::warn!(
+                biz_type = %key.biz_type,
+                biz_id = %key.biz_id,
+                execute_time = key.execute_time,
+                msg_id = ?d.msg_id,
+                uniq_key = ?d.uniq_key,
+                cause = %cause,
+                layer = layer.map(Layer::as_str).unwrap_or("db"),
+                reconsume_times = d.reconsume_times,
+                similar_warnings_held_back = held_back,
+                "duplicate delivery skipped"
+            );
+        }
+    }
+}
+
+/// Where the claim of a duplicate was found.
+pub(super) enum Found {
+    /// The unique index of this claim table refused the insert.
+    Db(&'static crate::layout::ClaimTable),
+    /// The archive held it (the late-duplicate guard).
+    Archive(Claim),
+    /// Redis remembered it as done, with its claim when the value was readable.
+    Redis(Option<Claim>),
+}

@@ -1,0 +1,48 @@
+//! What the gate reports as it works. The gate knows nothing of Prometheus: the service's
+//! [`crate::metrics::Metrics`] implements this, and a test may count with its own.
+
+use std::time::Duration;
+
+use super::disposition::Disposition;
+use crate::delivery::Delivery;
+
+/// Told of every delivery's disposition and, under group commit, of every group.
+pub trait Observer: Send + Sync {
+    /// One delivery was decided (logged or not).
+    fn delivery(&self, d: &Delivery, r: &Disposition);
+    /// A group committed or rolled back.
+    fn group(&self, _report: &GroupReport) {}
+    /// A delivery waited this long in the queue before its group began.
+    fn group_wait(&self, _waited: Duration) {}
+    /// A delivery found the group queue full and had to wait for room.
+    fn group_queue_full(&self) {}
+}
+
+/// How a group ended, for the metrics.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum GroupEnd {
+    /// One transaction for the whole group.
+    Committed,
+    /// The group could not commit and each delivery went through the gate alone.
+    Split,
+}
+
+impl GroupEnd {
+    pub const ALL: [GroupEnd; 2] = [GroupEnd::Committed, GroupEnd::Split];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Committed => "committed",
+            Self::Split => "split",
+        }
+    }
+}
+
+/// What one group did, for the metrics.
+#[derive(Debug, Clone)]
+pub struct GroupReport {
+    pub size: usize,
+    pub end: GroupEnd,
+    /// Whole-group retries after a transient conflict.
+    pub retries: u32,
+}

@@ -1,0 +1,110 @@
+//! `[consumer]`: who consumes, and how the gate treats failures.
+
+use serde::{Deserialize, Serialize};
+
+use crate::route::{MAX_ID_CHARS, check_key_text};
+use crate::setting::{Invalid, invalid};
+
+/// `[consumer]`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ConsumerSettings {
+    /// `IDEMGATE_CONSUMER__GROUP`: the RocketMQ consumer group. Part of every claim key: two
+    /// groups apply their own effects, instances of one group share theirs.
+    pub group: String,
+    /// `IDEMGATE_CONSUMER__INSTANCE`: this process's name in logs, log rows and metrics.
+    /// Empty means `hostname-pid`.
+    pub instance: String,
+    /// `IDEMGATE_CONSUMER__MAX_RECONSUME_TIMES`: the broker's retry budget; the failure at this
+    /// reconsume count is logged `dead_lettered`.
+    pub max_reconsume_times: i32,
+    /// `IDEMGATE_CONSUMER__TRANSIENT_RETRIES`: in-gate retries of a deadlock or busy database
+    /// before the broker is asked to redeliver.
+    pub transient_retries: u32,
+    /// `IDEMGATE_CONSUMER__DUPLICATE_WARNINGS_PER_SECOND`: WARN lines for duplicates per second;
+    /// the rest are counted and reported with the next one.
+    pub duplicate_warnings_per_second: u32,
+}
+
+/// Who is consuming: part of every claim and log row.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Identity {
+    pub consumer_group: String,
+    /// This process, as shown in logs, log rows and metrics.
+    pub instance_id: String,
+}
+
+impl Identity {
+    /// `host-pid`: unique among the processes sharing a database.
+    pub fn default_instance_id() -> String {
+        let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
+            .ok()
+            .map(|h| h.trim().to_owned())
+            .filter(|h| !h.is_empty())
+            .unwrap_or_else(|| "localhost".to_owned());
+        format!("{host}-{}", std::process::id())
+    }
+}
+
+/// How the gate treats failures.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Policy {
+    /// The broker's `maxReconsumeTimes`: a retryable failure at this reconsume count is the
+    /// last attempt and is logged `dead_lettered`.
+    pub max_reconsume_times: i32,
+    /// How often a transient database conflict (deadlock, busy file) is retried inside the
+    /// gate before the broker is asked to redeliver.
+    pub transient_retries: u32,
+    /// How many duplicate warnings a second may log; the rest are counted and reported.
+    pub duplicate_warnings_per_second: u32,
+}
+
+impl Default for Policy {
+    fn default() -> Self {
+        Self { max_reconsume_times: 16, transient_retries: 3, duplicate_warnings_per_second: 20 }
+    }
+}
+
+impl Default for ConsumerSettings {
+    fn default() -> Self {
+        let policy = Policy::default();
+        Self {
+            group: "idemgate_shop_consumer".to_owned(),
+            instance: String::new(),
+            max_reconsume_times: policy.max_reconsume_times,
+            transient_retries: policy.transient_retries,
+            duplicate_warnings_per_second: policy.duplicate_warnings_per_second,
+        }
+    }
+}
+
+impl ConsumerSettings {
+    pub fn validate(&self) -> Result<(), Invalid> {
+        check_key_text(&self.group, MAX_ID_CHARS).map_err(|m| invalid("consumer.group", m))?;
+        if self.instance.chars().count() > MAX_ID_CHARS {
+            return Err(invalid("consumer.instance", "is longer than 128 characters"));
+        }
+        if !(0..=32).contains(&self.max_reconsume_times) {
+            return Err(invalid(
+                "consumer.max_reconsume_times",
+                "must be between 0 and 32 (RocketMQ's own limit)",
+            ));
+        }
+        Ok(())
+    }
+
+    /// Who this process is: the group, and `instance` or `hostname-pid`.
+    pub fn identity(&self) -> Identity {
+        let instance_id =
+            if self.instance.is_empty() { Identity::default_instance_id() } else { self.instance.clone() };
+        Identity { consumer_group: self.group.clone(), instance_id }
+    }
+
+    pub fn policy(&self) -> Policy {
+        Policy {
+            max_reconsume_times: self.max_reconsume_times,
+            transient_retries: self.transient_retries,
+            duplicate_warnings_per_second: self.duplicate_warnings_per_second,
+        }
+    }
+}

@@ -1,0 +1,101 @@
+//! What every handler shares: the stores, the readiness flag, the metrics, and what the pages
+//! need that is fixed at start.
+
+use std::sync::Arc;
+use std::sync::atomic::AtomicBool;
+
+use super::settings::HttpSettings;
+use super::{auth, csrf, host};
+use crate::archive::{ArchiveSettings, LogRetention};
+use crate::handler::Handler;
+use crate::inspect::Limits;
+use crate::inspect::trace::TraceContext;
+use crate::metrics::Metrics;
+use crate::replay::Replayer;
+use crate::store::Store;
+
+/// What the handlers share.
+#[derive(Clone)]
+pub struct AppState {
+    pub store: Store,
+    /// Set once the consumer has started (or, in the demo, the traffic source).
+    pub consumer_ready: Arc<AtomicBool>,
+    pub metrics: Arc<Metrics>,
+    pub web: Arc<Web>,
+}
+
+/// What the pages need besides the store: fixed at start.
+#[derive(Debug, Clone)]
+pub struct Web {
+    pub trace: TraceContext,
+    pub archive: ArchiveSettings,
+    pub auth: auth::Auth,
+    /// Replay from the trace page; `None` where this process has no broker (the demo).
+    pub replay: Option<Arc<Replayer>>,
+    /// One permit per page or API call in flight (`http.max_concurrent_requests`).
+    pub(super) in_flight: Arc<tokio::sync::Semaphore>,
+    /// The host names served besides `localhost` and IP addresses.
+    pub hosts: host::AllowedHosts,
+    /// The tokens of the replay form, under a per-process secret.
+    pub forms: csrf::FormTokens,
+}
+
+/// The purpose the replay form's tokens are issued for.
+const REPLAY_FORM: &str = "replay";
+
+impl Web {
+    /// The pages' settings, and the handler of each biz_type, whose business state the trace
+    /// page shows.
+    pub fn new(
+        http: &HttpSettings,
+        archive: &ArchiveSettings,
+        describers: std::collections::BTreeMap<String, Arc<dyn Handler>>,
+    ) -> Self {
+        Self {
+            trace: TraceContext {
+                limits: Limits { timeout: std::time::Duration::from_millis(http.query_timeout_ms) },
+                retention: Some(LogRetention::days(archive.log_retention_days)),
+                grafana_url: (!http.grafana_url.is_empty()).then(|| http.grafana_url.clone()),
+                describers,
+            },
+            archive: archive.clone(),
+            auth: auth::Auth::from_settings(http),
+            replay: None,
+            in_flight: Arc::new(tokio::sync::Semaphore::new(http.max_concurrent_requests as usize)),
+            hosts: host::AllowedHosts::from_settings(http),
+            forms: csrf::FormTokens::new(std::time::Duration::from_secs(http.csrf_token_ttl_seconds)),
+        }
+    }
+
+    /// Turns on replay from the trace page, through `replayer`.
+    pub fn with_replay(mut self, replayer: Replayer) -> Self {
+        self.replay = Some(Arc::new(replayer));
+        self
+    }
+
+    /// The replay form's token for one key, issued at `now`: only this process can make one,
+    /// and only for that very key.
+    pub fn replay_token(
+        &self,
+        group: &str,
+        biz_type: &str,
+        biz_id: &str,
+        execute_time: i64,
+        now: std::time::SystemTime,
+    ) -> String {
+        self.forms.issue(REPLAY_FORM, &[group, biz_type, biz_id, &execute_time.to_string()], now)
+    }
+
+    /// Accepts a replay form's token for this key, issued here within the tokens' lifetime.
+    pub fn check_replay_token(
+        &self,
+        group: &str,
+        biz_type: &str,
+        biz_id: &str,
+        execute_time: i64,
+        token: &str,
+        now: std::time::SystemTime,
+    ) -> Result<(), csrf::TokenRefusal> {
+        self.forms.check(REPLAY_FORM, &[group, biz_type, biz_id, &execute_time.to_string()], token, now)
+    }
+}
