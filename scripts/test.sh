@@ -3,6 +3,8 @@
 # then runs every test. A missing service or tool fails the run; nothing is skipped.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+# No module may import another in a cycle: the layers in ARCHITECTURE.md hold.
+scripts/check-cycles.py
 scripts/services.sh
 scripts/install-prometheus.sh >/dev/null
 scripts/install-rocketmq.sh >/dev/null

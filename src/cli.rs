@@ -761,9 +761,9 @@ async fn bench_broker(args: BenchBrokerArgs) -> anyhow::Result<ExitCode> {
     let backend: Backend = args.backend.parse()?;
     anyhow::ensure!(backend != Backend::Sqlite, "bench broker: --backend is postgres or mysql");
     anyhow::ensure!(
-        (1..=crate::gate::group::MAX_BATCH).contains(&args.max_batch),
+        (1..=crate::gate::MAX_BATCH).contains(&args.max_batch),
         "bench broker: --max-batch is 1 to {}",
-        crate::gate::group::MAX_BATCH
+        crate::gate::MAX_BATCH
     );
     let options = bench::broker::Options {
         name_server: args.name_server,
@@ -805,7 +805,7 @@ async fn bench_gate(args: BenchGateArgs) -> anyhow::Result<ExitCode> {
         duplicates: args.duplicates,
         concurrency: args.concurrency,
         group: crate::gate::GroupSettings {
-            max_batch: args.max_batch.clamp(1, crate::gate::group::MAX_BATCH),
+            max_batch: args.max_batch.clamp(1, crate::gate::MAX_BATCH),
             in_flight: args.in_flight.max(1),
             ..Default::default()
         },

@@ -36,11 +36,19 @@
 //! - [`bench`]: the measurements behind the figures in docs/benchmarks.md.
 //! - [`cli`]: the command line.
 //! - [`config`]: the typed, layered configuration.
+//!
+//! # Features
+//! `tools` (on by default) adds what the `idemgate` binary and the tests need besides the
+//! service: the command line ([`cli`]), the benchmarks ([`bench`]) and throwaway databases
+//! ([`scratch`]). A program that embeds the service with handlers of its own
+//! ([`app::Application::build_with`]) can leave it out: `default-features = false`.
 
 pub mod app;
 pub mod archive;
+#[cfg(feature = "tools")]
 pub mod bench;
 pub mod broker;
+#[cfg(feature = "tools")]
 pub mod cli;
 pub mod clock;
 pub mod config;
@@ -52,7 +60,7 @@ pub mod gate;
 pub mod handler;
 pub mod http;
 pub mod inspect;
-pub mod labelled;
+mod labelled;
 pub mod layout;
 pub mod metrics;
 pub mod outcome;
@@ -61,12 +69,14 @@ pub mod produce;
 pub mod reconcile;
 pub mod replay;
 pub mod route;
+#[cfg(feature = "tools")]
 pub mod scratch;
-pub mod serve;
+#[cfg(feature = "tools")]
+mod serve;
 pub mod setting;
 pub mod shop;
 pub mod state_machine;
 pub mod store;
 pub mod telemetry;
-pub mod throttle;
+mod throttle;
 pub mod traffic;

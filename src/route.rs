@@ -15,6 +15,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 use crate::delivery::Delivery;
+use crate::store::AnyQuery;
 
 /// Longest `biz_type`, in characters (the column is VARCHAR(64)).
 pub const MAX_BIZ_TYPE_CHARS: usize = 64;
@@ -164,6 +165,26 @@ pub struct BizKey {
     pub execute_time: i64,
     /// The handler that applies the effect.
     pub handler: String,
+}
+
+/// Binds a claim key in the one order every statement on a key names its columns:
+/// `consumer_group = ? AND biz_type = ? AND biz_id = ? AND execute_time = ?` (and the claim
+/// tables' insert, whose first four columns they are).
+pub fn bind_key(q: AnyQuery, consumer_group: &str, biz_type: &str, biz_id: &str, execute_time: i64) -> AnyQuery {
+    q.bind(consumer_group).bind(biz_type).bind(biz_id).bind(execute_time)
+}
+
+impl BizKey {
+    /// Binds this key claimed by `consumer_group` ([`bind_key`]'s order).
+    pub fn bind_in(&self, q: AnyQuery, consumer_group: &str) -> AnyQuery {
+        bind_key(q, consumer_group, &self.biz_type, &self.biz_id, self.execute_time)
+    }
+
+    /// Binds `biz_type = ? AND biz_id = ? AND execute_time = ?`, for a statement that names the
+    /// consumer group once for many keys.
+    pub fn bind_parts(&self, q: AnyQuery) -> AnyQuery {
+        q.bind(self.biz_type.as_str()).bind(self.biz_id.as_str()).bind(self.execute_time)
+    }
 }
 
 /// Why a delivery cannot be processed, with what could be read of its key for the log.

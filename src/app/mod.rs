@@ -337,7 +337,7 @@ pub fn assemble_gate(
     metrics: Option<Arc<Metrics>>,
 ) -> anyhow::Result<Gate> {
     let server = store.mysql_flavour().map_or(store.backend().name(), |f| f.name());
-    let claim_path = crate::gate::group::ClaimPath::of(&store).describe();
+    let claim_path = crate::gate::ClaimPath::of(&store).describe();
     let mut gate = Gate::new(store, settings.routes(), handlers, settings.identity(), settings.policy())?
         .with_late_duplicate_guard(settings.archive.late_duplicate_guard);
     if settings.archive.late_duplicate_guard {

@@ -15,7 +15,7 @@ use std::sync::{Mutex, OnceLock};
 use sqlx::any::AnyRow;
 use sqlx::{AssertSqlSafe, Row};
 
-use crate::store::{Backend, Sql, Store, is_transient};
+use crate::store::{Backend, Sql, Store, retry_transient};
 
 use super::RunKind;
 
@@ -173,17 +173,8 @@ pub(crate) async fn run(
     now_ms: i64,
     interrupt: Interrupt,
 ) -> Result<Result<Option<Batch>, Interrupted>, sqlx::Error> {
-    let mut tries = 0;
-    loop {
-        match once(store, t, cutoff_ms, walk, limit, now_ms, interrupt).await {
-            Err(e) if is_transient(&e) && tries < 5 => {
-                tries += 1;
-                tracing::debug!(error = %e, tries, "archive batch conflicted with a consumer; retrying");
-                tokio::time::sleep(std::time::Duration::from_millis(20 << tries)).await;
-            }
-            other => return other,
-        }
-    }
+    // A batch that conflicted with a consumer is simply redone.
+    retry_transient(5, 20, || once(store, t, cutoff_ms, walk, limit, now_ms, interrupt)).await.0
 }
 
 async fn once(

@@ -17,8 +17,11 @@ use crate::layout::Layout;
 use crate::outcome::{Claim, DuplicateCause, Layer, Outcome, Verdict, classify};
 use crate::prefilter::{Check, Prefilter, PrefilterReport, Settle};
 use crate::route::{BizKey, MAX_ID_CHARS, Rejection, Routes, excerpt};
-use crate::store::{Store, is_transient};
+use crate::store::{Store, retry_transient};
 use crate::throttle::{Permit, Throttle};
+
+/// The pause before the n-th retry of a transient conflict is at most this many ms `<< n`.
+pub(super) const RETRY_BASE_MS: u64 = 5;
 
 /// Everything a gate knows; the group committer's tasks share it.
 pub(crate) struct Core {
@@ -110,18 +113,16 @@ impl Core {
         key: BizKey,
         payload_hash: &str,
         started: Instant,
-        mut phases: Phases,
+        phases: Phases,
     ) -> (Disposition, Option<Claim>) {
-        let attempt = loop {
-            match self.attempt(d, &key, payload_hash, started, &mut phases).await {
-                Err(e) if is_transient(&e) && phases.transient_retries < self.policy.transient_retries => {
-                    phases.transient_retries += 1;
-                    let jitter = rand::random_range(0..=5u64 << phases.transient_retries);
-                    tokio::time::sleep(Duration::from_millis(jitter)).await;
-                }
-                other => break other,
-            }
-        };
+        // Every attempt's time counts, the failed ones' too.
+        let timing = std::sync::Mutex::new(phases);
+        let (attempt, retries) = retry_transient(self.policy.transient_retries, RETRY_BASE_MS, || {
+            self.attempt(d, &key, payload_hash, started, &timing)
+        })
+        .await;
+        let mut phases = timing.into_inner().unwrap_or_else(std::sync::PoisonError::into_inner);
+        phases.transient_retries += retries;
         match attempt {
             Ok(Attempt::Committed { effect }) => {
                 let claim = crate::prefilter::claim_of(d, payload_hash);
@@ -166,8 +167,13 @@ impl Core {
         key: &BizKey,
         payload_hash: &str,
         started: Instant,
-        phases: &mut Phases,
+        timing: &std::sync::Mutex<Phases>,
     ) -> Result<Attempt, sqlx::Error> {
+        // Held for one lap at a time, never across an await.
+        let phase = |lap: &mut Stopwatch, field: fn(&mut Phases) -> &mut u64| {
+            let mut phases = timing.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+            lap.lap(field(&mut phases));
+        };
         let backend = self.store.backend();
         let now_ms = now_ms();
         let who = self.claimant(now_ms);
@@ -176,14 +182,14 @@ impl Core {
         let table =
             self.layout().await?.table_for(who.consumer_group, &key.biz_type, &key.biz_id, key.execute_time);
         let mut tx = self.store.begin().await?;
-        watch.lap(&mut phases.begin_us);
+        phase(&mut watch, |p| &mut p.begin_us);
         let claimed = super::claim::claim(&mut tx, backend, table, &who, key, d, payload_hash).await?;
         let archived = if claimed && self.late_duplicate_guard {
             guard::archived_claim(&mut tx, backend, who.consumer_group, key).await?
         } else {
             None
         };
-        watch.lap(&mut phases.claim_us);
+        phase(&mut watch, |p| &mut p.claim_us);
         if !claimed {
             tx.rollback().await?;
             return Ok(Attempt::Taken(table));
@@ -197,7 +203,7 @@ impl Core {
             self.handlers.get(&key.handler).expect("Gate::new checked that every route's handler exists");
         let work = Work { delivery: d, key, backend, now_ms };
         let result = handler.handle(&work, &mut tx).await;
-        watch.lap(&mut phases.handler_us);
+        phase(&mut watch, |p| &mut p.handler_us);
         let effect = match result {
             Ok(effect) => effect,
             Err(HandlerError::Database(e)) => {
@@ -218,9 +224,9 @@ impl Core {
         let mut entry = self.entry(d, Some(key), Some(payload_hash), &done, now_ms);
         entry.error = effect.detail();
         delivery_log::append(&mut tx, backend, &entry).await?;
-        watch.lap(&mut phases.log_us);
+        phase(&mut watch, |p| &mut p.log_us);
         tx.commit().await?;
-        watch.lap(&mut phases.commit_us);
+        phase(&mut watch, |p| &mut p.commit_us);
         Ok(Attempt::Committed { effect })
     }
 

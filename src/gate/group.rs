@@ -11,7 +11,7 @@
 //!    already taken and returns the ones it inserted (PostgreSQL and SQLite
 //!    `ON CONFLICT DO NOTHING RETURNING`, MariaDB `INSERT IGNORE … RETURNING`; MySQL, which
 //!    cannot return rows from an insert, `INSERT IGNORE` and then reads back which keys hold
-//!    this group's claim: [`ClaimPath`]), in key order so that two groups wait for each other
+//!    this group's claim: [`super::claim::ClaimPath`]), in key order so that two groups wait for each other
 //!    in one direction only;
 //! 3. each fresh claim's handler runs inside its **own savepoint**. A handler that fails is
 //!    rolled back to its savepoint and its claim deleted, so its key is unclaimed when the group
@@ -33,207 +33,27 @@
 //! If the group still cannot commit, it is **split**: each delivery goes through the gate
 //! alone, so one delivery that breaks the transaction cannot hold the others back.
 //!
-//! The [`Committer`] turns single deliveries into groups: callers queue their delivery (the
-//! queue is bounded, so when the database is slow the callers, and through them the broker
-//! client's consume threads, wait instead of piling up) and `in_flight` tasks take groups off
-//! the queue and commit them.
+//! [`super::committer`] turns single deliveries into groups; the multi-row statements are the
+//! claim's ([`super::claim`]).
 
-use std::collections::{BTreeMap, HashMap, HashSet};
-use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::collections::{BTreeMap, HashMap};
+use std::time::Instant;
 
-use sqlx::{AssertSqlSafe, Executor, Row};
-use tokio::sync::{mpsc, oneshot};
+use sqlx::{AssertSqlSafe, Executor};
 
-use serde::{Deserialize, Serialize};
-
-use super::claim::Claimant;
-use super::core::Core;
+use super::claim::{ClaimPath, Member, claim_many, find_many};
+use super::core::{Core, RETRY_BASE_MS};
 use super::disposition::{Disposition, Phases, committed_disposition, rejection_disposition};
-use super::observer::{GroupEnd, GroupReport, Observer};
+use super::observer::{GroupEnd, GroupReport};
 use crate::clock::{Stopwatch, micros, now_ms};
 use crate::delivery::Delivery;
 use crate::delivery_log::{self, Entry};
 use crate::handler::{Effect, HandlerError, Work};
 use crate::layout::ClaimTable;
-use crate::outcome::{Claim, DuplicateCause, Layer, Outcome, Verdict};
+use crate::outcome::{Claim, DuplicateCause, Layer, Outcome};
 use crate::prefilter::{Check, PrefilterReport, Settle, Token, claim_of};
 use crate::route::{BizKey, Rejection};
-use crate::setting::{Invalid, invalid};
-use crate::store::{Backend, Conn, is_transient, query, query_built, values_list};
-
-/// The most deliveries one group may hold. PostgreSQL keeps the ids of 64 subtransactions
-/// (savepoints that wrote) per transaction in shared memory; one more and every other session's
-/// snapshots slow down until the group commits.
-pub const MAX_BATCH: usize = 64;
-
-/// `[group_commit]`: deliveries that arrive together share one transaction, each in its own
-/// savepoint. Off by default: one transaction per delivery.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct GroupSettings {
-    /// `IDEMGATE_GROUP_COMMIT__ENABLED`.
-    pub enabled: bool,
-    /// `IDEMGATE_GROUP_COMMIT__MAX_BATCH`: deliveries per transaction, 1 to 64.
-    pub max_batch: usize,
-    /// `IDEMGATE_GROUP_COMMIT__LINGER_MS`: how long the first delivery of a group waits for
-    /// others, 0 to 1000. Under load the group fills before that; when traffic is light this is
-    /// the latency group commit adds.
-    pub linger_ms: u64,
-    /// `IDEMGATE_GROUP_COMMIT__IN_FLIGHT`: groups committing at once (each holds one
-    /// connection), 1 to 16.
-    pub in_flight: usize,
-    /// `IDEMGATE_GROUP_COMMIT__QUEUE`: deliveries waiting for a group at most; the next caller
-    /// waits for room.
-    pub queue: usize,
-}
-
-impl Default for GroupSettings {
-    fn default() -> Self {
-        Self { enabled: false, max_batch: 32, linger_ms: 2, in_flight: 2, queue: 256 }
-    }
-}
-
-impl GroupSettings {
-    /// The defaults, switched on.
-    pub fn on() -> Self {
-        Self { enabled: true, ..Self::default() }
-    }
-
-    pub fn linger(&self) -> Duration {
-        Duration::from_millis(self.linger_ms)
-    }
-
-    pub fn validate(&self) -> Result<(), Invalid> {
-        if !(1..=MAX_BATCH).contains(&self.max_batch) {
-            return Err(invalid(
-                "group_commit.max_batch",
-                format!(
-                    "is {}; use 1 to {MAX_BATCH} (PostgreSQL tracks at most 64 savepoints per transaction cheaply)",
-                    self.max_batch
-                ),
-            ));
-        }
-        if self.linger_ms > 1_000 {
-            return Err(invalid("group_commit.linger_ms", "must be at most 1000"));
-        }
-        if !(1..=16).contains(&self.in_flight) {
-            return Err(invalid("group_commit.in_flight", "must be between 1 and 16"));
-        }
-        if !(1..=100_000).contains(&self.queue) {
-            return Err(invalid("group_commit.queue", "must be between 1 and 100000"));
-        }
-        Ok(())
-    }
-}
-
-/// One queued delivery and where its answer goes.
-struct Job {
-    delivery: Delivery,
-    queued: Instant,
-    reply: oneshot::Sender<Disposition>,
-}
-
-/// The queue and the tasks that turn it into groups. Dropping it (with its gate) closes the
-/// queue; the tasks finish the groups they hold and stop.
-pub(crate) struct Committer {
-    queue: mpsc::Sender<Job>,
-    observer: Option<Arc<dyn Observer>>,
-}
-
-impl Committer {
-    pub(crate) fn start(core: Arc<Core>, settings: &GroupSettings) -> Self {
-        let (queue, jobs) = mpsc::channel(settings.queue.max(1));
-        let jobs = Arc::new(tokio::sync::Mutex::new(jobs));
-        for _ in 0..settings.in_flight.max(1) {
-            tokio::spawn(commit_groups(core.clone(), jobs.clone(), settings.clone()));
-        }
-        Self { queue, observer: core.observer.clone() }
-    }
-
-    /// Queues `delivery` and waits for its group's answer. A full queue makes the caller wait
-    /// for room first (counted: the database is not keeping up); the time in the queue is
-    /// measured from when the delivery got in.
-    pub(crate) async fn submit(&self, delivery: Delivery) -> Disposition {
-        let room = match self.queue.try_reserve() {
-            Ok(room) => room,
-            Err(mpsc::error::TrySendError::Full(())) => {
-                if let Some(observer) = &self.observer {
-                    observer.group_queue_full();
-                }
-                match self.queue.reserve().await {
-                    Ok(room) => room,
-                    Err(_) => return abandoned(),
-                }
-            }
-            Err(mpsc::error::TrySendError::Closed(())) => return abandoned(),
-        };
-        let (reply, answer) = oneshot::channel();
-        room.send(Job { delivery, queued: Instant::now(), reply });
-        answer.await.unwrap_or_else(|_| abandoned())
-    }
-}
-
-/// The answer for a delivery whose group never finished (its runtime is shutting down): not
-/// recorded, so not acknowledged.
-fn abandoned() -> Disposition {
-    Disposition {
-        outcome: Outcome::Failed,
-        verdict: Verdict::Retry,
-        key: None,
-        cause: None,
-        layer: None,
-        payload_match: None,
-        error: Some("the group committer stopped before this delivery's group committed".to_owned()),
-        latency: Duration::ZERO,
-        logged: false,
-        phases: Phases::default(),
-        prefilter: None,
-    }
-}
-
-/// One committer task: takes a group off the queue (the first delivery, then whatever else
-/// arrives within the linger, up to the batch size), commits it, answers each caller.
-async fn commit_groups(
-    core: Arc<Core>,
-    jobs: Arc<tokio::sync::Mutex<mpsc::Receiver<Job>>>,
-    settings: GroupSettings,
-) {
-    let max_batch = settings.max_batch.clamp(1, MAX_BATCH);
-    loop {
-        let group = {
-            let mut jobs = jobs.lock().await;
-            let Some(first) = jobs.recv().await else { return };
-            let mut group = vec![first];
-            let deadline = tokio::time::Instant::now() + settings.linger();
-            while group.len() < max_batch {
-                match jobs.try_recv() {
-                    Ok(job) => group.push(job),
-                    Err(mpsc::error::TryRecvError::Disconnected) => break,
-                    Err(mpsc::error::TryRecvError::Empty) => {
-                        match tokio::time::timeout_at(deadline, jobs.recv()).await {
-                            Ok(Some(job)) => group.push(job),
-                            Ok(None) | Err(_) => break,
-                        }
-                    }
-                }
-            }
-            group
-        };
-        if let Some(observer) = &core.observer {
-            for job in &group {
-                observer.group_wait(job.queued.elapsed());
-            }
-        }
-        let (deliveries, replies): (Vec<Delivery>, Vec<oneshot::Sender<Disposition>>) =
-            group.into_iter().map(|j| (j.delivery, j.reply)).unzip();
-        let answers = core.process_group(&deliveries).await;
-        for (reply, answer) in replies.into_iter().zip(answers) {
-            // A caller that went away has nothing to acknowledge.
-            let _ = reply.send(answer);
-        }
-    }
-}
+use crate::store::{Backend, Conn, is_transient, query, retry_transient};
 
 /// A delivery of a group, as far as the gate got before the transaction.
 struct Slot<'a> {
@@ -314,18 +134,9 @@ impl Core {
         };
         self.ask_prefilter(&mut slots).await;
 
-        let mut retries = 0;
-        let answers = loop {
-            match self.commit_group(&slots, started).await {
-                Ok(answers) => break Ok(answers),
-                Err(e) if is_transient(&e) && retries < self.policy.transient_retries => {
-                    retries += 1;
-                    let jitter = rand::random_range(0..=5u64 << retries);
-                    tokio::time::sleep(Duration::from_millis(jitter)).await;
-                }
-                Err(e) => break Err(e),
-            }
-        };
+        let (answers, retries) =
+            retry_transient(self.policy.transient_retries, RETRY_BASE_MS, || self.commit_group(&slots, started))
+                .await;
         let answers = match answers {
             Ok(answers) => answers,
             Err(e) => {
@@ -424,10 +235,10 @@ impl Core {
             round.sort_unstable();
 
             for (table, members) in by_table(slots, round.iter().copied()).values() {
-                let claimed = claim_many(&mut tx, backend, path, table, &who, slots, members).await?;
-                for &i in members {
-                    if !claimed.contains(&i) {
-                        decided[i] = Some(Decided::Taken(table));
+                let claimed = claim_many(&mut tx, backend, path, table, &who, members).await?;
+                for m in members {
+                    if !claimed.contains(&m.index) {
+                        decided[m.index] = Some(Decided::Taken(table));
                     }
                 }
             }
@@ -634,8 +445,7 @@ impl Core {
                 Backend::Postgres | Backend::Sqlite => tx,
             };
             for (table, members) in by_table.values() {
-                find_many(conn, backend, table, &self.identity.consumer_group, slots, members, &mut found)
-                    .await?;
+                find_many(conn, backend, table, &self.identity.consumer_group, members, &mut found).await?;
             }
             Ok::<_, sqlx::Error>(())
         };
@@ -670,15 +480,17 @@ impl Core {
     }
 }
 
-/// The slots `indices` (deliveries with a key to claim) by their claim table, in table order.
-fn by_table<'t>(
-    slots: &[Slot<'_>],
+/// The slots `indices` that have a key to claim, by their claim table, in table order.
+fn by_table<'s>(
+    slots: &'s [Slot<'_>],
     indices: impl Iterator<Item = usize>,
-) -> BTreeMap<&'t str, (&'static ClaimTable, Vec<usize>)> {
-    let mut tables: BTreeMap<&str, (&'static ClaimTable, Vec<usize>)> = BTreeMap::new();
+) -> BTreeMap<&'static str, (&'static ClaimTable, Vec<Member<'s>>)> {
+    let mut tables: BTreeMap<&str, (&'static ClaimTable, Vec<Member<'s>>)> = BTreeMap::new();
     for i in indices {
-        if let Before::Claim(_, table) = &slots[i].before {
-            tables.entry(table.name).or_insert_with(|| (*table, Vec::new())).1.push(i);
+        let slot = &slots[i];
+        if let Before::Claim(key, table) = &slot.before {
+            let member = Member { index: i, key, delivery: slot.d, hash: &slot.hash };
+            tables.entry(table.name).or_insert_with(|| (*table, Vec::new())).1.push(member);
         }
     }
     tables
@@ -699,219 +511,6 @@ async fn take_back(
     key: &BizKey,
 ) -> Result<(), sqlx::Error> {
     (&mut *tx).execute(AssertSqlSafe(ROLLBACK_TO_SAVEPOINT)).await?;
-    query(backend, &table.release)
-        .bind(consumer_group)
-        .bind(key.biz_type.as_str())
-        .bind(key.biz_id.as_str())
-        .bind(key.execute_time)
-        .execute(&mut *tx)
-        .await?;
-    Ok(())
-}
-
-/// The batch claim's columns.
-const CLAIM_COLUMNS: &str = "(consumer_group, biz_type, biz_id, execute_time, msg_id, uniq_key, payload_hash, instance_id, claimed_at_ms)";
-
-/// How a group's multi-row claim learns which of its keys it inserted.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum ClaimPath {
-    /// The insert returns the rows it inserted: `ON CONFLICT DO NOTHING RETURNING` on
-    /// PostgreSQL and SQLite, `INSERT IGNORE … RETURNING` on MariaDB 10.5+.
-    Returning,
-    /// MySQL has no `INSERT … RETURNING`: `INSERT IGNORE`, then the rows this group wrote read
-    /// back in the same transaction.
-    ReadBack,
-}
-
-impl ClaimPath {
-    /// The path `store`'s server allows ([`crate::store::Store::insert_returns_rows`]).
-    pub fn of(store: &crate::store::Store) -> Self {
-        if store.insert_returns_rows() { Self::Returning } else { Self::ReadBack }
-    }
-
-    pub fn describe(self) -> &'static str {
-        match self {
-            Self::Returning => "one insert returning the claimed keys",
-            Self::ReadBack => "INSERT IGNORE, then the group's own claims read back",
-        }
-    }
-}
-
-/// Claims the keys of `members` (one copy of each key) in `table` with one multi-row insert
-/// that skips taken keys, in key order. Returns the members whose claim was inserted.
-async fn claim_many(
-    tx: &mut Conn,
-    backend: Backend,
-    path: ClaimPath,
-    table: &ClaimTable,
-    who: &Claimant<'_>,
-    slots: &[Slot<'_>],
-    members: &[usize],
-) -> Result<HashSet<usize>, sqlx::Error> {
-    let mut ordered: Vec<(usize, &BizKey)> = members
-        .iter()
-        .filter_map(|&i| match &slots[i].before {
-            Before::Claim(key, _) => Some((i, key)),
-            _ => None,
-        })
-        .collect();
-    ordered.sort_by(|a, b| {
-        (&a.1.biz_type, &a.1.biz_id, a.1.execute_time).cmp(&(&b.1.biz_type, &b.1.biz_id, b.1.execute_time))
-    });
-    let mut claimed = HashSet::new();
-    for chunk in ordered.chunks(MAX_BATCH) {
-        let values = values_list(9, chunk.len());
-        // The route checked every value against its column, so IGNORE can only skip a taken
-        // key here, never cut a value (and the read-back would notice if it did).
-        let sql = match (backend, path) {
-            (Backend::Postgres | Backend::Sqlite, _) => format!(
-                "INSERT INTO {} {CLAIM_COLUMNS} VALUES {values} \
-                 ON CONFLICT (consumer_group, biz_type, biz_id, execute_time) DO NOTHING \
-                 RETURNING biz_type, biz_id, execute_time",
-                table.name
-            ),
-            (Backend::MySql, ClaimPath::Returning) => format!(
-                "INSERT IGNORE INTO {} {CLAIM_COLUMNS} VALUES {values} RETURNING biz_type, biz_id, execute_time",
-                table.name
-            ),
-            (Backend::MySql, ClaimPath::ReadBack) => {
-                format!("INSERT IGNORE INTO {} {CLAIM_COLUMNS} VALUES {values}", table.name)
-            }
-        };
-        let mut q = query_built(backend, sql);
-        for &(i, key) in chunk {
-            let d = slots[i].d;
-            q = q
-                .bind(who.consumer_group.to_owned())
-                .bind(key.biz_type.clone())
-                .bind(key.biz_id.clone())
-                .bind(key.execute_time)
-                .bind(d.msg_id.clone())
-                .bind(d.uniq_key.clone())
-                .bind(slots[i].hash.clone())
-                .bind(who.instance_id.to_owned())
-                .bind(who.now_ms);
-        }
-        let inserted = match (backend, path) {
-            (Backend::MySql, ClaimPath::ReadBack) => {
-                let count = q.execute(&mut *tx).await?.rows_affected();
-                let ours = read_back(tx, backend, table, who, slots, chunk).await?;
-                // Every row this insert wrote is visible to its own transaction and matches the
-                // values it wrote. More matches than rows inserted: another delivery's claim
-                // looks exactly like one of ours (the same message claimed in the same
-                // millisecond by this instance), fewer: a value was not stored as written.
-                // Either way this group cannot tell, and each delivery goes through the gate
-                // alone, whose claim is exact.
-                if ours.len() as u64 != count {
-                    return Err(sqlx::Error::Protocol(format!(
-                        "the group's claim inserted {count} rows but {} read back as its own",
-                        ours.len()
-                    )));
-                }
-                ours
-            }
-            _ => {
-                let rows = q.fetch_all(&mut *tx).await?;
-                let mut inserted = HashSet::with_capacity(rows.len());
-                for row in rows {
-                    inserted.insert((row.try_get(0)?, row.try_get(1)?, row.try_get(2)?));
-                }
-                inserted
-            }
-        };
-        for &(i, key) in chunk {
-            if inserted.contains(&(key.biz_type.clone(), key.biz_id.clone(), key.execute_time)) {
-                claimed.insert(i);
-            }
-        }
-    }
-    Ok(claimed)
-}
-
-/// The keys of `chunk` whose claim in `table` is the one this group just wrote: the same
-/// message (msgId, UNIQ_KEY, body hash), by this instance, at this group's claim time.
-async fn read_back(
-    tx: &mut Conn,
-    backend: Backend,
-    table: &ClaimTable,
-    who: &Claimant<'_>,
-    slots: &[Slot<'_>],
-    chunk: &[(usize, &BizKey)],
-) -> Result<HashSet<(String, String, i64)>, sqlx::Error> {
-    let any_of = vec![
-        "(biz_type = ? AND biz_id = ? AND execute_time = ? AND msg_id = ? AND uniq_key = ? AND payload_hash = ?)";
-        chunk.len()
-    ]
-    .join(" OR ");
-    let sql = format!(
-        "SELECT biz_type, biz_id, execute_time FROM {} \
-         WHERE consumer_group = ? AND instance_id = ? AND claimed_at_ms = ? AND ({any_of})",
-        table.name
-    );
-    let mut q = query_built(backend, sql)
-        .bind(who.consumer_group.to_owned())
-        .bind(who.instance_id.to_owned())
-        .bind(who.now_ms);
-    for &(i, key) in chunk {
-        let d = slots[i].d;
-        q = q
-            .bind(key.biz_type.clone())
-            .bind(key.biz_id.clone())
-            .bind(key.execute_time)
-            .bind(d.msg_id.clone())
-            .bind(d.uniq_key.clone())
-            .bind(slots[i].hash.clone());
-    }
-    let mut ours = HashSet::with_capacity(chunk.len());
-    for row in q.fetch_all(&mut *tx).await? {
-        ours.insert((row.try_get(0)?, row.try_get(1)?, row.try_get(2)?));
-    }
-    Ok(ours)
-}
-
-/// Keys per statement that reads earlier claims.
-const FIND_CHUNK: usize = 16;
-
-/// Reads the claims of `members`' keys from `table` in one statement per [`FIND_CHUNK`] keys.
-async fn find_many(
-    conn: &mut Conn,
-    backend: Backend,
-    table: &ClaimTable,
-    consumer_group: &str,
-    slots: &[Slot<'_>],
-    members: &[usize],
-    found: &mut HashMap<usize, Claim>,
-) -> Result<(), sqlx::Error> {
-    let keyed: Vec<(usize, &BizKey)> = members
-        .iter()
-        .filter_map(|&i| match &slots[i].before {
-            Before::Claim(key, _) => Some((i, key)),
-            _ => None,
-        })
-        .collect();
-    for chunk in keyed.chunks(FIND_CHUNK) {
-        // Always FIND_CHUNK conditions, the last key repeated: one statement text, prepared
-        // once per connection, instead of one per count of duplicates.
-        let any_of = vec!["(biz_type = ? AND biz_id = ? AND execute_time = ?)"; FIND_CHUNK].join(" OR ");
-        let sql = format!(
-            "SELECT msg_id, uniq_key, payload_hash, biz_type, biz_id, execute_time FROM {} \
-             WHERE consumer_group = ? AND ({any_of})",
-            table.name
-        );
-        let mut q = query_built(backend, sql).bind(consumer_group.to_owned());
-        let last = chunk[chunk.len() - 1].1;
-        for key in chunk.iter().map(|(_, k)| *k).chain(std::iter::repeat(last)).take(FIND_CHUNK) {
-            q = q.bind(key.biz_type.clone()).bind(key.biz_id.clone()).bind(key.execute_time);
-        }
-        let mut claims: HashMap<(String, String, i64), Claim> = HashMap::new();
-        for row in q.fetch_all(&mut *conn).await? {
-            claims.insert((row.try_get(3)?, row.try_get(4)?, row.try_get(5)?), Claim::from_row(&row)?);
-        }
-        for &(i, key) in chunk {
-            if let Some(c) = claims.get(&(key.biz_type.clone(), key.biz_id.clone(), key.execute_time)) {
-                found.insert(i, c.clone());
-            }
-        }
-    }
+    key.bind_in(query(backend, &table.release), consumer_group).execute(&mut *tx).await?;
     Ok(())
 }

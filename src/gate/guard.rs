@@ -16,7 +16,7 @@ use crate::store::{Backend, Conn, Sql, query};
 
 static FIND_ARCHIVED: Sql = Sql::new(
     "SELECT msg_id, uniq_key, payload_hash FROM idempotent_record_archive \
-     WHERE biz_id = ? AND biz_type = ? AND consumer_group = ? AND execute_time = ? \
+     WHERE consumer_group = ? AND biz_type = ? AND biz_id = ? AND execute_time = ? \
      ORDER BY id DESC LIMIT 1",
 );
 
@@ -27,11 +27,8 @@ pub async fn archived_claim(
     consumer_group: &str,
     key: &BizKey,
 ) -> Result<Option<Claim>, sqlx::Error> {
-    let row = query(backend, &FIND_ARCHIVED)
-        .bind(key.biz_id.as_str())
-        .bind(key.biz_type.as_str())
-        .bind(consumer_group)
-        .bind(key.execute_time)
+    let row = key
+        .bind_in(query(backend, &FIND_ARCHIVED), consumer_group)
         .fetch_optional(conn)
         .await?;
     row.as_ref().map(Claim::from_row).transpose()

@@ -18,9 +18,10 @@
 //! business key (say, stock and loyalty points) never block each other.
 
 mod claim;
+mod committer;
 mod core;
 mod disposition;
-pub mod group;
+mod group;
 pub mod guard;
 mod observer;
 mod settings;
@@ -28,10 +29,10 @@ mod settings;
 use std::sync::Arc;
 use std::time::Duration;
 
+pub use claim::ClaimPath;
 pub use disposition::{Disposition, Phases};
-pub use group::GroupSettings;
 pub use observer::{GroupEnd, GroupReport, Observer};
-pub use settings::{ConsumerSettings, Identity, Policy};
+pub use settings::{ConsumerSettings, GroupSettings, Identity, MAX_BATCH, Policy};
 
 use self::core::Core;
 use crate::delivery::Delivery;
@@ -61,7 +62,7 @@ pub struct Gate {
     core: Arc<Core>,
     group: Option<GroupSettings>,
     /// The group committer, started by the first delivery.
-    committer: std::sync::OnceLock<group::Committer>,
+    committer: std::sync::OnceLock<committer::Committer>,
 }
 
 impl std::fmt::Debug for Gate {
@@ -190,7 +191,7 @@ impl Gate {
             None => self.core.process(d).await,
             Some(settings) => {
                 let committer =
-                    self.committer.get_or_init(|| group::Committer::start(self.core.clone(), settings));
+                    self.committer.get_or_init(|| committer::Committer::start(self.core.clone(), settings));
                 committer.submit(d.clone()).await
             }
         }

@@ -1,4 +1,7 @@
-//! `[consumer]`: who consumes, and how the gate treats failures.
+//! `[consumer]`: who consumes, and how the gate treats failures; `[group_commit]`: many
+//! deliveries per transaction.
+
+use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
@@ -106,5 +109,70 @@ impl ConsumerSettings {
             transient_retries: self.transient_retries,
             duplicate_warnings_per_second: self.duplicate_warnings_per_second,
         }
+    }
+}
+
+/// The most deliveries one group may hold. PostgreSQL keeps the ids of 64 subtransactions
+/// (savepoints that wrote) per transaction in shared memory; one more and every other session's
+/// snapshots slow down until the group commits.
+pub const MAX_BATCH: usize = 64;
+
+/// `[group_commit]`: deliveries that arrive together share one transaction, each in its own
+/// savepoint. Off by default: one transaction per delivery.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct GroupSettings {
+    /// `IDEMGATE_GROUP_COMMIT__ENABLED`.
+    pub enabled: bool,
+    /// `IDEMGATE_GROUP_COMMIT__MAX_BATCH`: deliveries per transaction, 1 to 64.
+    pub max_batch: usize,
+    /// `IDEMGATE_GROUP_COMMIT__LINGER_MS`: how long the first delivery of a group waits for
+    /// others, 0 to 1000. Under load the group fills before that; when traffic is light this is
+    /// the latency group commit adds.
+    pub linger_ms: u64,
+    /// `IDEMGATE_GROUP_COMMIT__IN_FLIGHT`: groups committing at once (each holds one
+    /// connection), 1 to 16.
+    pub in_flight: usize,
+    /// `IDEMGATE_GROUP_COMMIT__QUEUE`: deliveries waiting for a group at most; the next caller
+    /// waits for room.
+    pub queue: usize,
+}
+
+impl Default for GroupSettings {
+    fn default() -> Self {
+        Self { enabled: false, max_batch: 32, linger_ms: 2, in_flight: 2, queue: 256 }
+    }
+}
+
+impl GroupSettings {
+    /// The defaults, switched on.
+    pub fn on() -> Self {
+        Self { enabled: true, ..Self::default() }
+    }
+
+    pub fn linger(&self) -> Duration {
+        Duration::from_millis(self.linger_ms)
+    }
+
+    pub fn validate(&self) -> Result<(), Invalid> {
+        if !(1..=MAX_BATCH).contains(&self.max_batch) {
+            return Err(invalid(
+                "group_commit.max_batch",
+                format!(
+                    "is {}; use 1 to {MAX_BATCH} (PostgreSQL tracks at most 64 savepoints per transaction cheaply)",
+                    self.max_batch
+                ),
+            ));
+        }
+        if self.linger_ms > 1_000 {
+            return Err(invalid("group_commit.linger_ms", "must be at most 1000"));
+        }
+        if !(1..=16).contains(&self.in_flight) {
+            return Err(invalid("group_commit.in_flight", "must be between 1 and 16"));
+        }
+        if !(1..=100_000).contains(&self.queue) {
+            return Err(invalid("group_commit.queue", "must be between 1 and 100000"));
+        }
+        Ok(())
     }
 }

@@ -17,7 +17,7 @@ use crate::archive::LogRetention;
 use crate::clock::format_ms;
 use crate::handler::{Fact, Handler};
 use crate::route::MAX_ID_CHARS;
-use crate::store::{Sql, Store};
+use crate::store::{AnyQuery, Sql, Store};
 
 /// The most deliveries a trace lists; a key with more says so.
 pub const MAX_DELIVERIES: usize = 500;
@@ -129,6 +129,11 @@ pub struct KeyRef {
 }
 
 impl KeyRef {
+    /// Binds this key ([`crate::route::bind_key`]'s order).
+    fn bind(&self, q: AnyQuery) -> AnyQuery {
+        crate::route::bind_key(q, &self.consumer_group, &self.biz_type, &self.biz_id, self.execute_time)
+    }
+
     fn from_row(r: &AnyRow) -> Result<Self, sqlx::Error> {
         Ok(Self {
             consumer_group: r.try_get(0)?,
@@ -317,13 +322,13 @@ static LIVE_CLAIM: Sql = Sql::new(
 static ARCHIVED_CLAIMS: Sql = Sql::new(
     "SELECT msg_id, uniq_key, payload_hash, instance_id, claimed_at_ms, archived_at_ms \
      FROM idempotent_record_archive \
-     WHERE biz_id = ? AND biz_type = ? AND consumer_group = ? AND execute_time = ? \
+     WHERE consumer_group = ? AND biz_type = ? AND biz_id = ? AND execute_time = ? \
      ORDER BY archived_at_ms DESC LIMIT 10",
 );
 static DELIVERIES_OF_KEY: Sql = Sql::new(concat!(
     "SELECT ",
     log_columns!(),
-    " FROM delivery_log WHERE biz_id = ? AND biz_type = ? AND consumer_group = ? AND execute_time = ? \
+    " FROM delivery_log WHERE consumer_group = ? AND biz_type = ? AND biz_id = ? AND execute_time = ? \
      ORDER BY logged_at_ms, id LIMIT 501"
 ));
 static DELIVERIES_OF_MESSAGE: Sql = Sql::new(concat!(
@@ -438,16 +443,7 @@ async fn story(
                 .fetch_all(store.pool())
                 .await?
         }
-        _ => {
-            store
-                .query(&DELIVERIES_OF_KEY)
-                .bind(key.biz_id.as_str())
-                .bind(key.biz_type.as_str())
-                .bind(key.consumer_group.as_str())
-                .bind(key.execute_time)
-                .fetch_all(store.pool())
-                .await?
-        }
+        _ => key.bind(store.query(&DELIVERIES_OF_KEY)).fetch_all(store.pool()).await?,
     };
     let mut deliveries = rows.iter().map(LogRow::from_row).collect::<Result<Vec<_>, _>>()?;
     let truncated = deliveries.len() > MAX_DELIVERIES;
@@ -488,21 +484,10 @@ pub(crate) async fn claims(
     store: &Store,
     key: &KeyRef,
 ) -> Result<(Option<ClaimRecord>, Vec<ClaimRecord>), sqlx::Error> {
-    let live = store
-        .query(&LIVE_CLAIM)
-        .bind(key.consumer_group.as_str())
-        .bind(key.biz_type.as_str())
-        .bind(key.biz_id.as_str())
-        .bind(key.execute_time)
-        .fetch_optional(store.pool())
-        .await?;
+    let live = key.bind(store.query(&LIVE_CLAIM)).fetch_optional(store.pool()).await?;
     let live = live.as_ref().map(|r| ClaimRecord::from_row(r, "live")).transpose()?;
-    let mut archived = store
-        .query(&ARCHIVED_CLAIMS)
-        .bind(key.biz_id.as_str())
-        .bind(key.biz_type.as_str())
-        .bind(key.consumer_group.as_str())
-        .bind(key.execute_time)
+    let mut archived = key
+        .bind(store.query(&ARCHIVED_CLAIMS))
         .fetch_all(store.pool())
         .await?
         .iter()

@@ -653,7 +653,7 @@ exactly_once_cases!(
 /// with `INSERT IGNORE … RETURNING` and only `mariadb_claiming_as_on_mysql` reads back.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn each_test_server_is_recognised_and_claims_groups_with_a_returning_insert() {
-    use idemgate::gate::group::ClaimPath;
+    use idemgate::gate::ClaimPath;
     use idemgate::store::MySqlFlavour;
     for (backend, flavour) in
         [(Backend::Sqlite, None), (Backend::Postgres, None), (Backend::MySql, Some(MySqlFlavour::MariaDb))]

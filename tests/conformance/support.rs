@@ -5,7 +5,7 @@ use std::sync::Arc;
 
 use idemgate::config::Settings;
 use idemgate::delivery::Delivery;
-use idemgate::gate::group::ClaimPath;
+use idemgate::gate::ClaimPath;
 use idemgate::gate::{Gate, GroupSettings, Identity};
 use idemgate::handler::Handlers;
 use idemgate::outcome::{Outcome, Verdict};

@@ -13,20 +13,23 @@
 //! Table and column names cannot be bound parameters, so they are checked against a strict
 //! identifier rule and written into statements that are built once, when the transition is
 //! made; states, keys and every other value are bound. This module owns those statements and
-//! the answers; it must not commit, roll back or open connections inside a delivery.
+//! the answers; it must not commit, roll back or open connections inside a delivery. The
+//! configured handlers are in [`configured`].
+
+mod configured;
+
+pub use configured::{StateMachineConfig, TransitionHandler, handlers};
 
 use std::collections::BTreeSet;
 use std::fmt;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use async_trait::async_trait;
 use serde::{Deserialize, Serialize};
 use sqlx::{AssertSqlSafe, SqlSafeStr, SqlStr};
 
-use crate::handler::{Effect, Fact, Handler, HandlerError, Handlers, Work};
+use crate::handler::{Effect, HandlerError};
 use crate::outcome::Layer;
-use crate::route::{MAX_BIZ_ID_CHARS, MAX_BIZ_TYPE_CHARS, Source, check_key_text};
 use crate::store::{AnyQuery, Backend, Conn, Store, number_placeholders};
 
 /// The longest identifier: PostgreSQL's limit (63 bytes), which MySQL's 64 also admits.
@@ -646,159 +649,6 @@ impl Transition {
     }
 }
 
-/// `[[state_machines]]`: a handler made from configuration, for moves that need no code. An
-/// array of tables has no `IDEMGATE_SECTION__KEY` form; the whole array may come from
-/// `IDEMGATE_STATE_MACHINES` as inline tables, such as
-/// `[{name="order.ship", table="shop_order", key_column="order_no", state_column="status", from=["PAID"], to="SHIPPED"}]`.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct StateMachineConfig {
-    /// `name` (in `IDEMGATE_STATE_MACHINES`, `{name = "…"}`): the handler name that routes refer
-    /// to (`handler = "order.ship"`, or a route whose biz_type is this name). Must not be the
-    /// name of a built-in handler.
-    pub name: String,
-    /// `table`: the table whose rows move. A plain identifier.
-    pub table: String,
-    /// `key_column`: the column that names a row (its primary or a unique key).
-    pub key_column: String,
-    /// `state_column`: the column that holds the row's state, as text.
-    pub state_column: String,
-    /// `from`: the states the move starts from.
-    pub from: Vec<String>,
-    /// `to`: the state the move makes.
-    pub to: String,
-    /// `done`: the states that mean the move was made already; absent means `[to]`.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub done: Option<Vec<String>>,
-    /// `on_missing`: `retry` (the default: the row may still be on its way) or `dead_letter`.
-    #[serde(default)]
-    pub on_missing: OnMissing,
-    /// `set_time_column`: a column set to the gate's clock, epoch milliseconds, by the move.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub set_time_column: Option<String>,
-    /// `row_key`: where the row's key comes from, as a route's `biz_id` says it (`keys`,
-    /// `property:NAME`, `json:/pointer`); absent means the delivery's bizId. Set it when the
-    /// messages are keyed by something else than the row (a shipment number for an order).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub row_key: Option<String>,
-}
-
-impl StateMachineConfig {
-    /// The handler this entry describes; the error names the field.
-    pub fn handler(&self) -> Result<TransitionHandler, DefinitionError> {
-        check_key_text(&self.name, MAX_BIZ_TYPE_CHARS).map_err(|m| wrong("name", m))?;
-        let machine = StateMachine::new(&self.table, &self.key_column, &self.state_column)?;
-        let mut spec = TransitionSpec::new(self.from.iter().cloned(), self.to.as_str());
-        spec.done = self.done.clone();
-        if let Some(column) = &self.set_time_column {
-            spec = spec.set(column.as_str());
-        }
-        let transition = machine.transition(spec).map_err(|e| match e.field.as_str() {
-            "set[0]" => DefinitionError { field: "set_time_column".to_owned(), ..e },
-            _ => e,
-        })?;
-        let row_key = self
-            .row_key
-            .as_deref()
-            .map(|text| Source::parse(text, "row_key").map_err(|e| wrong(e.field, e.message)))
-            .transpose()?;
-        Ok(TransitionHandler {
-            transition,
-            row_key: row_key.map(|source| (source, self.row_key.clone().unwrap_or_default())),
-            on_missing: self.on_missing,
-        })
-    }
-}
-
-/// The handlers of `configs`, each under its name. The first wrong entry is refused, its field
-/// named as `state_machines[i].field`.
-pub fn handlers(configs: &[StateMachineConfig]) -> Result<Handlers, DefinitionError> {
-    let mut handlers = Handlers::new();
-    for (i, config) in configs.iter().enumerate() {
-        let handler =
-            config.handler().map_err(|e| wrong(format!("state_machines[{i}].{}", e.field), e.message))?;
-        if handlers.get(&config.name).is_some() {
-            return Err(wrong(
-                format!("state_machines[{i}].name"),
-                format!("{:?} is the name of an earlier [[state_machines]] entry", config.name),
-            ));
-        }
-        handlers.insert(config.name.clone(), handler);
-    }
-    Ok(handlers)
-}
-
-/// A configured move as a [`Handler`]: the row named by the delivery (its bizId, or
-/// `row_key`) moves; a set time column gets the gate's clock.
-#[derive(Debug)]
-pub struct TransitionHandler {
-    transition: Transition,
-    /// Where the row key comes from, and that source as configured; `None`: the bizId.
-    row_key: Option<(Source, String)>,
-    on_missing: OnMissing,
-}
-
-impl TransitionHandler {
-    pub fn transition(&self) -> &Transition {
-        &self.transition
-    }
-}
-
-#[async_trait]
-impl Handler for TransitionHandler {
-    async fn handle(&self, work: &Work<'_>, conn: &mut Conn) -> Result<Effect, HandlerError> {
-        let key = match &self.row_key {
-            None => work.key.biz_id.clone(),
-            Some((source, _)) => {
-                source.read(work.delivery).map_err(|why| HandlerError::Invalid(format!("row_key: {why}")))?
-            }
-        };
-        check_key_text(&key, MAX_BIZ_ID_CHARS)
-            .map_err(|why| HandlerError::Invalid(format!("row_key {why}")))?;
-        let mut m = Move::of(key.as_str());
-        if !self.transition.set.is_empty() {
-            m = m.set(work.now_ms);
-        }
-        let answer = self.transition.apply(conn, work.backend, &m).await?;
-        self.transition.result(answer, &format!("{} {key}", self.transition.machine.table), self.on_missing)
-    }
-
-    /// The row's state, what it means for the move, and the time column. Where rows are named
-    /// by `row_key`, the bizId does not name the row, and the page says so.
-    async fn describe(&self, store: &Store, biz_id: &str) -> Result<Vec<Fact>, sqlx::Error> {
-        let t = &self.transition;
-        let table = t.machine.table.as_str();
-        if let Some((_, source)) = &self.row_key {
-            return Ok(vec![Fact::new(
-                table,
-                format!("rows are named by {source} of each message, not by the bizId"),
-            )]);
-        }
-        let Some((state, set)) = t.current(store, biz_id).await? else {
-            return Ok(vec![Fact::new(table, format!("no row with {} {biz_id}", t.machine.key_column))]);
-        };
-        let state = state.unwrap_or_else(|| "NULL".to_owned());
-        let meaning = if t.done.contains(&state) {
-            format!("{state}: the move to {} is made", t.to)
-        } else if t.from.contains(&state) {
-            format!("{state}: can become {}", t.to)
-        } else {
-            format!("{state}: cannot become {}", t.to)
-        };
-        let mut facts =
-            vec![Fact::new("row", format!("{table} {biz_id}")), Fact::new(&t.machine.state_column, meaning)];
-        for (column, value) in t.set.iter().zip(set) {
-            let shown = match value {
-                Some(Value::Int(ms)) => crate::clock::format_ms(ms),
-                Some(other) => other.to_string(),
-                None => "not set".to_owned(),
-            };
-            facts.push(Fact::new(column, shown));
-        }
-        Ok(facts)
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -979,62 +829,5 @@ mod tests {
             t.result(Answer::Contended { state: "UNPAID".into() }, what, OnMissing::DeadLetter),
             Err(HandlerError::Retryable(_))
         ));
-    }
-
-    fn config() -> StateMachineConfig {
-        StateMachineConfig {
-            name: "order.ship".into(),
-            table: "shop_order".into(),
-            key_column: "order_no".into(),
-            state_column: "status".into(),
-            from: vec!["PAID".into()],
-            to: "SHIPPED".into(),
-            done: None,
-            on_missing: OnMissing::Retry,
-            set_time_column: None,
-            row_key: None,
-        }
-    }
-
-    #[test]
-    fn configured_entries_are_refused_with_their_field_named() {
-        let cases: Vec<(StateMachineConfig, &str)> = vec![
-            (
-                StateMachineConfig { table: "x; drop".into(), ..config() },
-                "state_machines[0].table: \"x; drop\" is not a plain SQL identifier",
-            ),
-            (StateMachineConfig { key_column: "id\"--".into(), ..config() }, "state_machines[0].key_column:"),
-            (StateMachineConfig { state_column: "".into(), ..config() }, "state_machines[0].state_column:"),
-            (
-                StateMachineConfig { set_time_column: Some("t; x".into()), ..config() },
-                "state_machines[0].set_time_column:",
-            ),
-            (
-                StateMachineConfig { set_time_column: Some("status".into()), ..config() },
-                "state_machines[0].set_time_column:",
-            ),
-            (
-                StateMachineConfig { name: "a b".into(), ..config() },
-                "state_machines[0].name: has a forbidden character",
-            ),
-            (StateMachineConfig { from: vec![], ..config() }, "state_machines[0].from: names no state"),
-            (
-                StateMachineConfig { done: Some(vec!["PAID".into()]), ..config() },
-                "state_machines[0].done[0]:",
-            ),
-            (
-                StateMachineConfig { row_key: Some("body".into()), ..config() },
-                "state_machines[0].row_key: \"body\" is not a key source",
-            ),
-        ];
-        for (c, expected) in cases {
-            let err = handlers(&[c]).unwrap_err().to_string();
-            assert!(err.starts_with(expected), "expected {expected:?}, got {err:?}");
-        }
-        let twice = handlers(&[config(), config()]).unwrap_err();
-        assert_eq!(twice.field, "state_machines[1].name");
-        let built =
-            handlers(&[config(), StateMachineConfig { name: "order.cancel".into(), ..config() }]).unwrap();
-        assert_eq!(built.names().collect::<Vec<_>>(), ["order.cancel", "order.ship"]);
     }
 }
