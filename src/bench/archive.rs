@@ -24,18 +24,26 @@ use crate::scratch::ScratchDb;
 use crate::shop::{self, DeductStock};
 use crate::store::{Backend, Sql, Store, StoreOptions};
 
-/// What to measure.
-#[derive(Debug, Clone)]
+/// What to measure: the flags of `idemgate bench archive`.
+#[derive(Debug, Clone, clap::Args)]
 pub struct Options {
+    #[arg(long, value_delimiter = ',', default_value = "postgres,mysql")]
     pub backends: Vec<Backend>,
-    /// Expired claims to archive, at most 1,000,000.
+    /// Expired claims to load and archive (at most 1,000,000).
+    #[arg(long, default_value_t = 1_000_000)]
     pub rows: usize,
+    #[arg(long, default_value_t = 5_000)]
     pub batch_size: u32,
-    /// The pause of the run beside the consumers (the scheduled default is 50 ms).
+    /// Pause between batches of the run beside the consumers.
+    // The scheduled default is 50 ms.
+    #[arg(long = "pause-ms", value_name = "PAUSE_MS", default_value = "50", value_parser = super::millis)]
     pub pause: Duration,
-    /// Deliveries in flight in the consumer measurements.
+    /// Deliveries in flight.
+    #[arg(long, default_value_t = 4)]
     pub concurrency: usize,
-    /// Fresh deliveries per consumer measurement (baseline, guard off, guard on).
+    /// Fresh deliveries per consumer measurement.
+    // Three of them: the baseline, the guard off, the guard on.
+    #[arg(long, default_value_t = 4_000)]
     pub messages: usize,
 }
 
@@ -95,6 +103,22 @@ pub struct Report {
 
 const GROUP: &str = "bench_archive";
 const SKU: &str = "SKU-BENCH-ARCHIVE";
+
+/// `idemgate bench archive`: prints the setting, runs every backend and prints the tables
+/// of the runs and of the guard.
+pub async fn command(options: Options) -> anyhow::Result<()> {
+    println!(
+        "bench archive: {} expired claims, batches of {}, pause {} ms beside {} deliveries in flight, {} cores",
+        options.rows,
+        options.batch_size,
+        options.pause.as_millis(),
+        options.concurrency,
+        super::cores()
+    );
+    let reports = run(&options, |line| eprintln!("  {line}")).await?;
+    println!("\n{}\n{}", table(&reports), guard_table(&reports));
+    Ok(())
+}
 
 /// Runs every backend; calls `progress` with a line as each step ends.
 pub async fn run(options: &Options, mut progress: impl FnMut(&str)) -> anyhow::Result<Vec<Report>> {

@@ -33,22 +33,95 @@ use crate::store::{Backend, Store, StoreOptions};
 /// The property that numbers the benchmark's messages.
 const SEQ: &str = "BENCH_SEQ";
 
-#[derive(Debug, Clone)]
+/// What to measure: the flags of `idemgate bench broker`.
+#[derive(Debug, Clone, clap::Args)]
 pub struct Options {
-    /// A running name server; `None` starts a private broker.
+    /// A running name server; without it a private broker is started (scripts/install-rocketmq.sh
+    /// installs the binaries).
+    #[arg(long)]
     pub name_server: Option<String>,
-    pub backend: Backend,
+    #[arg(long, default_value_t = 10000)]
     pub messages: usize,
+    #[arg(long, default_value_t = 0.3)]
     pub duplicates: f64,
-    /// Consume threads of the per-message modes.
+    // Consume threads of the per-message modes.
+    #[arg(long, default_value_t = 8)]
     pub consume_threads: u32,
-    /// Consume threads of the group-commit mode: enough deliveries in flight to fill its groups.
+    /// The database: postgres or mysql.
+    #[arg(long, default_value = "postgres")]
+    pub backend: String,
+    /// Consume threads of the group-commit run.
+    // Enough deliveries in flight to fill its groups.
+    #[arg(long, default_value_t = 4)]
     pub group_threads: u32,
-    /// Messages per listener call in the group-commit mode.
+    /// Messages per listener call in the group-commit run (1 to 32), handed to the gate at once.
+    #[arg(long, default_value_t = 32)]
     pub group_listener_batch: u32,
-    pub group: GroupSettings,
-    /// Also run idemgate on the client's default runtime (slow: the client refuses most calls).
+    /// Deliveries per group transaction (1 to 64).
+    #[arg(long, default_value_t = 32)]
+    pub max_batch: usize,
+    #[arg(long, default_value_t = 2)]
+    pub linger_ms: u64,
+    /// Groups committing at once.
+    #[arg(long, default_value_t = 2)]
+    pub in_flight: usize,
+    /// Also run idemgate on the client's default runtime.
+    // Slow: the client refuses most calls.
+    #[arg(long)]
     pub client_defaults: bool,
+}
+
+impl Options {
+    /// The database, which must be a server: PostgreSQL or MySQL.
+    pub fn backend(&self) -> anyhow::Result<Backend> {
+        let backend: Backend = self.backend.parse()?;
+        anyhow::ensure!(backend != Backend::Sqlite, "bench broker: --backend is postgres or mysql");
+        Ok(backend)
+    }
+
+    /// Messages per listener call in the group-commit mode, 1 to 32.
+    pub fn listener_batch(&self) -> u32 {
+        self.group_listener_batch.clamp(1, 32)
+    }
+
+    /// The group commit of the group-commit mode, its queue four times the deliveries its
+    /// consume threads hold at once.
+    pub fn group(&self) -> GroupSettings {
+        GroupSettings {
+            enabled: true,
+            max_batch: self.max_batch,
+            linger_ms: self.linger_ms,
+            in_flight: self.in_flight.max(1),
+            queue: 4 * (self.group_threads * self.listener_batch()) as usize,
+        }
+    }
+}
+
+/// `idemgate bench broker`: checks the flags, prints the setting, runs every mode and prints
+/// the table.
+pub async fn command(options: Options) -> anyhow::Result<()> {
+    let backend = options.backend()?;
+    anyhow::ensure!(
+        (1..=crate::gate::MAX_BATCH).contains(&options.max_batch),
+        "bench broker: --max-batch is 1 to {}",
+        crate::gate::MAX_BATCH
+    );
+    super::share("duplicates", options.duplicates, 0.9)?;
+    let group = options.group();
+    println!(
+        "bench broker: {} stock.deduct messages, {:.0}% duplicates, RocketMQ -> {backend}, {} cores; group commit: {} threads × {} messages per call, max_batch {}, linger {} ms, {} in flight",
+        options.messages,
+        options.duplicates * 100.0,
+        super::cores(),
+        options.group_threads,
+        options.listener_batch(),
+        group.max_batch,
+        group.linger_ms,
+        group.in_flight,
+    );
+    let runs = run(&options, |r| eprintln!("  {}: {:.0} msg/s", r.mode, r.rate())).await?;
+    println!("\n{}", table(&runs));
+    Ok(())
 }
 
 #[derive(Debug, Clone)]
@@ -242,12 +315,10 @@ pub async fn run(options: &Options, mut report: impl FnMut(&Run)) -> anyhow::Res
         .clone()
         .or_else(|| local.as_ref().map(|l| l.name_server().to_owned()))
         .context("a name server")?;
+    let backend = options.backend()?;
     let threads = options.consume_threads.max(20);
-    let db = ScratchDb::create(
-        options.backend,
-        &StoreOptions { max_connections: threads + 4, ..Default::default() },
-    )
-    .await?;
+    let db = ScratchDb::create(backend, &StoreOptions { max_connections: threads + 4, ..Default::default() })
+        .await?;
     let topic = format!("bench_{}", crate::traffic::run_id());
     let (mut stream, _) = super::gate::stream(options.messages, options.duplicates, 7);
     for (i, d) in stream.iter_mut().enumerate() {
@@ -290,7 +361,7 @@ pub async fn run(options: &Options, mut report: impl FnMut(&Run)) -> anyhow::Res
             Policy { duplicate_warnings_per_second: 0, ..Policy::default() },
         )?;
         if mode == Mode::GroupCommit {
-            gate = gate.with_group_commit(options.group.clone());
+            gate = gate.with_group_commit(options.group());
         }
         let profiled = Arc::new(Profiled { gate: Arc::new(gate), totals: Mutex::default() });
         let timed: Arc<Timed<Arc<dyn Sink>>> = Arc::new(Timed::new(match mode {
@@ -307,7 +378,7 @@ pub async fn run(options: &Options, mut report: impl FnMut(&Run)) -> anyhow::Res
         let consumer_options = BrokerSettings {
             name_server: name_server.clone(),
             consume_threads,
-            batch_size: if mode == Mode::GroupCommit { options.group_listener_batch } else { 1 },
+            batch_size: if mode == Mode::GroupCommit { options.listener_batch() } else { 1 },
             start_from: StartFrom::First,
             ..BrokerSettings::default()
         };
@@ -350,8 +421,8 @@ pub async fn run(options: &Options, mut report: impl FnMut(&Run)) -> anyhow::Res
     super::gate::reset(&db.store).await?;
     super::reset_peak_rss();
     let started = Instant::now();
-    raw_batched_inserts(&db.store, options.messages, options.group.max_batch, options.group.in_flight)
-        .await?;
+    let group = options.group();
+    raw_batched_inserts(&db.store, options.messages, group.max_batch, group.in_flight).await?;
     let r = Run {
         mode: "raw batched insert, no broker, no handler",
         consume_threads: 0,

@@ -20,24 +20,64 @@ use tokio::sync::Mutex;
 
 use super::{Percentiles, peak_rss_mib, rate};
 use crate::delivery::Delivery;
-use crate::gate::{Gate, Identity, Phases, Policy};
+use crate::gate::{Gate, GroupSettings, Identity, Phases, Policy};
 use crate::outcome::Outcome;
 use crate::route::Routes;
 use crate::scratch::ScratchDb;
 use crate::shop::{self, DeductStock};
 use crate::store::{Backend, Sql, Store, StoreOptions};
 
-/// What to measure.
-#[derive(Debug, Clone)]
+/// What to measure: the flags of `idemgate bench gate`.
+#[derive(Debug, Clone, clap::Args)]
 pub struct Options {
+    /// Backends to measure (sqlite, postgres, mysql); the servers' admin URLs come from
+    /// IDEMGATE_TEST_POSTGRES_URL and IDEMGATE_TEST_MYSQL_URL or the local defaults.
+    #[arg(long, value_delimiter = ',', default_value = "sqlite,postgres,mysql")]
     pub backends: Vec<Backend>,
+    #[arg(long, default_value_t = 4000)]
     pub messages: usize,
-    /// Share of the stream that repeats an earlier message.
+    // The share of the stream that repeats an earlier message.
+    #[arg(long, default_value_t = 0.3)]
     pub duplicates: f64,
-    /// Deliveries in flight, one run per value.
+    /// Deliveries in flight; one run per value.
+    #[arg(long, value_delimiter = ',', default_value = "1,8")]
     pub concurrency: Vec<usize>,
-    /// The group commit of the group-commit pattern.
-    pub group: crate::gate::GroupSettings,
+    /// Deliveries per transaction of the group-commit pattern (1 to 64).
+    #[arg(long, default_value_t = 32)]
+    pub max_batch: usize,
+    /// Groups committing at once in the group-commit pattern.
+    #[arg(long, default_value_t = 2)]
+    pub in_flight: usize,
+}
+
+impl Options {
+    /// The group commit of the group-commit pattern: `max_batch` brought into 1 to
+    /// [`MAX_BATCH`](crate::gate::MAX_BATCH), at least one group in flight.
+    pub fn group(&self) -> GroupSettings {
+        GroupSettings {
+            max_batch: self.max_batch.clamp(1, crate::gate::MAX_BATCH),
+            in_flight: self.in_flight.max(1),
+            ..Default::default()
+        }
+    }
+}
+
+/// `idemgate bench gate`: prints the setting, runs every backend, pattern and concurrency,
+/// and prints the table of rates and the one of where the gate's time goes.
+pub async fn command(options: Options) -> anyhow::Result<()> {
+    println!(
+        "bench gate: {} stock.deduct messages, {:.0}% duplicates, {} cores",
+        options.messages,
+        options.duplicates * 100.0,
+        super::cores()
+    );
+    let reports = run(&options, |r| {
+        eprintln!("  {} {} x{}: {:.0} msg/s", r.backend, r.pattern, r.concurrency, r.rate());
+    })
+    .await?;
+    println!("\n{}", table(&reports));
+    println!("Where the gate's time goes (mean per message):\n\n{}", phase_table(&reports));
+    Ok(())
 }
 
 /// One pattern's run.
@@ -135,7 +175,7 @@ pub async fn run(options: &Options, mut report: impl FnMut(&RunReport)) -> anyho
                 Identity { consumer_group: GROUP.to_owned(), instance_id: "bench".to_owned() },
                 Policy { duplicate_warnings_per_second: 0, ..Policy::default() },
             )?
-            .with_group_commit(options.group.clone()),
+            .with_group_commit(options.group()),
         );
         for &concurrency in &options.concurrency {
             for pattern in [Pattern::Naive, Pattern::Gate, Pattern::GroupCommit] {

@@ -28,17 +28,25 @@ use crate::prefilter::{Prefilter, RedisSettings};
 use crate::route::Routes;
 use crate::scratch::ScratchDb;
 use crate::shop::{self, DeductStock};
-use crate::store::{Backend, Store, StoreOptions};
+use crate::store::{Backend, Store, StoreOptions, redact_url};
 
-/// What to measure.
-#[derive(Debug, Clone)]
+/// What to measure: the flags of `idemgate bench layers`.
+#[derive(Debug, Clone, clap::Args)]
 pub struct Options {
+    #[arg(long, value_delimiter = ',', default_value = "postgres,mysql")]
     pub backends: Vec<Backend>,
+    #[arg(long, default_value_t = 20_000)]
     pub messages: usize,
-    /// One run of every mode per share of duplicates.
+    /// Shares of duplicates; one run of every mode per value.
+    #[arg(long, value_delimiter = ',', default_value = "0.3,0.9")]
     pub duplicates: Vec<f64>,
+    /// Deliveries in flight.
+    #[arg(long, default_value_t = 8)]
     pub concurrency: usize,
+    /// Claim tables of the sharded mode.
+    #[arg(long, default_value_t = 16)]
     pub shards: u16,
+    #[arg(long, env = "IDEMGATE_TEST_REDIS_URL", default_value = "redis://127.0.0.1:6379")]
     pub redis_url: String,
 }
 
@@ -90,6 +98,25 @@ impl RunReport {
     fn per_message(&self, n: u64) -> f64 {
         n as f64 / self.messages.max(1) as f64
     }
+}
+
+/// `idemgate bench layers`: prints the setting, runs every backend, share of duplicates and
+/// mode, and prints the table.
+pub async fn command(options: Options) -> anyhow::Result<()> {
+    println!(
+        "bench layers: {} stock.deduct messages, {} in flight, {} shards, Redis at {}, {} cores",
+        options.messages,
+        options.concurrency,
+        options.shards,
+        redact_url(&options.redis_url),
+        super::cores()
+    );
+    let reports = run(&options, |r| {
+        eprintln!("  {} {:.0}% {}: {:.0} msg/s", r.backend, r.duplicates * 100.0, r.mode.name(), r.rate())
+    })
+    .await?;
+    println!("\n{}", table(&reports));
+    Ok(())
 }
 
 /// Runs every backend, share of duplicates and mode; calls `report` after each run.

@@ -18,6 +18,14 @@ use crate::scratch::ScratchDb;
 use crate::shop;
 use crate::store::{Backend, StoreOptions};
 
+/// What to measure: the flags of `idemgate bench metrics`.
+#[derive(Debug, Clone, clap::Args)]
+pub struct Options {
+    /// Messages for the with/without comparison on SQLite.
+    #[arg(long, default_value_t = 4000)]
+    pub messages: usize,
+}
+
 #[derive(Debug, Clone)]
 pub struct Report {
     pub observe_ns: f64,
@@ -36,6 +44,15 @@ fn info() -> BuildInfo {
         instance_id: "bench".into(),
         ui_url: "http://127.0.0.1:8080".into(),
     }
+}
+
+/// `idemgate bench metrics`: prints the setting, measures and prints the table.
+pub async fn command(options: Options) -> anyhow::Result<()> {
+    let messages = options.messages;
+    println!("bench metrics: {messages} stock.deduct messages on SQLite with and without metrics");
+    let report = run(messages).await?;
+    println!("\n{}", table(&report));
+    Ok(())
 }
 
 pub async fn run(messages: usize) -> anyhow::Result<Report> {

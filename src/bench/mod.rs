@@ -2,11 +2,15 @@
 //! product beside the naive way a user would write the same thing, on the same database in
 //! the same run, checks the results for correctness, and prints a table.
 //!
+//! Each benchmark's module owns its flags (its `Options`, parsed by clap), their checks, the
+//! run and the printing, in its `command`; [`command::BenchCommand`] picks the benchmark.
+//!
 //! Benchmarks create scratch databases ([`crate::scratch`]) and drop them afterwards. They
 //! must not be pointed at production servers.
 
 pub mod archive;
 pub mod broker;
+pub mod command;
 pub mod gate;
 pub mod layers;
 pub mod metrics;
@@ -20,6 +24,27 @@ use std::time::Duration;
 use sqlx::AssertSqlSafe;
 
 use crate::store::{Sql, Store};
+
+/// Checks a share flag (`--{name}`): from 0 to `max`.
+fn share(name: &str, value: f64, max: f64) -> anyhow::Result<()> {
+    anyhow::ensure!((0.0..=max).contains(&value), "--{name} must be between 0 and {max}, not {value}");
+    Ok(())
+}
+
+/// A flag given in milliseconds.
+fn millis(text: &str) -> Result<Duration, std::num::ParseIntError> {
+    text.parse().map(Duration::from_millis)
+}
+
+/// A flag given in seconds.
+fn seconds(text: &str) -> Result<Duration, std::num::ParseIntError> {
+    text.parse().map(Duration::from_secs)
+}
+
+/// The cores this process may run on, for the setting line a benchmark prints first.
+fn cores() -> usize {
+    std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1)
+}
 
 /// Latency percentiles of a sample, in microseconds.
 #[derive(Debug, Clone, Copy, Default, PartialEq)]
@@ -96,6 +121,15 @@ mod tests {
         let p = Percentiles::of(&mut s);
         assert_eq!((p.p50_us, p.p99_us, p.max_us), (51, 99, 100));
         assert_eq!(Percentiles::of(&mut []), Percentiles::default());
+    }
+
+    #[test]
+    fn shares_are_checked() {
+        assert!(share("duplicates", 0.0, 0.9).is_ok() && share("duplicates", 0.9, 0.9).is_ok());
+        assert_eq!(
+            share("duplicates", 0.95, 0.9).unwrap_err().to_string(),
+            "--duplicates must be between 0 and 0.9, not 0.95"
+        );
     }
 
     #[test]

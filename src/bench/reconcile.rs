@@ -34,15 +34,20 @@ const MINUTE_MS: i64 = 60_000;
 const HOUR_MS: i64 = 60 * MINUTE_MS;
 pub const GROUP: &str = "bench-reconcile";
 
-/// What to measure.
-#[derive(Debug, Clone)]
+/// What to measure: the flags of `idemgate bench reconcile`.
+#[derive(Debug, Clone, clap::Args)]
 pub struct Options {
+    #[arg(long, value_delimiter = ',', default_value = "postgres,mysql")]
     pub backends: Vec<Backend>,
-    /// Deliveries to load, about (the shape sets the exact count).
+    /// Deliveries to load, about (1,000 to 3,000,000).
+    // The shape of the traffic sets the exact count.
+    #[arg(long, default_value_t = 1_000_000)]
     pub deliveries: usize,
-    /// The hours the deliveries are spread over; the run reconciles the last 24 of them.
+    /// Hours the deliveries are spread over (24 to 2160); the run reconciles the last 24.
+    #[arg(long, default_value_t = 24)]
     pub span_hours: u32,
-    /// The longest a statement may run before it is cancelled and reported as such.
+    /// Seconds a statement may run before it is cancelled and reported as such.
+    #[arg(long, default_value = "120", value_parser = super::seconds)]
     pub statement_timeout: Duration,
 }
 
@@ -106,6 +111,20 @@ pub struct Report {
     pub run: Duration,
     pub overview: Duration,
     pub anomalies: usize,
+}
+
+/// `idemgate bench reconcile`: prints the setting, runs every backend and prints the table.
+pub async fn command(options: Options) -> anyhow::Result<()> {
+    println!(
+        "bench reconcile: about {} deliveries over {} hours per backend, the last 24 reconciled, \
+         statistics never gathered; statements cancelled after {} s",
+        options.deliveries,
+        options.span_hours,
+        options.statement_timeout.as_secs()
+    );
+    let reports = run(&options, |line| eprintln!("  {line}")).await?;
+    println!("\n{}", table(&reports));
+    Ok(())
 }
 
 /// Runs the benchmark on each backend.

@@ -17,13 +17,16 @@ use crate::scratch::ScratchDb;
 use crate::state_machine::{Answer, Move, StateMachine, Transition, TransitionSpec};
 use crate::store::{Backend, Sql, Store, StoreOptions};
 
-/// What to measure.
-#[derive(Debug, Clone)]
+/// What to measure: the flags of `idemgate bench state-machine`.
+#[derive(Debug, Clone, clap::Args)]
 pub struct Options {
+    #[arg(long, value_delimiter = ',', default_value = "postgres,mysql")]
     pub backends: Vec<Backend>,
-    /// Rows each pattern moves, then moves again.
+    /// Rows each pattern moves, then moves again (at most 1,000,000).
+    #[arg(long, default_value_t = 20_000)]
     pub rows: usize,
-    /// Rows raced by two movers at once, per pattern.
+    /// Rows each pattern races two movers on.
+    #[arg(long, default_value_t = 2_000)]
     pub race_rows: usize,
 }
 
@@ -106,6 +109,19 @@ enum Ended {
     Moved,
     AlreadyDone,
     Other,
+}
+
+/// `idemgate bench state-machine`: prints the setting, runs every backend and prints the
+/// table.
+pub async fn command(options: Options) -> anyhow::Result<()> {
+    println!(
+        "bench state-machine: PAID to SHIPPED on {} rows per pattern, then again (already done), \
+         one transaction a move; {} rows raced by two movers",
+        options.rows, options.race_rows
+    );
+    let report = run(&options, |line| eprintln!("  {line}")).await?;
+    println!("\n{}", table(&report));
+    Ok(())
 }
 
 /// Runs every backend; calls `progress` after each run.

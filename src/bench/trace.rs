@@ -24,15 +24,19 @@ use crate::store::{Backend, Sql, Store, StoreOptions};
 pub(crate) const GROUP: &str = "bench-trace";
 const DAY_MS: i64 = 86_400_000;
 
-/// What to measure.
-#[derive(Debug, Clone)]
+/// What to measure: the flags of `idemgate bench trace`.
+#[derive(Debug, Clone, clap::Args)]
 pub struct Options {
+    #[arg(long, value_delimiter = ',', default_value = "postgres,mysql")]
     pub backends: Vec<Backend>,
-    /// Claims, at most 1,000,000; the log gets three rows per claim.
+    /// Claims to load (at most 1,000,000); the delivery log gets three rows per claim.
+    #[arg(long, default_value_t = 1_000_000)]
     pub claims: usize,
-    /// Timed trace lookups per kind (bizId, msgId).
+    /// Timed trace lookups per kind (by bizId, by msgId).
+    #[arg(long, default_value_t = 2_000)]
     pub lookups: usize,
-    /// Timed naive lookups (each scans the log).
+    /// Timed naive lookups (each one scans the log).
+    #[arg(long, default_value_t = 10)]
     pub naive_lookups: usize,
 }
 
@@ -62,6 +66,19 @@ pub struct Report {
     pub rss_before_mib: f64,
     pub rss_after_mib: f64,
     pub peak_rss_mib: f64,
+}
+
+/// `idemgate bench trace`: prints the setting, runs every backend and prints the table.
+pub async fn command(options: Options) -> anyhow::Result<()> {
+    println!(
+        "bench trace: {} claims and {} delivery-log rows per backend; {} lookups by bizId and by msgId",
+        options.claims,
+        3 * options.claims,
+        options.lookups
+    );
+    let reports = run(&options).await?;
+    println!("\n{}", table(&reports));
+    Ok(())
 }
 
 /// Runs the benchmark on each backend.

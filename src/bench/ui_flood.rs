@@ -153,6 +153,28 @@ impl Report {
     }
 }
 
+/// `idemgate bench ui-flood`: checks the flags, prints the setting, runs every configuration
+/// quiet and flooded, prints the table and fails unless [`Report::check`] passes.
+pub async fn command(options: Options) -> anyhow::Result<()> {
+    super::share("duplicates", options.duplicates, 0.9)?;
+    anyhow::ensure!(
+        options.messages > 0 && options.clients > 0,
+        "bench ui-flood: --messages and --clients must be at least 1"
+    );
+    println!(
+        "bench ui-flood: {} stock.deduct messages, {:.0}% duplicates, RocketMQ -> {}, {} request loops, {} history rows, {} cores",
+        options.messages,
+        options.duplicates * 100.0,
+        options.backend,
+        options.clients,
+        options.history,
+        super::cores(),
+    );
+    let report = run(&options, |line| eprintln!("  {line}")).await?;
+    println!("\n{}", table(&report));
+    report.check()
+}
+
 pub async fn run(options: &Options, progress: impl Fn(&str)) -> anyhow::Result<Report> {
     anyhow::ensure!(options.backend != Backend::Sqlite, "bench ui-flood: --backend is postgres or mysql");
     let local = match &options.name_server {
