@@ -112,6 +112,7 @@ mod tests {
         };
         let group = g.group();
         assert_eq!((group.max_batch, group.in_flight), (crate::gate::MAX_BATCH, 1));
+        assert!(group.enabled, "the group-commit pattern commits in groups");
         let BenchCommand::Broker(b) =
             parse(&["broker", "--group-threads", "3", "--group-listener-batch", "99", "--in-flight", "0"])
         else {

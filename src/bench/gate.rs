@@ -51,10 +51,11 @@ pub struct Options {
 }
 
 impl Options {
-    /// The group commit of the group-commit pattern: `max_batch` brought into 1 to
+    /// The group commit of the group-commit pattern, on: `max_batch` brought into 1 to
     /// [`MAX_BATCH`](crate::gate::MAX_BATCH), at least one group in flight.
     pub fn group(&self) -> GroupSettings {
         GroupSettings {
+            enabled: true,
             max_batch: self.max_batch.clamp(1, crate::gate::MAX_BATCH),
             in_flight: self.in_flight.max(1),
             ..Default::default()
@@ -277,20 +278,7 @@ async fn run_one(
     let elapsed = started.elapsed();
     let mut totals = totals.lock().await;
     let n = stream.len() as u64;
-    let phases = (pattern != Pattern::Naive).then(|| {
-        let p = totals.2;
-        Phases {
-            begin_us: p.begin_us / n,
-            claim_us: p.claim_us / n,
-            handler_us: p.handler_us / n,
-            log_us: p.log_us / n,
-            commit_us: p.commit_us / n,
-            lookup_us: p.lookup_us / n,
-            redis_us: p.redis_us / n,
-            transient_retries: p.transient_retries,
-            group_size: 0,
-        }
-    });
+    let phases = (pattern != Pattern::Naive).then(|| totals.2.mean_over(n));
     Ok(Timing { elapsed, latency: Percentiles::of(&mut totals.0), errors: totals.1, phases })
 }
 
@@ -378,6 +366,11 @@ pub(crate) async fn reset(store: &Store) -> Result<(), sqlx::Error> {
     for sql in &CLEAR {
         store.query(sql).execute(store.pool()).await?;
     }
+    seed(store).await
+}
+
+/// Stock the stream's SKUs with more than any run deducts, so that every deduction applies.
+pub(crate) async fn seed(store: &Store) -> Result<(), sqlx::Error> {
     for i in 0..SKUS {
         shop::seed_stock(store, &sku(i), i64::MAX / 2).await?;
     }

@@ -59,7 +59,8 @@ pub struct Options {
 pub enum Wiring {
     /// `[http]` as shipped: `max_connections` 4, `max_concurrent_requests` 16.
     Defaults,
-    /// The UI's own pool of 32, and up to 10,000 requests in flight.
+    /// The UI's own pool of 32, and up to 1,024 requests in flight (the most
+    /// `http.max_concurrent_requests` allows).
     WideLimits,
     /// The pages on the consumer's pool, no limit on requests: the naive way.
     SharedPool,
@@ -69,7 +70,7 @@ impl Wiring {
     pub fn name(self) -> &'static str {
         match self {
             Wiring::Defaults => "defaults (own pool of 4, 16 in flight)",
-            Wiring::WideLimits => "own pool of 32, 10,000 in flight",
+            Wiring::WideLimits => "own pool of 32, 1,024 in flight",
             Wiring::SharedPool => "naive: consumer's pool, no limit",
         }
     }
@@ -187,7 +188,7 @@ pub async fn run(options: &Options, progress: impl Fn(&str)) -> anyhow::Result<R
         .or_else(|| local.as_ref().map(|l| l.name_server().to_owned()))
         .context("a name server")?;
     let db = ScratchDb::create(options.backend, &StoreOptions::default()).await?;
-    crate::layout::ensure(&db.store, 1, "bench").await?;
+    crate::layout::ensure(&db.store, Settings::default().dedup.shards, "bench").await?;
     if options.history > 0 {
         let started = Instant::now();
         let now = crate::clock::now_ms();
@@ -254,7 +255,7 @@ fn settings(db_url: &str, name_server: &str, topic: &str, group: &str, wiring: W
     s.routes = shop::routes(topic);
     if wiring != Wiring::Defaults {
         s.http.max_connections = 32;
-        s.http.max_concurrent_requests = 10_000;
+        s.http.max_concurrent_requests = 1_024;
     }
     s
 }
@@ -486,6 +487,8 @@ async fn clear_runs(store: &Store) -> anyhow::Result<()> {
     for sql in &CLEAR {
         store.query(sql).execute(store.pool()).await?;
     }
+    // Each run deducts from the same full stock, so that every fresh key applies.
+    super::gate::seed(store).await?;
     Ok(())
 }
 

@@ -30,13 +30,27 @@ impl Phases {
     /// This delivery's share: a group's shared phases (begin, claim, lookup, log, commit)
     /// divided among the deliveries that shared them; its own handler and Redis time whole.
     pub fn per_delivery(&self) -> Phases {
-        let n = u64::from(self.group_size.max(1));
+        self.divided(u64::from(self.group_size.max(1)), false)
+    }
+
+    /// The mean of the `n` deliveries these phases sum: every time divided by `n`, the retries
+    /// as summed.
+    pub fn mean_over(&self, n: u64) -> Phases {
+        Phases { group_size: 0, ..self.divided(n.max(1), true) }
+    }
+
+    /// The shared phases (begin, claim, lookup, log, commit) divided by `n`, and with `all` the
+    /// delivery's own (handler, Redis) too.
+    fn divided(&self, n: u64, all: bool) -> Phases {
+        let own = if all { n } else { 1 };
         Phases {
             begin_us: self.begin_us / n,
             claim_us: self.claim_us / n,
             lookup_us: self.lookup_us / n,
             log_us: self.log_us / n,
             commit_us: self.commit_us / n,
+            handler_us: self.handler_us / own,
+            redis_us: self.redis_us / own,
             ..*self
         }
     }
