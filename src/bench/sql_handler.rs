@@ -5,7 +5,8 @@
 //! Both credit a wallet (an update held to one row) and write the credit's ledger row (its
 //! `credit_id` a primary key): the configured one from its two statements and typed JSON
 //! parameters, the Rust one as a user writes it, parsing the body with serde and binding the
-//! same values. Every message is a fresh key; `--workers` deliveries run at once. The books are
+//! same values. Every message is a fresh key; `--workers` deliveries run at once; after a
+//! warm-up, the two take turns in four rounds, each first in every other round. The books are
 //! checked afterwards: one ledger row per message, and the balances the sum of the credits.
 
 use std::sync::Arc;
@@ -45,9 +46,12 @@ pub struct Options {
 /// The two handlers measured.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Kind {
-    Configured,
-    Rust,
+    Configured = 0,
+    Rust = 1,
 }
+
+/// The rounds the measured credits are delivered in.
+const ROUNDS: usize = 4;
 
 impl Kind {
     pub fn name(self) -> &'static str {
@@ -186,8 +190,8 @@ pub async fn command(options: Options) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// Runs every backend, the configured handler and then the Rust one; calls `progress` after
-/// each run.
+/// Runs every backend, the two handlers in alternating rounds; calls `progress` after each
+/// backend's two reports.
 pub async fn run(options: &Options, mut progress: impl FnMut(&RunReport)) -> anyhow::Result<Vec<RunReport>> {
     anyhow::ensure!((1..=1_000_000).contains(&options.messages), "--messages must be from 1 to 1000000");
     anyhow::ensure!((1..=64).contains(&options.workers), "--workers must be from 1 to 64");
@@ -226,8 +230,24 @@ async fn measure(
     handlers.verify(store).await.map_err(|why| anyhow::anyhow!(why))?;
     let gate = Arc::new(crate::app::gate(&settings, store.clone(), handlers, None).await?);
     for kind in [Kind::Configured, Kind::Rust] {
-        deliver(&gate, kind, "W", 500, options).await?;
-        let (elapsed, latency) = deliver(&gate, kind, "M", options.messages, options).await?;
+        deliver(&gate, kind, "W", 0..500, options).await?;
+    }
+    // In rounds, each handler first in every other one, so that neither gains from going second
+    // (a warmer cache, a checkpoint that fell in the other's time).
+    let mut measured = [(Duration::ZERO, Vec::new()), (Duration::ZERO, Vec::new())];
+    let bounds: Vec<usize> = (0..=ROUNDS).map(|r| r * options.messages / ROUNDS).collect();
+    for round in 0..ROUNDS {
+        let order =
+            if round % 2 == 0 { [Kind::Configured, Kind::Rust] } else { [Kind::Rust, Kind::Configured] };
+        for kind in order {
+            let (elapsed, latencies) =
+                deliver(&gate, kind, "M", bounds[round]..bounds[round + 1], options).await?;
+            let m = &mut measured[kind as usize];
+            m.0 += elapsed;
+            m.1.extend(latencies);
+        }
+    }
+    for kind in [Kind::Configured, Kind::Rust] {
         let (rows, cents): (i64, Option<i64>) = {
             let r =
                 store.query(&LEDGER_OF).bind(format!("{}-M-%", kind.tag())).fetch_one(store.pool()).await?;
@@ -240,13 +260,14 @@ async fn measure(
             options.messages,
             expected_cents(options.messages)
         );
+        let (elapsed, latencies) = &mut measured[kind as usize];
         let r = RunReport {
             backend,
             kind,
             messages: options.messages,
             workers: options.workers,
-            elapsed,
-            latency,
+            elapsed: *elapsed,
+            latency: Percentiles::of(latencies),
         };
         progress(&r);
         reports.push(r);
@@ -265,16 +286,17 @@ fn expected_cents(n: usize) -> i64 {
     (0..n as i64).map(|i| 1 + i % 100).sum()
 }
 
-/// Delivers `n` fresh credits of `kind`, keyed `{tag}-{run}-{i}`, from `options.workers`
-/// workers; the time they took and the latency of each.
+/// Delivers the fresh credits `range` of `kind`, keyed `{tag}-{run}-{i}`, from
+/// `options.workers` workers; the time they took and the latency of each, in microseconds.
 async fn deliver(
     gate: &Arc<Gate>,
     kind: Kind,
     run: &str,
-    n: usize,
+    range: std::ops::Range<usize>,
     options: &Options,
-) -> anyhow::Result<(Duration, Percentiles)> {
-    let next = Arc::new(AtomicUsize::new(0));
+) -> anyhow::Result<(Duration, Vec<u64>)> {
+    let n = range.end;
+    let next = Arc::new(AtomicUsize::new(range.start));
     let started = Instant::now();
     let mut workers = Vec::new();
     for _ in 0..options.workers {
@@ -304,11 +326,11 @@ async fn deliver(
             }
         }));
     }
-    let mut all = Vec::with_capacity(n);
+    let mut all = Vec::with_capacity(range.len());
     for w in workers {
         all.extend(w.await??);
     }
-    Ok((started.elapsed(), Percentiles::of(&mut all)))
+    Ok((started.elapsed(), all))
 }
 
 /// The figures as a Markdown table.

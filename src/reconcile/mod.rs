@@ -271,9 +271,15 @@ fn check_query(store: &Store, check: &Check, o: &ReconcileOptions) -> crate::sto
 fn check_row(r: &sqlx::any::AnyRow) -> Result<(String, i64), sqlx::Error> {
     let biz_id = match r.try_get::<String, _>(0) {
         Ok(text) => text,
-        Err(_) => r.try_get::<i64, _>(0)?.to_string(),
+        Err(_) => match r.try_get::<i32, _>(0) {
+            Ok(n) => n.to_string(),
+            Err(_) => r.try_get::<i64, _>(0)?.to_string(),
+        },
     };
-    let count = if r.columns().len() > 1 { r.try_get::<i64, _>(1)? } else { 1 };
+    let count = match r.columns().len() {
+        1 => 1,
+        _ => r.try_get::<i64, _>(1).or_else(|_| r.try_get::<i32, _>(1).map(i64::from))?,
+    };
     Ok((biz_id, count))
 }
 

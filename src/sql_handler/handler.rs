@@ -263,7 +263,16 @@ fn shown(row: &sqlx::any::AnyRow, i: usize) -> String {
     if let Ok(v) = row.try_get::<i64, _>(i) {
         return v.to_string();
     }
+    if let Ok(v) = row.try_get::<i32, _>(i) {
+        return v.to_string();
+    }
+    if let Ok(v) = row.try_get::<i16, _>(i) {
+        return v.to_string();
+    }
     if let Ok(v) = row.try_get::<f64, _>(i) {
+        return v.to_string();
+    }
+    if let Ok(v) = row.try_get::<f32, _>(i) {
         return v.to_string();
     }
     if let Ok(v) = row.try_get::<bool, _>(i) {

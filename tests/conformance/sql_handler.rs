@@ -50,7 +50,8 @@ pub fn configs() -> Vec<SqlHandlerConfig> {
                 },
                 idemgate::sql_handler::CheckConfig {
                     name: "no negative balance".into(),
-                    sql: "SELECT user_id, COUNT(*) FROM wallet WHERE balance_cents < 0 AND :since_ms <= :until_ms GROUP BY user_id".into(),
+                    sql: "SELECT user_id, COUNT(*) FROM wallet WHERE balance_cents < 0 AND balance_cents < :until_ms \
+                          AND :since_ms > balance_cents GROUP BY user_id".into(),
                     kind: "orphan".into(),
                 },
             ],
