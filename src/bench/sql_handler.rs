@@ -98,8 +98,8 @@ static CREATE_LEDGER: Sql = Sql::new(
 );
 static CREDIT: Sql = Sql::new("UPDATE wallet SET balance_cents = balance_cents + ? WHERE user_id = ?");
 static LEDGER: Sql = Sql::new("INSERT INTO wallet_ledger (credit_id, user_id, cents) VALUES (?, ?, ?)");
-static LEDGER_OF: Sql = Sql::new("SELECT COUNT(*), SUM(cents) FROM wallet_ledger WHERE credit_id LIKE ?");
-static BALANCES: Sql = Sql::new("SELECT SUM(balance_cents) FROM wallet");
+static LEDGER_OF: Sql = Sql::new("SELECT cents FROM wallet_ledger WHERE credit_id LIKE ?");
+static BALANCES: Sql = Sql::new("SELECT balance_cents FROM wallet");
 
 /// The body both handlers read.
 #[derive(serde::Deserialize)]
@@ -248,10 +248,12 @@ async fn measure(
         }
     }
     for kind in [Kind::Configured, Kind::Rust] {
-        let (rows, cents): (i64, Option<i64>) = {
-            let r =
-                store.query(&LEDGER_OF).bind(format!("{}-M-%", kind.tag())).fetch_one(store.pool()).await?;
-            (r.try_get(0)?, r.try_get(1)?)
+        // Summed here: a SUM of integers is a NUMERIC on PostgreSQL, which the Any driver lacks.
+        let (rows, cents) = {
+            let rows =
+                store.query(&LEDGER_OF).bind(format!("{}-M-%", kind.tag())).fetch_all(store.pool()).await?;
+            let cents = rows.iter().map(|r| r.try_get::<i64, _>(0)).sum::<Result<i64, _>>()?;
+            (rows.len() as i64, Some(cents))
         };
         anyhow::ensure!(
             rows == options.messages as i64 && cents == Some(expected_cents(options.messages)),
@@ -272,7 +274,8 @@ async fn measure(
         progress(&r);
         reports.push(r);
     }
-    let total: Option<i64> = store.query(&BALANCES).fetch_one(store.pool()).await?.try_get(0)?;
+    let balances = store.query(&BALANCES).fetch_all(store.pool()).await?;
+    let total = Some(balances.iter().map(|r| r.try_get::<i64, _>(0)).sum::<Result<i64, _>>()?);
     let expected = 2 * (expected_cents(options.messages) + expected_cents(500));
     anyhow::ensure!(
         total == Some(expected),
