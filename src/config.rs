@@ -23,6 +23,7 @@ use crate::reconcile::ReconcileSettings;
 use crate::route::{RouteConfig, Routes};
 use crate::setting::Invalid;
 use crate::shop;
+use crate::sql_handler::{self, SqlHandlerConfig};
 use crate::state_machine::{self, StateMachineConfig};
 use crate::store::{DatabaseSettings, StoreOptions};
 use crate::telemetry::LogSettings;
@@ -56,6 +57,10 @@ pub struct Settings {
     /// that routes name as their handler; each field is described on [`StateMachineConfig`].
     /// `IDEMGATE_STATE_MACHINES` replaces the whole array with inline tables. None by default.
     pub state_machines: Vec<StateMachineConfig>,
+    /// `[[sql_handlers]]`: handlers made of SQL statements that routes name as their handler;
+    /// each field is described on [`SqlHandlerConfig`]. `IDEMGATE_SQL_HANDLERS` replaces the
+    /// whole array with inline tables. None by default.
+    pub sql_handlers: Vec<SqlHandlerConfig>,
 }
 
 impl Default for Settings {
@@ -73,6 +78,7 @@ impl Default for Settings {
             dedup: DedupSettings::default(),
             group_commit: GroupSettings::default(),
             state_machines: Vec::new(),
+            sql_handlers: Vec::new(),
         }
     }
 }
@@ -112,11 +118,12 @@ impl Settings {
             }
             figment = figment.merge(Toml::file_exact(path));
         }
-        // Only SECTION__KEY variables are settings, and the one array of tables that can come
-        // whole from one variable; others with the prefix (IDEMGATE_CONFIG, the tests' own) are
-        // not.
-        figment =
-            figment.merge(env.filter(|k| k.as_str().contains("__") || k == "state_machines").split("__"));
+        // Only SECTION__KEY variables are settings, and the arrays of tables that can come whole
+        // from one variable; others with the prefix (IDEMGATE_CONFIG, the tests' own) are not.
+        figment = figment.merge(
+            env.filter(|k| k.as_str().contains("__") || k == "state_machines" || k == "sql_handlers")
+                .split("__"),
+        );
         let settings: Settings = figment.extract().map_err(|e| ConfigError::Parse(describe(&e)))?;
         settings.validate()?;
         Ok(settings)
@@ -193,8 +200,9 @@ impl Settings {
         Ok(())
     }
 
-    /// The built-in shop handlers and the configured `[[state_machines]]`. A configured name
-    /// that is a built-in handler's is refused, with its key named.
+    /// The built-in shop handlers, the configured `[[state_machines]]` and the configured
+    /// `[[sql_handlers]]`. A configured name that is taken already (a built-in handler's, a
+    /// state machine's) is refused, with its key named.
     pub fn handlers(&self) -> Result<Handlers, ConfigError> {
         let mut handlers = shop::handlers();
         let configured =
@@ -208,6 +216,8 @@ impl Settings {
             }
         }
         handlers.extend(configured);
+        let sql = sql_handler::handlers(&self.sql_handlers, &handlers)?;
+        handlers.extend(sql);
         Ok(handlers)
     }
 
@@ -482,6 +492,46 @@ mod tests {
             assert_eq!(s.state_machines.len(), 1);
             assert_eq!(s.state_machines[0].from, ["UNPAID", "PAID"]);
             assert_eq!(s.state_machines[0].on_missing, state_machine::OnMissing::DeadLetter);
+            Ok(())
+        });
+    }
+
+    #[test]
+    #[allow(clippy::result_large_err)] // figment::Jail's own error type
+    fn sql_handlers_come_from_the_file_or_whole_from_one_variable() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = r#"
+            [[routes]]
+            topic = "wallet"
+            biz_type = "wallet.credit"
+            biz_id = "keys"
+
+            [[sql_handlers]]
+            name = "wallet.credit"
+            statements = [
+              { sql = "UPDATE wallet SET balance_cents = balance_cents + :cents WHERE user_id = :user", expect = "one", on_zero = "retry" },
+              { sql = "INSERT INTO wallet_ledger (credit_id, user_id, cents) VALUES (:biz_id, :user, :cents)", expect = "one" },
+            ]
+            params = { cents = "json:/cents:int", user = "json:/user_id" }
+            "#;
+        let s = Settings::load_from(Some(&write(&dir, file)), no_env()).unwrap();
+        assert_eq!(s.sql_handlers[0].statements.len(), 2);
+        assert_eq!(s.sql_handlers[0].statements[1].on_zero, crate::sql_handler::OnZero::Retry, "the default");
+        assert!(s.handlers().unwrap().get("wallet.credit").is_some());
+        let bad = file.replace("expect = \"one\" }", "expect = \"two\" }");
+        let err = Settings::load_from(Some(&write(&dir, &bad)), no_env()).unwrap_err().to_string();
+        assert!(
+            err.contains("key sql_handlers.0.statements.1.expect: unknown variant: found `two`"),
+            "{err}"
+        );
+        figment::Jail::expect_with(|jail| {
+            jail.set_env(
+                "IDEMGATE_SQL_TEST_SQL_HANDLERS",
+                r#"[{name="coupon.redeem", statements=[{sql="UPDATE coupon SET state = 'USED' WHERE code = :biz_id AND state = 'NEW'", expect="one", on_zero="duplicate"}]}]"#,
+            );
+            let s = Settings::load_from(None, Env::prefixed("IDEMGATE_SQL_TEST_")).unwrap();
+            assert_eq!(s.sql_handlers.len(), 1);
+            assert_eq!(s.sql_handlers[0].statements[0].on_zero, crate::sql_handler::OnZero::Duplicate);
             Ok(())
         });
     }

@@ -111,6 +111,14 @@ pub trait Handler: Send + Sync + 'static {
         Vec::new()
     }
 
+    /// Checks this handler against the database it will run on, once, when the service is
+    /// assembled and before any delivery (a configured statement is prepared, so that a table
+    /// or column that does not exist is refused at start). The error says what is wrong and
+    /// where. The default checks nothing.
+    async fn verify(&self, _store: &Store) -> Result<(), String> {
+        Ok(())
+    }
+
     /// The contended row this delivery will lock, if the handler knows it (the SKU of a stock
     /// deduction). Group commit runs a group's handlers in this order, so that two groups in
     /// flight lock shared rows in the same order and never deadlock each other. The default,
@@ -159,12 +167,35 @@ impl Handlers {
         self.by_name.keys().map(String::as_str)
     }
 
-    /// The invariant checks of every handler `routes` use, each once.
+    /// The invariant checks of every handler `routes` use, each once. A check that names no
+    /// biz_type (a configured one) reports under the first biz_type whose route names its
+    /// handler.
     pub fn checks(&self, routes: &Routes) -> Vec<crate::reconcile::check::Check> {
-        let mut names: Vec<&str> = routes.handler_by_biz_type().into_values().collect();
-        names.sort_unstable();
-        names.dedup();
-        names.into_iter().filter_map(|n| self.get(n)).flat_map(|h| h.checks()).collect()
+        let mut first_biz_type: BTreeMap<&str, &str> = BTreeMap::new();
+        for (biz_type, name) in routes.handler_by_biz_type() {
+            first_biz_type.entry(name).or_insert(biz_type);
+        }
+        first_biz_type
+            .into_iter()
+            .filter_map(|(name, biz_type)| Some((self.get(name)?, biz_type)))
+            .flat_map(|(h, biz_type)| {
+                h.checks().into_iter().map(move |mut c| {
+                    if c.biz_type.is_empty() {
+                        c.biz_type = biz_type.to_owned().into();
+                    }
+                    c
+                })
+            })
+            .collect()
+    }
+
+    /// [`Handler::verify`] of every handler against `store`; the first refusal, with the
+    /// handler's name.
+    pub async fn verify(&self, store: &Store) -> Result<(), String> {
+        for (name, handler) in &self.by_name {
+            handler.verify(store).await.map_err(|why| format!("handler {name:?}: {why}"))?;
+        }
+        Ok(())
     }
 
     /// The handler of each biz_type `routes` name, for showing business state by biz_type.

@@ -16,6 +16,8 @@
 //! - [`handler`]: the trait business code implements, and the registry.
 //! - [`state_machine`]: "move a row from state A to B" as one conditional update; duplicates
 //!   told from illegal moves; the configured `[[state_machines]]` handlers.
+//! - [`sql_handler`]: the configured `[[sql_handlers]]`: business written as SQL statements,
+//!   their parameters bound from the message, their row counts held to expectations.
 //! - [`delivery_log`]: one row per delivery attempt.
 //! - [`reconcile`]: lost, stuck, double-applied, orphan, colliding and late keys in a window; the runs.
 //! - [`replay`]: guarded re-publication of dead letters whose keys are not claimed.
@@ -75,6 +77,7 @@ pub mod scratch;
 mod serve;
 pub mod setting;
 pub mod shop;
+pub mod sql_handler;
 pub mod state_machine;
 pub mod store;
 pub mod telemetry;

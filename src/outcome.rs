@@ -50,6 +50,9 @@ labelled! {
         StateMachine => "state_machine",
         /// A business table's own unique key.
         BusinessUnique => "business_unique",
+        /// A configured SQL handler's statement that found nothing left to change
+        /// (`on_zero = "duplicate"`): the business data shows the effect was applied before.
+        Business => "business",
         /// The archive of old claims, checked on a fresh claim by the optional late-duplicate
         /// guard: the copy arrived after its claim was archived.
         LateDuplicate => "late_duplicate",

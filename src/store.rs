@@ -29,7 +29,9 @@ pub use backend::{Backend, UnknownScheme};
 pub use redact::{is_secret_parameter, redact_url};
 pub use settings::DatabaseSettings;
 pub(crate) use sql::number_placeholders;
-pub use sql::{AnyQuery, Arg, Bound, InsertIfAbsent, Sql, bind_all, query, query_built, values_list};
+pub use sql::{
+    AnyQuery, Arg, Bound, InsertIfAbsent, Sql, Written, bind_all, query, query_built, values_list,
+};
 
 static POSTGRES_MIGRATIONS: Migrator = sqlx::migrate!("migrations/postgres");
 static MYSQL_MIGRATIONS: Migrator = sqlx::migrate!("migrations/mysql");

@@ -76,6 +76,12 @@ impl Application {
         let store = Store::open(&settings.database.url, &settings.store_options())
             .await
             .with_context(|| format!("opening {shown}"))?;
+        // Every configured statement is prepared before anything consumes: a typo in a table
+        // or column name stops the service here, with the handler and the statement named.
+        handlers
+            .verify(&store)
+            .await
+            .map_err(|why| anyhow::anyhow!("checking the handlers against {shown}: {why}"))?;
         crate::shop::ensure_example_stock(&store).await.context("creating the example shop's stock")?;
         let ui_store =
             ui_store(&settings, &store).await.with_context(|| format!("opening the UI's pool on {shown}"))?;

@@ -1,7 +1,7 @@
 //! `idemgate bench <benchmark>`: the subcommands, one per benchmark module, each carrying that
 //! module's `Options` as its flags, and the dispatch to the module's `command`.
 
-use super::{archive, broker, gate, layers, metrics, reconcile, state_machine, trace, ui_flood};
+use super::{archive, broker, gate, layers, metrics, reconcile, sql_handler, state_machine, trace, ui_flood};
 
 /// `idemgate bench <benchmark>`.
 #[derive(Debug, clap::Subcommand)]
@@ -28,6 +28,9 @@ pub enum BenchCommand {
     /// State moves per second with the state-machine helper's conditional update against the
     /// naive SELECT, check, UPDATE, for fresh and already-made moves, and two movers racing.
     StateMachine(state_machine::Options),
+    /// A wallet credit as a configured [[sql_handlers]] entry against the same logic as a Rust
+    /// handler, through the same gate: msg/s and p99, per backend.
+    SqlHandler(sql_handler::Options),
     /// The consumer's msg/s and p99 while 200 loops flood the overview API and the collisions
     /// page, for the shipped UI limits, wide limits and the pages on the consumer's own pool.
     UiFlood(ui_flood::Options),
@@ -48,6 +51,7 @@ impl BenchCommand {
             Self::Reconcile(options) => reconcile::command(options).await,
             Self::Layers(options) => layers::command(options).await,
             Self::StateMachine(options) => state_machine::command(options).await,
+            Self::SqlHandler(options) => sql_handler::command(options).await,
             Self::UiFlood(options) => ui_flood::command(options).await,
             Self::Metrics(options) => metrics::command(options).await,
         }

@@ -15,6 +15,7 @@ pub mod gate;
 pub mod layers;
 pub mod metrics;
 pub mod reconcile;
+pub mod sql_handler;
 pub mod state_machine;
 pub mod trace;
 pub mod ui_flood;

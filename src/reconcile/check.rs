@@ -3,12 +3,13 @@
 //! ([`crate::handler::Handler::checks`]) and the run records them ([`super::runs`]) without
 //! depending on the scan itself.
 
+use std::borrow::Cow;
 use std::time::Duration;
 
 use serde::Serialize;
 
 use crate::labelled::labelled;
-use crate::store::Sql;
+use crate::store::{Sql, Written};
 
 labelled! {
     /// What kind of disagreement between deliveries, claims and effects.
@@ -48,17 +49,38 @@ impl AnomalyKind {
 }
 
 /// A business invariant a handler's owner registers: a statement over the business tables that
-/// returns the keys breaking it. It is given `since_ms, until_ms` as parameters and returns
-/// `(biz_id, occurrences)` rows; `describe` turns a count into the anomaly's text. Like the
-/// reconciler's own, it should read its window through an index (the stock ledger's is on
-/// `applied_at_ms`) and anything else by key: [`crate::store::plan`] reads its plan.
-#[derive(Clone, Copy)]
+/// returns the keys breaking it, one row each, the bizId first. Like the reconciler's own, it
+/// should read its window through an index (the stock ledger's is on `applied_at_ms`) and
+/// anything else by key: [`crate::store::plan`] reads the plan of a built-in one.
+#[derive(Clone)]
 pub struct Check {
-    pub name: &'static str,
+    pub name: Cow<'static, str>,
     pub kind: AnomalyKind,
-    pub biz_type: &'static str,
-    pub sql: &'static Sql,
+    pub biz_type: Cow<'static, str>,
+    pub sql: CheckSql,
+    /// The anomaly's text for a row's count of occurrences (1 where the statement gives none).
     pub describe: fn(i64) -> String,
+}
+
+/// The statement of a [`Check`].
+#[derive(Debug, Clone)]
+pub enum CheckSql {
+    /// Written in code: given `since_ms, until_ms` as parameters, it returns
+    /// `(biz_id, occurrences)` rows.
+    Window(&'static Sql),
+    /// Written in the configuration: its placeholders are given the window's ends as `binds`
+    /// says, and it returns `(biz_id)` or `(biz_id, occurrences)` rows, the bizId as text or an
+    /// integer.
+    Written { sql: Written, binds: Vec<WindowEnd> },
+}
+
+/// One end of the window a run looks at, as a configured check's parameter.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum WindowEnd {
+    /// `:since_ms`: the window's first millisecond.
+    Since,
+    /// `:until_ms`: the millisecond after the window.
+    Until,
 }
 
 impl std::fmt::Debug for Check {

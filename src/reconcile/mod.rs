@@ -27,7 +27,7 @@ use sqlx::Row;
 use crate::layout::Layout;
 use crate::store::{Arg, Bound, Sql, Store};
 
-pub use check::{Anomaly, AnomalyKind, Check, ReconcileOptions, window};
+pub use check::{Anomaly, AnomalyKind, Check, CheckSql, ReconcileOptions, WindowEnd, window};
 pub use schedule::ReconcileScheduler;
 pub use settings::ReconcileSettings;
 
@@ -234,13 +234,57 @@ fn detectors(o: &ReconcileOptions, layout: Layout, now_ms: i64) -> Vec<Detector>
     detectors
 }
 
-/// `check` over `o`'s window.
-fn check_statement(check: &Check, o: &ReconcileOptions) -> Bound {
-    Bound::new(check.name, check.sql, vec![Arg::Int(o.since_ms), Arg::Int(o.until_ms)])
+/// `check` over `o`'s window, when it is written in code; a configured check is run by
+/// [`configured_check_query`].
+fn check_statement(check: &Check, o: &ReconcileOptions) -> Option<Bound> {
+    match &check.sql {
+        CheckSql::Window(sql) => {
+            Some(Bound::new(static_name(check), sql, vec![Arg::Int(o.since_ms), Arg::Int(o.until_ms)]))
+        }
+        CheckSql::Written { .. } => None,
+    }
+}
+
+/// The name of a check written in code, which is static.
+fn static_name(check: &Check) -> &'static str {
+    match &check.name {
+        std::borrow::Cow::Borrowed(name) => name,
+        std::borrow::Cow::Owned(_) => "invariant check",
+    }
+}
+
+/// The query of `check` over `o`'s window, whatever its kind.
+fn check_query(store: &Store, check: &Check, o: &ReconcileOptions) -> crate::store::AnyQuery {
+    match &check.sql {
+        CheckSql::Window(sql) => store.query(sql).bind(o.since_ms).bind(o.until_ms),
+        CheckSql::Written { sql, binds } => {
+            binds.iter().fold(sql.query(store.backend()), |q, end| match end {
+                WindowEnd::Since => q.bind(o.since_ms),
+                WindowEnd::Until => q.bind(o.until_ms),
+            })
+        }
+    }
+}
+
+/// A check's row: the bizId (text, or an integer shown as text) and the occurrences, 1 where
+/// the statement gives no second column.
+fn check_row(r: &sqlx::any::AnyRow) -> Result<(String, i64), sqlx::Error> {
+    let biz_id = match r.try_get::<String, _>(0) {
+        Ok(text) => text,
+        Err(_) => match r.try_get::<i32, _>(0) {
+            Ok(n) => n.to_string(),
+            Err(_) => r.try_get::<i64, _>(0)?.to_string(),
+        },
+    };
+    let count = match r.columns().len() {
+        1 => 1,
+        _ => r.try_get::<i64, _>(1).or_else(|_| r.try_get::<i32, _>(1).map(i64::from))?,
+    };
+    Ok((biz_id, count))
 }
 
 /// Every statement a run over `o` at `now_ms` makes, in order, with its values: the
-/// detectors' and those of the `checks` that apply. For reading their plans
+/// detectors' and those of the `checks` written in code that apply. For reading their plans
 /// ([`crate::store::plan`]); the run itself makes exactly these.
 pub async fn statements(
     store: &Store,
@@ -250,7 +294,7 @@ pub async fn statements(
 ) -> Result<Vec<Bound>, sqlx::Error> {
     let layout = crate::layout::current(store).await?;
     let mut all: Vec<Bound> = detectors(o, layout, now_ms).into_iter().map(|d| d.statement).collect();
-    all.extend(applicable(checks, o).map(|c| check_statement(c, o)));
+    all.extend(applicable(checks, o).filter_map(|c| check_statement(c, o)));
     Ok(all)
 }
 
@@ -322,7 +366,7 @@ async fn find(
         }
     }
     for check in applicable(checks, o) {
-        let rows = check_statement(check, o).query(store).fetch_all(store.pool()).await?;
+        let rows = check_query(store, check, o).fetch_all(store.pool()).await?;
         if rows.len() > o.max_per_kind {
             cut.push(check.kind);
         }
@@ -330,12 +374,12 @@ async fn find(
             found.push(Anomaly {
                 kind: check.kind,
                 consumer_group: o.consumer_group.clone(),
-                biz_type: check.biz_type.to_owned(),
-                biz_id: r.try_get(0)?,
+                biz_type: check.biz_type.clone().into_owned(),
+                biz_id: check_row(r)?.0,
                 execute_time: 0,
                 first_seen_ms: None,
                 last_seen_ms: None,
-                detail: format!("{} ({})", (check.describe)(r.try_get(1)?), check.name),
+                detail: format!("{} ({})", (check.describe)(check_row(r)?.1), check.name),
             });
         }
     }

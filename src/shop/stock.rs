@@ -2,13 +2,15 @@
 //! redelivered deduction from taking stock twice; the ledger row per applied deduction (no
 //! unique key on purpose) makes any double application visible to the reconciler.
 
+use std::borrow::Cow;
+
 use async_trait::async_trait;
 use serde::{Deserialize, Serialize};
 use sqlx::Row;
 
 use crate::handler::{Effect, Fact, Handler, HandlerError, Work};
 use crate::insert_if_absent;
-use crate::reconcile::check::{AnomalyKind, Check};
+use crate::reconcile::check::{AnomalyKind, Check, CheckSql};
 use crate::store::{Conn, InsertIfAbsent, Sql, Store, query};
 
 /// The body of a `stock.deduct` message.
@@ -135,9 +137,9 @@ static STOCK_LEDGER_TWICE: Sql = Sql::new(
 
 /// The built-in example's invariant: one ledger row per stock deduction.
 pub const STOCK_LEDGER_CHECK: Check = Check {
-    name: "stock ledger: one row per deduction",
+    name: Cow::Borrowed("stock ledger: one row per deduction"),
     kind: AnomalyKind::DoubleApplied,
-    biz_type: super::STOCK_DEDUCT,
-    sql: &STOCK_LEDGER_TWICE,
+    biz_type: Cow::Borrowed(super::STOCK_DEDUCT),
+    sql: CheckSql::Window(&STOCK_LEDGER_TWICE),
     describe: |n| format!("{n} stock ledger rows for one deduction: the stock was taken {n} times"),
 };

@@ -64,6 +64,51 @@ pub(crate) fn number_placeholders(sql: &str) -> String {
     out
 }
 
+/// A statement written at run time, from configuration rather than code, with its text made
+/// once for each placeholder style: `?` for SQLite and MySQL/MariaDB, `$1, $2, …` for
+/// PostgreSQL. Whoever builds one has found its placeholders itself (outside string literals,
+/// where [`number_placeholders`] would not look), so both texts are given. Cheap to clone.
+#[derive(Clone)]
+pub struct Written {
+    portable: SqlStr,
+    numbered: SqlStr,
+}
+
+impl Written {
+    /// The statement with `?` placeholders and the same with `$n` ones. Their text must hold
+    /// no value: every value is bound.
+    pub fn new(portable: String, numbered: String) -> Self {
+        Self {
+            portable: AssertSqlSafe(portable).into_sql_str(),
+            numbered: AssertSqlSafe(numbered).into_sql_str(),
+        }
+    }
+
+    /// The statement with `?` placeholders.
+    pub fn portable(&self) -> &str {
+        self.portable.as_str()
+    }
+
+    /// The statement's text for `backend`.
+    pub fn text(&self, backend: Backend) -> SqlStr {
+        match backend {
+            Backend::Postgres => self.numbered.clone(),
+            Backend::Sqlite | Backend::MySql => self.portable.clone(),
+        }
+    }
+
+    /// A query of this statement for `backend`, its values yet to be bound.
+    pub fn query(&self, backend: Backend) -> AnyQuery {
+        sqlx::query(self.text(backend))
+    }
+}
+
+impl fmt::Debug for Written {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_tuple("Written").field(&self.portable.as_str()).finish()
+    }
+}
+
 /// An insert that answers "already there" instead of failing, in each backend's own form.
 ///
 /// PostgreSQL aborts the whole transaction on a unique violation, so it (and SQLite) use
@@ -156,7 +201,6 @@ impl Bound {
     pub fn new(name: &'static str, sql: &'static Sql, args: Vec<Arg>) -> Self {
         Self { name, sql, args }
     }
-
 
     /// `query` (this statement's text, or one built around it) with this statement's values.
     pub fn bind(&self, query: AnyQuery) -> AnyQuery {

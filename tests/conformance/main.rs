@@ -6,6 +6,7 @@
 mod support;
 mod dead_letters;
 mod key_text;
+mod sql_handler;
 mod state_machine;
 
 use std::sync::Arc;
