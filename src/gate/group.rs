@@ -134,9 +134,10 @@ impl Core {
         };
         self.ask_prefilter(&mut slots).await;
 
-        let (answers, retries) =
-            retry_transient(self.policy.transient_retries, RETRY_BASE_MS, || self.commit_group(&slots, started))
-                .await;
+        let (answers, retries) = retry_transient(self.policy.transient_retries, RETRY_BASE_MS, || {
+            self.commit_group(&slots, started)
+        })
+        .await;
         let answers = match answers {
             Ok(answers) => answers,
             Err(e) => {

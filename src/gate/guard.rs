@@ -27,9 +27,6 @@ pub async fn archived_claim(
     consumer_group: &str,
     key: &BizKey,
 ) -> Result<Option<Claim>, sqlx::Error> {
-    let row = key
-        .bind_in(query(backend, &FIND_ARCHIVED), consumer_group)
-        .fetch_optional(conn)
-        .await?;
+    let row = key.bind_in(query(backend, &FIND_ARCHIVED), consumer_group).fetch_optional(conn).await?;
     row.as_ref().map(Claim::from_row).transpose()
 }

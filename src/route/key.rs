@@ -37,7 +37,13 @@ pub struct BizKey {
 /// Binds a claim key in the one order every statement on a key names its columns:
 /// `consumer_group = ? AND biz_type = ? AND biz_id = ? AND execute_time = ?` (and the claim
 /// tables' insert, whose first four columns they are).
-pub fn bind_key(q: AnyQuery, consumer_group: &str, biz_type: &str, biz_id: &str, execute_time: i64) -> AnyQuery {
+pub fn bind_key(
+    q: AnyQuery,
+    consumer_group: &str,
+    biz_type: &str,
+    biz_id: &str,
+    execute_time: i64,
+) -> AnyQuery {
     q.bind(consumer_group).bind(biz_type).bind(biz_id).bind(execute_time)
 }
 

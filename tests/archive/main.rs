@@ -11,12 +11,12 @@ use std::collections::BTreeSet;
 use std::sync::Arc;
 use std::time::Duration;
 
-use idemgate::cron::Schedule;
 use idemgate::archive::retention::DAY_MS;
 use idemgate::archive::{
-    ArchiveOptions, ArchiveOutcome, ArchiveScheduler, Fault, RunKind, RunStatus, StartedBy,
-    archive_once, dry_run, runs,
+    ArchiveOptions, ArchiveOutcome, ArchiveScheduler, Fault, RunKind, RunStatus, StartedBy, archive_once,
+    dry_run, runs,
 };
+use idemgate::cron::Schedule;
 use idemgate::handler::Handlers;
 use idemgate::outcome::{Layer, Outcome};
 use idemgate::shop;

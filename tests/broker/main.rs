@@ -4,6 +4,7 @@ mod browser;
 mod lifecycle;
 mod prometheus;
 mod replay;
+mod sql_handler;
 mod support;
 
 use std::time::Duration;

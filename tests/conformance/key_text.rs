@@ -9,8 +9,8 @@ use idemgate::clock::now_ms;
 use idemgate::inspect::trace::{Answer, FinalState, SearchBy, Story, TraceContext, TraceQuery, trace};
 use idemgate::outcome::{DuplicateCause, Outcome};
 use idemgate::reconcile::{AnomalyKind, ReconcileOptions, reconcile_once, runs};
-use idemgate::shop::STOCK_LEDGER_CHECK;
 use idemgate::replay::{self, Action, Selection};
+use idemgate::shop::STOCK_LEDGER_CHECK;
 use idemgate::store::{Sql, Store};
 
 use super::support::{TestDb, gate, identity, stock_deduct};

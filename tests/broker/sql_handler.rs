@@ -1,0 +1,177 @@
+//! `serve` with business written only as configuration: a `[[sql_handlers]]` wallet credit on a
+//! real broker, with producer resends of the same credits, ends in exact books, and the trace
+//! page shows the wallet's ledger row.
+
+use std::time::{Duration, Instant};
+
+use idemgate::broker::Producer;
+use idemgate::config::Settings;
+use idemgate::delivery::Delivery;
+use idemgate::route::RouteConfig;
+use idemgate::sql_handler::SqlHandlerConfig;
+use idemgate::store::{Backend, Sql};
+use sqlx::Row;
+
+use crate::support::*;
+
+const USERS: usize = 10;
+const CREDITS: usize = 200;
+/// Every fifth credit is sent twice, each copy a message of its own (a producer resend).
+const RESENT_EVERY: usize = 5;
+
+/// The handler and its route as docs/own-business.md writes them, on the test's own topic.
+fn wallet_configuration(topic: &str) -> String {
+    format!(
+        r#"
+[[sql_handlers]]
+name = "wallet.credit"
+statements = [
+  {{ sql = "UPDATE wallet SET balance_cents = balance_cents + :cents WHERE user_id = :user", expect = "one", on_zero = "retry" }},
+  {{ sql = "INSERT INTO wallet_ledger (credit_id, user_id, cents) VALUES (:biz_id, :user, :cents)", expect = "one" }},
+]
+params = {{ cents = "json:/cents:int", user = "json:/user_id" }}
+describe = "SELECT user_id, cents FROM wallet_ledger WHERE credit_id = :biz_id"
+checks = [
+  {{ name = "credit_once", sql = "SELECT credit_id FROM wallet_ledger GROUP BY credit_id HAVING COUNT(*) > 1" }},
+]
+
+[[routes]]
+topic = "{topic}"
+tags = "credit"
+biz_type = "wallet.credit"
+biz_id = "json:/credit_id"
+"#
+    )
+}
+
+/// The part of the configuration that is the business.
+#[derive(serde::Deserialize)]
+struct Business {
+    sql_handlers: Vec<SqlHandlerConfig>,
+    routes: Vec<RouteConfig>,
+}
+
+fn credit(topic: &str, run: &str, i: usize) -> Delivery {
+    let body = serde_json::json!({
+        "credit_id": format!("{run}-C{i}"),
+        "user_id": format!("user-{}", i % USERS),
+        "cents": 100 + i as i64,
+    });
+    Delivery {
+        topic: topic.to_owned(),
+        tags: "credit".to_owned(),
+        body: body.to_string().into_bytes(),
+        ..Default::default()
+    }
+}
+
+static LOGGED: Sql = Sql::new("SELECT COUNT(*) FROM delivery_log WHERE consumer_group = ?");
+static OUTCOMES: Sql = Sql::new(
+    "SELECT outcome, COALESCE(cause, ''), COUNT(*) FROM delivery_log WHERE consumer_group = ? \
+     GROUP BY outcome, COALESCE(cause, '')",
+);
+static LEDGER: Sql = Sql::new(
+    "SELECT COUNT(*), COUNT(DISTINCT credit_id), CAST(COALESCE(SUM(cents), 0) AS BIGINT) FROM wallet_ledger",
+);
+static BALANCES: Sql = Sql::new("SELECT balance_cents FROM wallet");
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_configured_sql_handler_credits_each_wallet_once_through_serve_and_the_trace_shows_it() {
+    let db = database(Backend::Postgres).await;
+    let (topic, group, run) = (unique("wallet"), unique("group"), unique("W").replace('_', ""));
+    for ddl in [
+        "CREATE TABLE wallet (user_id VARCHAR(64) NOT NULL PRIMARY KEY, balance_cents BIGINT NOT NULL DEFAULT 0)",
+        "CREATE TABLE wallet_ledger (credit_id VARCHAR(128) NOT NULL PRIMARY KEY, user_id VARCHAR(64) NOT NULL, \
+         cents BIGINT NOT NULL)",
+        "INSERT INTO wallet (user_id) SELECT 'user-' || i FROM generate_series(0, 9) AS i",
+    ] {
+        sqlx::query(sqlx::AssertSqlSafe(ddl)).execute(db.store.pool()).await.expect("wallet tables");
+    }
+
+    let business: Business =
+        toml::from_str(&wallet_configuration(&topic)).expect("the documented configuration");
+    let s = Settings {
+        routes: business.routes,
+        sql_handlers: business.sql_handlers,
+        ..settings(&db.url, &topic, &group, "solo", 2)
+    };
+    let service = Service::start(&s);
+
+    let producer = Producer::start(broker().name_server(), &unique("pgroup")).await.expect("producer");
+    let mut sends = 0;
+    for i in 0..CREDITS {
+        let message = credit(&topic, &run, i);
+        producer.send(&message).await.expect("send");
+        sends += 1;
+        if i % RESENT_EVERY == 0 {
+            producer.send(&message).await.expect("resend");
+            sends += 1;
+        }
+    }
+    producer.shutdown().await;
+
+    let deadline = Instant::now() + Duration::from_secs(120);
+    loop {
+        let logged: i64 = db
+            .store
+            .query(&LOGGED)
+            .bind(group.as_str())
+            .fetch_one(db.store.pool())
+            .await
+            .expect("log")
+            .get(0);
+        if logged >= sends {
+            break;
+        }
+        assert!(Instant::now() < deadline, "{logged} of {sends} sends logged within 120 s");
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+
+    // Books: one ledger row per credit, the balances hold exactly the credits, every resend a
+    // duplicate by cause.
+    let row = db.store.query(&LEDGER).fetch_one(db.store.pool()).await.expect("ledger");
+    let (rows, distinct, cents): (i64, i64, i64) = (row.get(0), row.get(1), row.get(2));
+    let expected_cents: i64 = (0..CREDITS).map(|i| 100 + i as i64).sum();
+    assert_eq!((rows, distinct, cents), (CREDITS as i64, CREDITS as i64, expected_cents));
+    let balances: i64 = db
+        .store
+        .query(&BALANCES)
+        .fetch_all(db.store.pool())
+        .await
+        .expect("balances")
+        .iter()
+        .map(|r| r.get::<i64, _>(0))
+        .sum();
+    assert_eq!(balances, expected_cents, "the wallets hold exactly the credits");
+    let mut outcomes = std::collections::BTreeMap::new();
+    for r in
+        db.store.query(&OUTCOMES).bind(group.as_str()).fetch_all(db.store.pool()).await.expect("outcomes")
+    {
+        outcomes.insert((r.get::<String, _>(0), r.get::<String, _>(1)), r.get::<i64, _>(2));
+    }
+    assert_eq!(
+        outcomes.get(&("processed".to_owned(), String::new())),
+        Some(&(CREDITS as i64)),
+        "{outcomes:?}"
+    );
+    let resends = CREDITS.div_ceil(RESENT_EVERY) as i64;
+    assert_eq!(
+        outcomes.get(&("duplicate".to_owned(), "producer_resend".to_owned())),
+        Some(&resends),
+        "{outcomes:?}"
+    );
+    assert_eq!(outcomes.values().sum::<i64>(), sends, "nothing but processed and resends: {outcomes:?}");
+
+    // The trace page shows the wallet's state from the configured describe.
+    let addr = service_addr(&service);
+    let key = format!("{run}-C7");
+    let (status, page) = http_get(&addr, &format!("/trace?q={key}")).expect("trace page");
+    assert_eq!(status, 200, "{page}");
+    assert!(page.contains("user-7") && page.contains("107"), "the ledger row on the trace page: {page}");
+    let (status, json) = http_get(&addr, &format!("/api/trace?q={key}")).expect("trace API");
+    assert_eq!(status, 200, "{json}");
+    assert!(json.contains("user-7"), "{json}");
+
+    assert_eq!(service.terminate().code(), Some(0));
+    db.drop_now().await;
+}
