@@ -6,14 +6,10 @@
 //! message key, prints each outcome and the credit's trace.
 
 use async_trait::async_trait;
-use idemgate::app::{Application, Feed};
-use idemgate::config::Settings;
-use idemgate::delivery::Delivery;
-use idemgate::handler::{Effect, Fact, Handler, HandlerError, Handlers, Work};
-use idemgate::inspect::trace::{self, SearchBy, TraceQuery};
-use idemgate::outcome::Layer;
-use idemgate::route::RouteConfig;
-use idemgate::store::{Conn, Sql, Store, StoreOptions, query};
+use idemgate::{
+    Application, Conn, Delivery, Effect, Fact, Feed, Handler, HandlerError, Handlers, Layer, RouteConfig,
+    SearchBy, Settings, Sql, Store, StoreOptions, TraceQuery, Work, query, render_trace, trace,
+};
 use sqlx::Row;
 
 static CREDIT: Sql = Sql::new("UPDATE wallet SET balance_cents = balance_cents + ? WHERE user_id = ?");
@@ -134,6 +130,6 @@ async fn main() -> anyhow::Result<()> {
     assert_eq!(balance, 500);
 
     let q = TraceQuery::new("C-1", SearchBy::Any, None, None, None)?;
-    print!("{}", trace::render_text(&trace::trace(&store, &web.trace, &q).await?));
+    print!("{}", render_trace(&trace(&store, &web.trace, &q).await?));
     running.stop().await
 }

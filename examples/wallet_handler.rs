@@ -2,11 +2,10 @@
 //! business key. Run with `cargo run --example wallet_handler`; it uses a SQLite file in a
 //! temporary folder and delivers the same credit twice.
 
-use idemgate::delivery::Delivery;
-use idemgate::gate::{Gate, Identity, Policy};
-use idemgate::handler::{Effect, Handler, HandlerError, Handlers, Work};
-use idemgate::route::{RouteConfig, Routes};
-use idemgate::store::{Conn, Sql, Store, StoreOptions, query};
+use idemgate::{
+    Conn, Delivery, Effect, Gate, Handler, HandlerError, Handlers, Identity, Policy, RouteConfig, Routes,
+    Sql, Store, StoreOptions, Work, query,
+};
 
 static CREDIT: Sql = Sql::new("UPDATE wallet SET balance_cents = balance_cents + ? WHERE user_id = ?");
 

@@ -15,20 +15,20 @@ pub fn format_ms(ms: i64) -> String {
 }
 
 /// Charges the time since its last lap to a phase.
-pub struct Stopwatch(Instant);
+pub(crate) struct Stopwatch(Instant);
 
 impl Stopwatch {
-    pub fn start() -> Self {
+    pub(crate) fn start() -> Self {
         Self(Instant::now())
     }
 
-    pub fn lap(&mut self, phase: &mut u64) {
+    pub(crate) fn lap(&mut self, phase: &mut u64) {
         let now = Instant::now();
         *phase += micros(now - self.0);
         self.0 = now;
     }
 }
 
-pub fn micros(d: Duration) -> u64 {
+pub(crate) fn micros(d: Duration) -> u64 {
     u64::try_from(d.as_micros()).unwrap_or(u64::MAX)
 }

@@ -68,7 +68,7 @@ impl fmt::Display for Schedule {
 }
 
 /// A started job. Stop it with [`CronJob::shutdown`].
-pub struct CronJob {
+pub(crate) struct CronJob {
     name: &'static str,
     scheduler: JobScheduler,
     faults: mpsc::UnboundedReceiver<String>,
@@ -76,7 +76,7 @@ pub struct CronJob {
 
 impl CronJob {
     /// Calls `tick` at every tick of the 6-field UTC cron `expression`.
-    pub async fn start<F, Fut>(
+    pub(crate) async fn start<F, Fut>(
         name: &'static str,
         expression: &str,
         tick: F,
@@ -104,7 +104,7 @@ impl CronJob {
     }
 
     /// Resolves when a tick has panicked, with the panic's message; never otherwise.
-    pub async fn fault(&mut self) -> String {
+    pub(crate) async fn fault(&mut self) -> String {
         match self.faults.recv().await {
             Some(what) => what,
             None => std::future::pending().await,
@@ -112,7 +112,7 @@ impl CronJob {
     }
 
     /// Stops the scheduler; a tick in progress is abandoned at its next await.
-    pub async fn shutdown(mut self) {
+    pub(crate) async fn shutdown(mut self) {
         if let Err(e) = self.scheduler.shutdown().await {
             tracing::warn!(job = self.name, error = %e, "the scheduler did not stop cleanly");
         }
@@ -120,7 +120,7 @@ impl CronJob {
 }
 
 /// The text a panic carried, when it carried one.
-pub fn panic_message(panic: &(dyn std::any::Any + Send)) -> String {
+pub(crate) fn panic_message(panic: &(dyn std::any::Any + Send)) -> String {
     if let Some(s) = panic.downcast_ref::<&str>() {
         (*s).to_owned()
     } else if let Some(s) = panic.downcast_ref::<String>() {

@@ -10,7 +10,7 @@ use sha2::{Digest, Sha256};
 
 /// The property a producer sets (and RocketMQ keeps) as the message's stable id across
 /// redeliveries. The broker's `msgId` changes on every redelivery; this does not.
-pub const UNIQ_KEY_PROPERTY: &str = "UNIQ_KEY";
+pub(crate) const UNIQ_KEY_PROPERTY: &str = "UNIQ_KEY";
 
 /// The property `idemgate replay` sets on a re-published dead letter, so that the gate can
 /// tell a replay from other duplicates.

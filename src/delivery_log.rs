@@ -13,7 +13,7 @@ use crate::route::{
 use crate::store::{AnyQuery, Backend, Conn, Sql, query};
 
 /// The longest error text kept, in characters.
-pub const MAX_ERROR_CHARS: usize = 2_000;
+pub(crate) const MAX_ERROR_CHARS: usize = 2_000;
 /// The most body bytes kept for a dead-lettered or invalid delivery (RocketMQ's own default
 /// message size limit). A longer body is cut: the row's `payload_truncated` is set (replay
 /// reads it and refuses the row) and its error ends with a note for the reader.
@@ -32,11 +32,11 @@ static APPEND: Sql = Sql::new(
 );
 /// The most rows one multi-row append carries (22 values each, far below every backend's
 /// limit on bound values).
-pub const MAX_ROWS_PER_STATEMENT: usize = 64;
+pub(crate) const MAX_ROWS_PER_STATEMENT: usize = 64;
 
 /// One row of the log, borrowed from the delivery it describes.
 #[derive(Debug, Clone)]
-pub struct Entry<'a> {
+pub(crate) struct Entry<'a> {
     pub logged_at_ms: i64,
     pub instance_id: &'a str,
     pub consumer_group: &'a str,
@@ -62,14 +62,14 @@ pub struct Entry<'a> {
 /// its column's size with [`excerpt`], so that a hostile message is logged instead of failing
 /// the insert. A bizId or biz_type that passed the key rules is stored exactly as the claim
 /// holds it ([`stored_key`]).
-pub async fn append(conn: &mut Conn, backend: Backend, entry: &Entry<'_>) -> Result<(), sqlx::Error> {
+pub(crate) async fn append(conn: &mut Conn, backend: Backend, entry: &Entry<'_>) -> Result<(), sqlx::Error> {
     bind(query(backend, &APPEND), entry).execute(conn).await?;
     Ok(())
 }
 
 /// Appends `entries` in as few statements as possible (one per [`MAX_ROWS_PER_STATEMENT`]
 /// rows): a group commit's log rows cost one round trip, not one each.
-pub async fn append_many(
+pub(crate) async fn append_many(
     conn: &mut Conn,
     backend: Backend,
     entries: &[Entry<'_>],

@@ -19,7 +19,7 @@ use crate::traffic::{Mix, Traffic};
 
 /// How the demo runs.
 #[derive(Debug, Clone)]
-pub struct DemoOptions {
+pub(crate) struct DemoOptions {
     /// Sends per second.
     pub rate: u32,
     /// Stop after this long; `None` runs until the shutdown signal.
@@ -50,7 +50,7 @@ impl Default for DemoOptions {
 
 /// Running totals, readable while the demo runs.
 #[derive(Debug, Default)]
-pub struct Counters {
+pub(crate) struct Counters {
     pub deliveries: AtomicU64,
     pub outcomes: [AtomicU64; 5],
     pub causes: [AtomicU64; 4],
@@ -72,16 +72,16 @@ impl Counters {
         }
     }
 
-    pub fn outcome(&self, o: Outcome) -> u64 {
+    pub(crate) fn outcome(&self, o: Outcome) -> u64 {
         self.outcomes[o.index()].load(Ordering::Relaxed)
     }
 
-    pub fn cause(&self, c: DuplicateCause) -> u64 {
+    pub(crate) fn cause(&self, c: DuplicateCause) -> u64 {
         self.causes[c.index()].load(Ordering::Relaxed)
     }
 
     /// One status line.
-    pub fn status(&self, elapsed: Duration, since_last: u64, interval: Duration) -> String {
+    pub(crate) fn status(&self, elapsed: Duration, since_last: u64, interval: Duration) -> String {
         format!(
             "{:>5.0}s  {:>5.0} deliveries/s  processed {}  duplicates {} (redelivery {}, producer_resend {}, other {})  \
              retries {}  dead-lettered {}  invalid {}",
@@ -101,7 +101,7 @@ impl Counters {
 
 /// Creates the example SKUs' stock where missing, then feeds the traffic through `gate` until `shutdown`
 /// resolves or the duration passes. Status lines go to `status`.
-pub async fn run(
+pub(crate) async fn run(
     gate: Arc<Gate>,
     options: DemoOptions,
     shutdown: impl Future<Output = ()>,

@@ -23,11 +23,11 @@ use sqlx::{AssertSqlSafe, Executor, Row};
 use crate::store::{Backend, InsertIfAbsent, Sql, Store};
 
 /// The most shards a layout may have (two-digit table suffixes).
-pub const MAX_SHARDS: u16 = 100;
+pub(crate) const MAX_SHARDS: u16 = 100;
 /// The unsharded claim table.
-pub const MAIN_TABLE: &str = "idempotent_record";
+pub(crate) const MAIN_TABLE: &str = "idempotent_record";
 /// The view of every live claim, for readers.
-pub const ALL_CLAIMS_VIEW: &str = "idempotent_record_all";
+pub(crate) const ALL_CLAIMS_VIEW: &str = "idempotent_record_all";
 /// The first id of shard `k` on MySQL/MariaDB and SQLite is `(k + 1) * SHARD_ID_SPAN + 1`.
 const SHARD_ID_SPAN: i64 = 1_000_000_000_000_000;
 const LAYOUT_ROW: &str = "idempotent_record";
@@ -118,7 +118,7 @@ pub fn shard_of(consumer_group: &str, biz_type: &str, biz_id: &str, execute_time
 /// on the tables themselves each branch is one lookup on the unique index. The single table's
 /// view merges into the query on every backend, so `sql` is returned as it is there. Made once
 /// per statement and layout.
-pub fn correlated(sql: &'static Sql, layout: Layout) -> &'static Sql {
+pub(crate) fn correlated(sql: &'static Sql, layout: Layout) -> &'static Sql {
     if layout.shards == 0 {
         return sql;
     }
@@ -140,7 +140,7 @@ pub fn correlated(sql: &'static Sql, layout: Layout) -> &'static Sql {
 /// index. The caller runs each and adds up the rows. The single table's view merges into the
 /// query, so that layout gets `sql` itself. Correlated subqueries on the view are rewritten as
 /// by [`correlated`]. Made once per statement and layout.
-pub fn each_table(sql: &'static Sql, layout: Layout) -> Vec<&'static Sql> {
+pub(crate) fn each_table(sql: &'static Sql, layout: Layout) -> Vec<&'static Sql> {
     if layout.shards == 0 {
         return vec![sql];
     }
@@ -309,7 +309,7 @@ pub async fn current(store: &Store) -> Result<Layout, sqlx::Error> {
 
 /// The layout recorded for this database; a database that has none yet is recorded as the
 /// single table (the layout every database had before sharding existed).
-pub async fn recorded(store: &Store) -> Result<Layout, sqlx::Error> {
+pub(crate) async fn recorded(store: &Store) -> Result<Layout, sqlx::Error> {
     if let Some(r) = read(store).await? {
         return Ok(r.layout);
     }

@@ -90,7 +90,11 @@ impl Claim {
 }
 
 /// Names the cause of a duplicate and says whether its body matches the claim's.
-pub fn classify(d: &Delivery, payload_hash: &str, claim: Option<&Claim>) -> (DuplicateCause, Option<bool>) {
+pub(crate) fn classify(
+    d: &Delivery,
+    payload_hash: &str,
+    claim: Option<&Claim>,
+) -> (DuplicateCause, Option<bool>) {
     let payload_match = claim.map(|c| c.payload_hash == payload_hash);
     let cause = match claim {
         _ if d.is_replay() => DuplicateCause::Replay,

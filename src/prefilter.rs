@@ -473,7 +473,7 @@ impl Prefilter {
 }
 
 /// The claim a delivery makes, as the pre-filter remembers it.
-pub fn claim_of(d: &Delivery, payload_hash: &str) -> Claim {
+pub(crate) fn claim_of(d: &Delivery, payload_hash: &str) -> Claim {
     Claim { msg_id: d.msg_id.clone(), uniq_key: d.uniq_key.clone(), payload_hash: payload_hash.to_owned() }
 }
 

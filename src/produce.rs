@@ -12,7 +12,7 @@ use crate::traffic::{Mix, Send, Tally, Traffic};
 
 /// What to send.
 #[derive(Debug, Clone)]
-pub struct ProduceOptions {
+pub(crate) struct ProduceOptions {
     pub name_server: String,
     pub producer_group: String,
     pub topic: String,
@@ -38,7 +38,7 @@ pub struct ProduceReport {
 
 /// One send, as reported to the caller.
 #[derive(Debug, Clone, Serialize)]
-pub struct SendRecord<'a> {
+pub(crate) struct SendRecord<'a> {
     pub kind: &'static str,
     pub uniq_key: &'a str,
     pub tags: &'a str,
@@ -47,7 +47,7 @@ pub struct SendRecord<'a> {
 
 /// Sends `options.count` messages, then the at most two that complete the last order begun;
 /// `on_send` sees each one after the broker accepted it.
-pub async fn run(
+pub(crate) async fn run(
     options: &ProduceOptions,
     mut on_send: impl FnMut(&SendRecord<'_>),
 ) -> anyhow::Result<ProduceReport> {

@@ -31,7 +31,7 @@ pub enum Selection {
 }
 
 /// The most keys one replay handles.
-pub const MAX_KEYS: i64 = 1_000;
+pub(crate) const MAX_KEYS: i64 = 1_000;
 
 /// What happened to one key.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
@@ -238,7 +238,7 @@ pub async fn replay(
 }
 
 /// The lines as text, for the command line.
-pub fn render_text(lines: &[Line], dry_run: bool) -> String {
+pub(crate) fn render_text(lines: &[Line], dry_run: bool) -> String {
     use std::fmt::Write;
     let mut out = String::new();
     if lines.is_empty() {

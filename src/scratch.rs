@@ -11,15 +11,15 @@ use sqlx::{AnyPool, AssertSqlSafe, Executor};
 use crate::store::{Backend, Store, StoreError, StoreOptions};
 
 /// The admin URLs of the machine's services, as the tests and benchmarks default to them.
-pub const POSTGRES_ADMIN_URL: &str = "postgres://postgres@127.0.0.1:5432/postgres";
-pub const MYSQL_ADMIN_URL: &str = "mysql://root@127.0.0.1:3306/test";
+pub(crate) const POSTGRES_ADMIN_URL: &str = "postgres://postgres@127.0.0.1:5432/postgres";
+pub(crate) const MYSQL_ADMIN_URL: &str = "mysql://root@127.0.0.1:3306/test";
 
 /// The name prefix of every scratch database.
-pub const PREFIX: &str = "idemgate_scratch_";
+pub(crate) const PREFIX: &str = "idemgate_scratch_";
 
 /// The admin URL for `backend`: `IDEMGATE_TEST_POSTGRES_URL` / `IDEMGATE_TEST_MYSQL_URL`, or
 /// the local default.
-pub fn admin_url(backend: Backend) -> Option<String> {
+pub(crate) fn admin_url(backend: Backend) -> Option<String> {
     let (var, default) = match backend {
         Backend::Postgres => ("IDEMGATE_TEST_POSTGRES_URL", POSTGRES_ADMIN_URL),
         Backend::MySql => ("IDEMGATE_TEST_MYSQL_URL", MYSQL_ADMIN_URL),

@@ -14,7 +14,7 @@ use crate::config::Settings;
 use crate::store::redact_url;
 
 /// Runs the service `settings` describe until a shutdown signal.
-pub async fn run(settings: &Settings) -> anyhow::Result<()> {
+pub(crate) async fn run(settings: &Settings) -> anyhow::Result<()> {
     let running = Application::build(settings, Feed::Broker).await?.start().await?;
     let identity = running.gate().identity();
     tracing::info!(
@@ -31,7 +31,7 @@ pub async fn run(settings: &Settings) -> anyhow::Result<()> {
 }
 
 /// Resolves on SIGTERM or SIGINT with the signal's name.
-pub async fn shutdown_signal() -> &'static str {
+pub(crate) async fn shutdown_signal() -> &'static str {
     let ctrl_c = async {
         let _ = tokio::signal::ctrl_c().await;
     };

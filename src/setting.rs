@@ -12,6 +12,6 @@ pub struct Invalid {
 }
 
 /// An [`Invalid`] for `key`.
-pub fn invalid(key: impl Into<String>, message: impl Into<String>) -> Invalid {
+pub(crate) fn invalid(key: impl Into<String>, message: impl Into<String>) -> Invalid {
     Invalid { key: key.into(), message: message.into() }
 }

@@ -20,18 +20,19 @@ use sqlx::migrate::Migrator;
 use sqlx::{AnyConnection, AnyPool, AssertSqlSafe, Executor};
 
 mod backend;
-pub mod plan;
+pub(crate) mod plan;
 mod redact;
 mod settings;
 mod sql;
 
-pub use backend::{Backend, UnknownScheme};
-pub use redact::{is_secret_parameter, redact_url};
-pub use settings::DatabaseSettings;
+pub use backend::Backend;
+pub(crate) use backend::UnknownScheme;
+pub(crate) use redact::redact_url;
+pub(crate) use settings::DatabaseSettings;
 pub(crate) use sql::number_placeholders;
-pub use sql::{
-    AnyQuery, Arg, Bound, InsertIfAbsent, Sql, Written, bind_all, query, query_built, values_list,
-};
+pub(crate) use sql::{AnyQuery, bind_all, values_list};
+pub(crate) use sql::{Arg, Bound, InsertIfAbsent, Written};
+pub use sql::{Sql, query, query_built};
 
 static POSTGRES_MIGRATIONS: Migrator = sqlx::migrate!("migrations/postgres");
 static MYSQL_MIGRATIONS: Migrator = sqlx::migrate!("migrations/mysql");
@@ -282,7 +283,7 @@ pub type Conn = AnyConnection;
 
 /// True where an error is a transient conflict between transactions (deadlock, serialization
 /// failure, a busy SQLite file) that is worth retrying at once.
-pub fn is_transient(err: &sqlx::Error) -> bool {
+pub(crate) fn is_transient(err: &sqlx::Error) -> bool {
     match err {
         sqlx::Error::Database(db) => {
             let code = db.code();
@@ -304,7 +305,7 @@ pub fn is_transient(err: &sqlx::Error) -> bool {
 /// ([`is_transient`]), or has been retried `limit` times. Before retry n it waits a random
 /// pause of up to `base_ms << n` milliseconds, so that two transactions that collided do not
 /// collide again in step. Returns the last result and the retries made.
-pub async fn retry_transient<T, F: Future<Output = Result<T, sqlx::Error>>>(
+pub(crate) async fn retry_transient<T, F: Future<Output = Result<T, sqlx::Error>>>(
     limit: u32,
     base_ms: u64,
     mut attempt: impl FnMut() -> F,

@@ -39,7 +39,7 @@ pub enum LogFormat {
 
 /// idemgate at INFO; the RocketMQ client (chatty at INFO: every rebalance and offset
 /// commit) and the cron scheduler (a line per job it creates) at WARN.
-pub const DEFAULT_LOG_FILTER: &str = "info,rocketmq_client_rust=warn,rocketmq_transport=warn,rocketmq_runtime=warn,\
+pub(crate) const DEFAULT_LOG_FILTER: &str = "info,rocketmq_client_rust=warn,rocketmq_transport=warn,rocketmq_runtime=warn,\
      rocketmq_remoting=warn,tokio_cron_scheduler=warn";
 
 static COUNTING: AtomicBool = AtomicBool::new(false);
@@ -49,12 +49,12 @@ static STATEMENTS: AtomicU64 = AtomicU64::new(0);
 /// statements-per-message figures). sqlx reports each statement it has run as a `sqlx::query`
 /// event (all but `BEGIN`, which [`crate::store::Store::begin`] reports the same way); while
 /// counting is off, those events are not even built.
-pub fn count_statements(on: bool) {
+pub(crate) fn count_statements(on: bool) {
     COUNTING.store(on, Ordering::Release);
 }
 
 /// The statements counted so far.
-pub fn statements_counted() -> u64 {
+pub(crate) fn statements_counted() -> u64 {
     STATEMENTS.load(Ordering::Acquire)
 }
 
@@ -68,13 +68,13 @@ impl<S: tracing::Subscriber> Layer<S> for StatementCounter {
 
 /// Installs the global subscriber, writing to standard error. Safe to call twice (the second
 /// call does nothing), so tests and the CLI can both call it.
-pub fn init(settings: &LogSettings) {
+pub(crate) fn init(settings: &LogSettings) {
     init_to(settings, None);
 }
 
 /// Installs the global subscriber, writing to `file` when given (the demo keeps its terminal
 /// for status lines), else to standard error.
-pub fn init_to(settings: &LogSettings, file: Option<std::fs::File>) {
+pub(crate) fn init_to(settings: &LogSettings, file: Option<std::fs::File>) {
     use std::io::IsTerminal;
     let filter = EnvFilter::try_from_default_env()
         .or_else(|_| EnvFilter::try_new(&settings.filter))

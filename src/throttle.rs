@@ -7,7 +7,7 @@ use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 #[derive(Debug)]
-pub struct Throttle {
+pub(crate) struct Throttle {
     per_window: u32,
     window: Duration,
     state: Mutex<State>,
@@ -22,13 +22,13 @@ struct State {
 
 /// Whether to emit, and how many lines were held back since the last one emitted.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Permit {
+pub(crate) enum Permit {
     Emit { held_back: u64 },
     Hold,
 }
 
 impl Throttle {
-    pub fn new(per_window: u32, window: Duration) -> Self {
+    pub(crate) fn new(per_window: u32, window: Duration) -> Self {
         Self {
             per_window,
             window,
@@ -36,7 +36,7 @@ impl Throttle {
         }
     }
 
-    pub fn check(&self) -> Permit {
+    pub(crate) fn check(&self) -> Permit {
         self.check_at(Instant::now())
     }
 

@@ -16,7 +16,7 @@ use crate::shop::{self, ConfirmPayment, CreateOrder, DeductStock};
 
 /// What one send is, from the producer's side.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub enum SendKind {
+pub(crate) enum SendKind {
     /// A business event sent for the first time.
     Original,
     /// The same send again (same UNIQ_KEY): what a lost ack or a rebalance produces.
@@ -33,7 +33,7 @@ pub enum SendKind {
 }
 
 impl SendKind {
-    pub fn as_str(self) -> &'static str {
+    pub(crate) fn as_str(self) -> &'static str {
         match self {
             Self::Original => "original",
             Self::Redelivery => "redelivery",
@@ -47,7 +47,7 @@ impl SendKind {
 
 /// The shares of each kind of send.
 #[derive(Debug, Clone, Copy, PartialEq)]
-pub struct Mix {
+pub(crate) struct Mix {
     /// Share of sends that duplicate an earlier one, split evenly over redelivery, producer
     /// resend and late duplicate.
     pub duplicates: f64,
@@ -65,7 +65,7 @@ impl Default for Mix {
 
 /// One message to send. `msg_id` is left empty: the broker assigns it.
 #[derive(Debug, Clone)]
-pub struct Send {
+pub(crate) struct Send {
     pub kind: SendKind,
     pub message: Delivery,
 }
@@ -88,12 +88,12 @@ pub struct Tally {
 
 /// A prefix for one run's business keys (`R20261129083647`), so that runs against one
 /// database never collide.
-pub fn run_id() -> String {
+pub(crate) fn run_id() -> String {
     chrono::Utc::now().format("R%Y%m%d%H%M%S").to_string()
 }
 
 /// A deterministic generator of the example traffic.
-pub struct Traffic {
+pub(crate) struct Traffic {
     rng: StdRng,
     mix: Mix,
     next_order: u64,
@@ -114,7 +114,7 @@ const LATE_AFTER_SENDS: u64 = 200;
 impl Traffic {
     /// `run` prefixes every business key, so that runs against one database never collide;
     /// every message goes to `topic`.
-    pub fn new(mix: Mix, seed: u64, run: &str, topic: &str) -> Self {
+    pub(crate) fn new(mix: Mix, seed: u64, run: &str, topic: &str) -> Self {
         Self {
             rng: StdRng::seed_from_u64(seed),
             mix,
@@ -128,12 +128,12 @@ impl Traffic {
         }
     }
 
-    pub fn tally(&self) -> &Tally {
+    pub(crate) fn tally(&self) -> &Tally {
         &self.tally
     }
 
     /// The next message to send.
-    pub fn next_send(&mut self) -> Send {
+    pub(crate) fn next_send(&mut self) -> Send {
         let send = self.choose();
         *self.tally.sends.entry(send.kind.as_str().to_owned()).or_default() += 1;
         for held in &mut self.late {
@@ -144,7 +144,7 @@ impl Traffic {
 
     /// The sends still owed to orders already begun (an order's deduction and payment follow
     /// it): send these after the last [`Traffic::next_send`] so that the books are whole.
-    pub fn finish(&mut self) -> Vec<Send> {
+    pub(crate) fn finish(&mut self) -> Vec<Send> {
         let rest: Vec<Send> =
             self.queue.drain(..).map(|message| Send { kind: SendKind::Original, message }).collect();
         *self.tally.sends.entry(SendKind::Original.as_str().to_owned()).or_default() += rest.len() as u64;

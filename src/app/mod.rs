@@ -12,7 +12,7 @@
 //!
 //! This module wires; it must not decide anything about deliveries.
 
-pub mod tasks;
+pub(crate) mod tasks;
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -312,7 +312,7 @@ impl Running {
 
 /// The gate `settings` describe on `store`, ready for its first delivery: the claim layout
 /// checked (or recorded) and Redis asked once. [`Application::build`] calls it.
-pub async fn gate(
+pub(crate) async fn gate(
     settings: &Settings,
     store: Store,
     handlers: Handlers,

@@ -14,7 +14,7 @@ use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
 
 /// A task's stop signal: resolves when the service stops.
-pub struct Stop(oneshot::Receiver<()>);
+pub(crate) struct Stop(oneshot::Receiver<()>);
 
 impl Future for Stop {
     type Output = ();
@@ -35,7 +35,7 @@ struct Task {
 
 /// How a task ended.
 #[derive(Debug)]
-pub enum Ended {
+pub(crate) enum Ended {
     Returned,
     Failed(anyhow::Error),
     Panicked(String),
@@ -64,13 +64,13 @@ impl Ended {
 
 /// The named tasks of one service.
 #[derive(Default)]
-pub struct Tasks {
+pub(crate) struct Tasks {
     tasks: Vec<Task>,
 }
 
 impl Tasks {
     /// Spawns `run(stop)` as the task `name`. The task must return once `stop` resolves.
-    pub fn spawn<F, Fut>(&mut self, name: &'static str, run: F)
+    pub(crate) fn spawn<F, Fut>(&mut self, name: &'static str, run: F)
     where
         F: FnOnce(Stop) -> Fut,
         Fut: Future<Output = anyhow::Result<()>> + Send + 'static,
@@ -80,13 +80,13 @@ impl Tasks {
         self.tasks.push(Task { name, stop: Some(stop), handle, ended: None });
     }
 
-    pub fn names(&self) -> impl Iterator<Item = &'static str> + '_ {
+    pub(crate) fn names(&self) -> impl Iterator<Item = &'static str> + '_ {
         self.tasks.iter().map(|t| t.name)
     }
 
     /// Resolves when the first task still running ends, with its name and how it ended.
     /// Never resolves when there is none.
-    pub async fn first_exit(&mut self) -> (&'static str, &Ended) {
+    pub(crate) async fn first_exit(&mut self) -> (&'static str, &Ended) {
         let running: Vec<_> = self
             .tasks
             .iter_mut()
@@ -105,7 +105,7 @@ impl Tasks {
     /// Stops every task, the last spawned first, waiting for each to finish. Returns
     /// the tasks that did not stop cleanly (failed or panicked, or ended earlier on their
     /// own), with how they ended.
-    pub async fn stop_all(self) -> Vec<(&'static str, Ended)> {
+    pub(crate) async fn stop_all(self) -> Vec<(&'static str, Ended)> {
         let mut faults = Vec::new();
         for mut task in self.tasks.into_iter().rev() {
             let ended = match task.ended.take() {

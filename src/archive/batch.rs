@@ -90,7 +90,7 @@ impl Target {
         made
     }
 
-    pub fn kind(&self) -> RunKind {
+    pub(super) fn kind(&self) -> RunKind {
         self.kind
     }
 

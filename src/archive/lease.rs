@@ -13,7 +13,7 @@ use crate::insert_if_absent;
 use crate::store::{InsertIfAbsent, Sql, Store};
 
 /// The lease every archive run takes.
-pub const ARCHIVE_LEASE: &str = "archive";
+pub(crate) const ARCHIVE_LEASE: &str = "archive";
 
 static TAKE: InsertIfAbsent = insert_if_absent!(
     "INSERT INTO archive_lease (name, holder, acquired_at_ms, expires_at_ms) VALUES (?, ?, ?, ?)",
@@ -31,7 +31,7 @@ static HOLDER: Sql = Sql::new("SELECT holder, expires_at_ms FROM archive_lease W
 
 /// A lease this process holds.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Lease {
+pub(crate) struct Lease {
     pub name: String,
     /// `instance/token`: unique per run, so two runs in one process do not share it.
     pub holder: String,
@@ -39,7 +39,7 @@ pub struct Lease {
 
 /// Who holds a lease we could not take.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Held {
+pub(crate) struct Held {
     pub holder: String,
     pub until_ms: i64,
 }
@@ -48,7 +48,7 @@ impl Lease {
     /// Takes `name` for `holder` until `now_ms + ttl_ms`, unless another holder's lease is still
     /// running, or the lease was taken at or after `tick_ms` (the schedule tick this run serves;
     /// `i64::MAX` for a run by hand); then says whose it is.
-    pub async fn acquire(
+    pub(crate) async fn acquire(
         store: &Store,
         name: &str,
         holder: &str,
@@ -88,7 +88,7 @@ impl Lease {
 
     /// Extends the lease to `now_ms + ttl_ms`. False when it is no longer ours (it expired and
     /// another instance took it).
-    pub async fn renew(&self, store: &Store, now_ms: i64, ttl_ms: i64) -> Result<bool, sqlx::Error> {
+    pub(crate) async fn renew(&self, store: &Store, now_ms: i64, ttl_ms: i64) -> Result<bool, sqlx::Error> {
         // MySQL/MariaDB report matched rows here, not changed ones: sqlx connects with
         // CLIENT_FOUND_ROWS, so an unchanged expiry still counts as renewed.
         let done = store
@@ -103,7 +103,7 @@ impl Lease {
 
     /// Gives the lease back, if it is still ours, by expiring it. The row stays: it remembers
     /// when the lease was last taken.
-    pub async fn release(&self, store: &Store) -> Result<(), sqlx::Error> {
+    pub(crate) async fn release(&self, store: &Store) -> Result<(), sqlx::Error> {
         store
             .query(&RELEASE)
             .bind(self.name.as_str())
@@ -115,7 +115,7 @@ impl Lease {
 }
 
 /// Who holds `name`, and until when (possibly in the past: an expired lease not yet taken over).
-pub async fn holder(store: &Store, name: &str) -> Result<Option<Held>, sqlx::Error> {
+pub(crate) async fn holder(store: &Store, name: &str) -> Result<Option<Held>, sqlx::Error> {
     let row = store.query(&HOLDER).bind(name).fetch_optional(store.pool()).await?;
     row.map(|r| Ok(Held { holder: r.try_get(0)?, until_ms: r.try_get(1)? })).transpose()
 }

@@ -19,7 +19,7 @@ use crate::store::Store;
 
 /// What `idemgate archive` was asked; unset values come from `[archive]`.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct Request {
+pub(crate) struct Request {
     /// `--dry-run`.
     pub dry_run: bool,
     /// `--older-than`, in milliseconds ([`parse_age`](super::parse_age) reads it).
@@ -31,7 +31,7 @@ pub struct Request {
 /// `idemgate archive`: the configured job with the request's overrides, warned about like the
 /// scheduled one, run now. Writes its report to `out`; returns the run's report (`None` for a
 /// dry run).
-pub async fn command(
+pub(crate) async fn command(
     store: &Store,
     settings: &ArchiveSettings,
     instance_id: &str,
@@ -61,7 +61,7 @@ pub async fn command(
 
 /// Runs the job now (or, with `dry_run`, only reports it) and writes what happened to `out`.
 /// The progress bar goes to standard error when that is a terminal.
-pub async fn run_by_hand(
+pub(crate) async fn run_by_hand(
     store: &Store,
     options: &ArchiveOptions,
     dry_run: bool,
@@ -124,7 +124,7 @@ pub async fn run_by_hand(
 }
 
 /// A finished run, a line per pass.
-pub fn render_report(report: &ArchiveReport) -> String {
+pub(crate) fn render_report(report: &ArchiveReport) -> String {
     if let ArchiveOutcome::Skipped { holder, until_ms } = &report.outcome {
         return format!("archive: skipped, the lease is held by {holder} until {}\n", timestamp(*until_ms));
     }

@@ -21,22 +21,21 @@
 //! (the gate does) nor parse the command line or the configuration file.
 
 mod batch;
-pub mod lease;
-pub mod manual;
-pub mod retention;
-pub mod runs;
-pub mod schedule;
-pub mod settings;
+pub(crate) mod lease;
+pub(crate) mod manual;
+pub(crate) mod retention;
+pub(crate) mod runs;
+pub(crate) mod schedule;
+pub(crate) mod settings;
 
 use std::time::{Duration, Instant};
 
-pub use lease::{ARCHIVE_LEASE, Held, Lease};
-pub use retention::{
-    LogRetention, RetentionWarning, check_dedup_retention, parse_age, redelivery_horizon_ms,
-};
-pub use runs::{RunKind, RunRecord, RunStatus, StartedBy};
+pub(crate) use lease::{ARCHIVE_LEASE, Held, Lease};
+pub(crate) use retention::{LogRetention, parse_age};
+pub(crate) use runs::RunRecord;
+pub use runs::{RunKind, RunStatus, StartedBy};
 pub use schedule::ArchiveScheduler;
-pub use settings::ArchiveSettings;
+pub(crate) use settings::ArchiveSettings;
 
 use crate::store::Store;
 use batch::{Interrupt, Walk};
@@ -145,7 +144,7 @@ pub enum ArchiveError {
 
 /// Where a running pass stands, for a progress bar.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Progress {
+pub(crate) struct Progress {
     pub kind: RunKind,
     pub rows: u64,
     pub batches: u64,
@@ -162,7 +161,7 @@ pub async fn archive_once(
 }
 
 /// [`archive_once`], calling `observe` after every batch.
-pub async fn archive_observed(
+pub(crate) async fn archive_observed(
     store: &Store,
     options: &ArchiveOptions,
     now_ms: i64,
@@ -455,7 +454,11 @@ pub async fn dry_run(store: &Store, options: &ArchiveOptions, now_ms: i64) -> Re
 }
 
 /// How many rows each pass would touch now: the estimate behind a progress bar.
-pub async fn estimate(store: &Store, options: &ArchiveOptions, now_ms: i64) -> Result<u64, ArchiveError> {
+pub(crate) async fn estimate(
+    store: &Store,
+    options: &ArchiveOptions,
+    now_ms: i64,
+) -> Result<u64, ArchiveError> {
     let mut total = 0;
     let windows =
         [(RunKind::Dedup, Some(options.dedup_retention_ms)), (RunKind::Log, options.log_retention_ms)];

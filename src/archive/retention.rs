@@ -10,14 +10,14 @@
 
 use std::fmt;
 
-pub const SECOND_MS: i64 = 1_000;
-pub const MINUTE_MS: i64 = 60 * SECOND_MS;
-pub const HOUR_MS: i64 = 60 * MINUTE_MS;
+pub(crate) const SECOND_MS: i64 = 1_000;
+pub(crate) const MINUTE_MS: i64 = 60 * SECOND_MS;
+pub(crate) const HOUR_MS: i64 = 60 * MINUTE_MS;
 pub const DAY_MS: i64 = 24 * HOUR_MS;
 
 /// RocketMQ's delay levels 1 to 18 (`messageDelayLevel`: 1s 5s 10s 30s 1m 2m 3m 4m 5m 6m 7m 8m
 /// 9m 10m 20m 30m 1h 2h), in milliseconds.
-pub const DELAY_LEVELS_MS: [i64; 18] = [
+pub(crate) const DELAY_LEVELS_MS: [i64; 18] = [
     SECOND_MS,
     5 * SECOND_MS,
     10 * SECOND_MS,
@@ -40,7 +40,7 @@ pub const DELAY_LEVELS_MS: [i64; 18] = [
 
 /// The longest a message can keep coming back through broker retries: the k-th retry waits at
 /// delay level `2 + k` (the first at level 3, 10 s), capped at the last level (2 h).
-pub fn redelivery_horizon_ms(max_reconsume_times: i32) -> i64 {
+pub(crate) fn redelivery_horizon_ms(max_reconsume_times: i32) -> i64 {
     (1..=max_reconsume_times.max(0) as usize)
         .map(|k| DELAY_LEVELS_MS[(k + 1).min(DELAY_LEVELS_MS.len() - 1)])
         .sum()
@@ -83,7 +83,7 @@ impl fmt::Display for RetentionWarning {
 
 /// A warning when `retention_ms` is shorter than the retry horizon of `max_reconsume_times`
 /// plus `replay_ms` (delayed messages, dead-letter replays).
-pub fn check_dedup_retention(
+pub(crate) fn check_dedup_retention(
     retention_ms: i64,
     max_reconsume_times: i32,
     replay_ms: i64,
@@ -134,7 +134,7 @@ impl LogRetention {
 }
 
 /// Reads an age such as `90d`, `36h`, `30m` or `45s` (for `--older-than`), in milliseconds.
-pub fn parse_age(text: &str) -> Result<i64, String> {
+pub(crate) fn parse_age(text: &str) -> Result<i64, String> {
     let text = text.trim();
     let split = text.find(|c: char| !c.is_ascii_digit()).unwrap_or(text.len());
     let (digits, unit) = text.split_at(split);
@@ -153,7 +153,7 @@ pub fn parse_age(text: &str) -> Result<i64, String> {
 }
 
 /// `90 days`, `4 h 45 min 40 s`: a duration for people.
-pub fn human(ms: i64) -> String {
+pub(crate) fn human(ms: i64) -> String {
     if ms % DAY_MS == 0 && ms > 0 {
         let d = ms / DAY_MS;
         return format!("{d} day{}", if d == 1 { "" } else { "s" });

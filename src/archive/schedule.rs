@@ -69,7 +69,7 @@ impl ArchiveScheduler {
 
 /// One tick: run the job and log what it did. Failures are recorded in `archive_run` by the
 /// job itself; here they only become log lines.
-pub async fn run_tick(store: &Store, options: &ArchiveOptions) {
+pub(crate) async fn run_tick(store: &Store, options: &ArchiveOptions) {
     match archive_once(store, options, crate::clock::now_ms()).await {
         Ok(report) => match &report.outcome {
             ArchiveOutcome::Skipped { holder, until_ms } => {

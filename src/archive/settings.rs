@@ -49,7 +49,7 @@ pub struct ArchiveSettings {
 }
 
 /// Daily at 03:00 UTC.
-pub const DEFAULT_SCHEDULE: &str = "0 0 3 * * *";
+pub(crate) const DEFAULT_SCHEDULE: &str = "0 0 3 * * *";
 
 impl Default for ArchiveSettings {
     fn default() -> Self {

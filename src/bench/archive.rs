@@ -62,7 +62,7 @@ impl Default for Options {
 
 /// The consumers over one stretch.
 #[derive(Debug, Clone, Copy, Default)]
-pub struct ConsumerRun {
+pub(crate) struct ConsumerRun {
     pub messages: usize,
     pub elapsed: Duration,
     pub latency: Percentiles,
@@ -72,17 +72,16 @@ pub struct ConsumerRun {
 }
 
 impl ConsumerRun {
-    pub fn rate(&self) -> f64 {
+    pub(crate) fn rate(&self) -> f64 {
         rate(self.messages, self.elapsed)
     }
 }
 
 /// One backend's figures.
 #[derive(Debug, Clone)]
-pub struct Report {
+pub(crate) struct Report {
     pub backend: Backend,
     pub rows: usize,
-    pub load_secs: f64,
     /// The run with nothing else on the database, no pause.
     pub alone: PassReport,
     /// Consumers with no run.
@@ -106,7 +105,7 @@ const SKU: &str = "SKU-BENCH-ARCHIVE";
 
 /// `idemgate bench archive`: prints the setting, runs every backend and prints the tables
 /// of the runs and of the guard.
-pub async fn command(options: Options) -> anyhow::Result<()> {
+pub(crate) async fn command(options: Options) -> anyhow::Result<()> {
     println!(
         "bench archive: {} expired claims, batches of {}, pause {} ms beside {} deliveries in flight, {} cores",
         options.rows,
@@ -117,11 +116,28 @@ pub async fn command(options: Options) -> anyhow::Result<()> {
     );
     let reports = run(&options, |line| eprintln!("  {line}")).await?;
     println!("\n{}\n{}", table(&reports), guard_table(&reports));
+    // A consumer whose fresh deliveries did not all commit measured something else.
+    for r in &reports {
+        for (stretch, run) in [
+            ("alone", &r.consumers_alone),
+            ("during the archive run", &r.consumers_during),
+            ("guard off", &r.guard_off),
+            ("guard on", &r.guard_on),
+        ] {
+            anyhow::ensure!(
+                run.failed == 0,
+                "{}: {} of the consumers' {} fresh deliveries {stretch} were not processed",
+                r.backend,
+                run.failed,
+                run.messages
+            );
+        }
+    }
     Ok(())
 }
 
 /// Runs every backend; calls `progress` with a line as each step ends.
-pub async fn run(options: &Options, mut progress: impl FnMut(&str)) -> anyhow::Result<Vec<Report>> {
+pub(crate) async fn run(options: &Options, mut progress: impl FnMut(&str)) -> anyhow::Result<Vec<Report>> {
     if options.rows == 0 || options.rows > 1_000_000 {
         anyhow::bail!("--rows must be between 1 and 1000000, not {}", options.rows);
     }
@@ -195,7 +211,6 @@ pub async fn run(options: &Options, mut progress: impl FnMut(&str)) -> anyhow::R
         reports.push(Report {
             backend,
             rows: options.rows,
-            load_secs,
             alone,
             consumers_alone,
             beside,
@@ -330,7 +345,7 @@ async fn load_expired(store: &Store, prefix: &str, rows: usize, now: i64) -> Res
 }
 
 /// The run's throughput and the consumers' latency, as a Markdown table.
-pub fn table(reports: &[Report]) -> String {
+pub(crate) fn table(reports: &[Report]) -> String {
     let mut out = String::from(
         "| backend | expired claims | archive alone rows/s | archive beside consumers rows/s | consumer msg/s without / during | p50 ms without / during | p99 ms without / during |\n\
          |---|---|---|---|---|---|---|\n",
@@ -355,7 +370,7 @@ pub fn table(reports: &[Report]) -> String {
 }
 
 /// The late-duplicate guard's cost and effect, as a Markdown table.
-pub fn guard_table(reports: &[Report]) -> String {
+pub(crate) fn guard_table(reports: &[Report]) -> String {
     let mut out = String::from(
         "| backend | archived claims | guard | msg/s | p50 ms | p99 ms | claim µs | late copies applied again |\n\
          |---|---|---|---|---|---|---|---|\n",

@@ -99,7 +99,7 @@ impl Options {
 
 /// `idemgate bench broker`: checks the flags, prints the setting, runs every mode and prints
 /// the table.
-pub async fn command(options: Options) -> anyhow::Result<()> {
+pub(crate) async fn command(options: Options) -> anyhow::Result<()> {
     let backend = options.backend()?;
     anyhow::ensure!(
         (1..=crate::gate::MAX_BATCH).contains(&options.max_batch),
@@ -125,7 +125,7 @@ pub async fn command(options: Options) -> anyhow::Result<()> {
 }
 
 #[derive(Debug, Clone)]
-pub struct Run {
+pub(crate) struct Run {
     pub mode: &'static str,
     pub consume_threads: u32,
     /// Messages per listener call.
@@ -150,7 +150,7 @@ pub struct Run {
 /// The gate's time per delivery, in microseconds: a group's shared phases divided among its
 /// deliveries, so that the figures add up to the database time one message costs.
 #[derive(Debug, Clone, Copy, Default)]
-pub struct Profile {
+pub(crate) struct Profile {
     pub begin_us: f64,
     pub claim_us: f64,
     pub handler_us: f64,
@@ -162,7 +162,7 @@ pub struct Profile {
 }
 
 impl Run {
-    pub fn rate(&self) -> f64 {
+    pub(crate) fn rate(&self) -> f64 {
         rate(self.messages, self.elapsed)
     }
 }
@@ -305,7 +305,7 @@ impl Mode {
     }
 }
 
-pub async fn run(options: &Options, mut report: impl FnMut(&Run)) -> anyhow::Result<Vec<Run>> {
+pub(crate) async fn run(options: &Options, mut report: impl FnMut(&Run)) -> anyhow::Result<Vec<Run>> {
     let local = match &options.name_server {
         Some(_) => None,
         None => Some(tokio::task::spawn_blocking(LocalBroker::start).await??),
@@ -495,7 +495,7 @@ async fn raw_batched_inserts(
     Ok(())
 }
 
-pub fn table(runs: &[Run]) -> String {
+pub(crate) fn table(runs: &[Run]) -> String {
     let naive = runs.iter().find(|r| r.mode == Mode::Naive.name()).map(Run::rate);
     let mut out = String::from(
         "| mode | consume threads × messages per call | msg/s | × naive | deliveries | retries asked | redeliveries asked | redeliveries not asked | effects | applied twice | peak RSS MiB |\n\

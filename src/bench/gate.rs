@@ -65,7 +65,7 @@ impl Options {
 
 /// `idemgate bench gate`: prints the setting, runs every backend, pattern and concurrency,
 /// and prints the table of rates and the one of where the gate's time goes.
-pub async fn command(options: Options) -> anyhow::Result<()> {
+pub(crate) async fn command(options: Options) -> anyhow::Result<()> {
     println!(
         "bench gate: {} stock.deduct messages, {:.0}% duplicates, {} cores",
         options.messages,
@@ -83,7 +83,7 @@ pub async fn command(options: Options) -> anyhow::Result<()> {
 
 /// One pattern's run.
 #[derive(Debug, Clone)]
-pub struct RunReport {
+pub(crate) struct RunReport {
     pub backend: Backend,
     pub pattern: &'static str,
     pub concurrency: usize,
@@ -101,7 +101,7 @@ pub struct RunReport {
 }
 
 impl RunReport {
-    pub fn rate(&self) -> f64 {
+    pub(crate) fn rate(&self) -> f64 {
         rate(self.messages, self.elapsed)
     }
 }
@@ -114,7 +114,7 @@ const SKUS: usize = 16;
 /// A stream of `stock.deduct` deliveries in which `duplicates` of the messages repeat one of
 /// the last 16 (so that, with several in flight, copies race each other): half as broker
 /// redeliveries, half as producer resends. Returns the stream and the number of distinct keys.
-pub fn stream(messages: usize, duplicates: f64, seed: u64) -> (Vec<Delivery>, usize) {
+pub(crate) fn stream(messages: usize, duplicates: f64, seed: u64) -> (Vec<Delivery>, usize) {
     let mut rng = StdRng::seed_from_u64(seed);
     let mut out: Vec<Delivery> = Vec::with_capacity(messages);
     let mut originals: Vec<usize> = Vec::new();
@@ -153,7 +153,10 @@ fn uniq_key(i: usize) -> String {
 }
 
 /// Runs every backend, pattern and concurrency; calls `report` after each run.
-pub async fn run(options: &Options, mut report: impl FnMut(&RunReport)) -> anyhow::Result<Vec<RunReport>> {
+pub(crate) async fn run(
+    options: &Options,
+    mut report: impl FnMut(&RunReport),
+) -> anyhow::Result<Vec<RunReport>> {
     let (stream, distinct) = stream(options.messages, options.duplicates, 42);
     let stream = Arc::new(stream);
     let max_c = options.concurrency.iter().copied().max().unwrap_or(1);
@@ -388,7 +391,7 @@ pub(crate) async fn books(store: &Store) -> Result<(i64, i64), sqlx::Error> {
 }
 
 /// The runs as a Markdown table.
-pub fn table(reports: &[RunReport]) -> String {
+pub(crate) fn table(reports: &[RunReport]) -> String {
     let mut out = String::from(
         "| backend | in flight | pattern | msg/s | p50 ms | p99 ms | effects | applied twice | errors (redeliveries) | peak RSS MiB |\n\
          |---|---|---|---|---|---|---|---|---|---|\n",
@@ -412,7 +415,7 @@ pub fn table(reports: &[RunReport]) -> String {
 }
 
 /// Where the gate's time goes, per message, as a Markdown table.
-pub fn phase_table(reports: &[RunReport]) -> String {
+pub(crate) fn phase_table(reports: &[RunReport]) -> String {
     let mut out = String::from(
         "| backend | in flight | pattern | begin µs | claim µs | handler µs | log µs | commit µs | duplicate lookup µs | transient retries |\n\
          |---|---|---|---|---|---|---|---|---|---|\n",

@@ -51,7 +51,7 @@ pub struct Options {
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Mode {
+pub(crate) enum Mode {
     Database,
     Redis,
     Sharded,
@@ -59,9 +59,9 @@ pub enum Mode {
 }
 
 impl Mode {
-    pub const ALL: [Mode; 4] = [Mode::Database, Mode::Redis, Mode::Sharded, Mode::NaiveRedis];
+    pub(crate) const ALL: [Mode; 4] = [Mode::Database, Mode::Redis, Mode::Sharded, Mode::NaiveRedis];
 
-    pub fn name(self) -> &'static str {
+    pub(crate) fn name(self) -> &'static str {
         match self {
             Mode::Database => "idemgate, database only",
             Mode::Redis => "idemgate, Redis + database",
@@ -73,7 +73,7 @@ impl Mode {
 
 /// One mode's run.
 #[derive(Debug, Clone)]
-pub struct RunReport {
+pub(crate) struct RunReport {
     pub backend: Backend,
     pub mode: Mode,
     pub duplicates: f64,
@@ -91,7 +91,7 @@ pub struct RunReport {
 }
 
 impl RunReport {
-    pub fn rate(&self) -> f64 {
+    pub(crate) fn rate(&self) -> f64 {
         rate(self.messages, self.elapsed)
     }
 
@@ -102,7 +102,7 @@ impl RunReport {
 
 /// `idemgate bench layers`: prints the setting, runs every backend, share of duplicates and
 /// mode, and prints the table.
-pub async fn command(options: Options) -> anyhow::Result<()> {
+pub(crate) async fn command(options: Options) -> anyhow::Result<()> {
     println!(
         "bench layers: {} stock.deduct messages, {} in flight, {} shards, Redis at {}, {} cores",
         options.messages,
@@ -120,7 +120,10 @@ pub async fn command(options: Options) -> anyhow::Result<()> {
 }
 
 /// Runs every backend, share of duplicates and mode; calls `report` after each run.
-pub async fn run(options: &Options, mut report: impl FnMut(&RunReport)) -> anyhow::Result<Vec<RunReport>> {
+pub(crate) async fn run(
+    options: &Options,
+    mut report: impl FnMut(&RunReport),
+) -> anyhow::Result<Vec<RunReport>> {
     let store_options =
         StoreOptions { max_connections: options.concurrency as u32 + 4, ..Default::default() };
     let mut all = Vec::new();
@@ -296,7 +299,7 @@ impl NaiveRedis {
 }
 
 /// The runs as a Markdown table.
-pub fn table(reports: &[RunReport]) -> String {
+pub(crate) fn table(reports: &[RunReport]) -> String {
     let mut out = String::from(
         "| backend | duplicates | mode | msg/s | × database only | p50 ms | p99 ms | SQL statements / msg | Redis commands / msg | stopped by Redis | effects (keys) | applied twice | peak RSS MiB |\n\
          |---|---|---|---|---|---|---|---|---|---|---|---|---|\n",

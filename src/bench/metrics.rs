@@ -27,7 +27,7 @@ pub struct Options {
 }
 
 #[derive(Debug, Clone)]
-pub struct Report {
+pub(crate) struct Report {
     pub observe_ns: f64,
     pub gate_without: f64,
     pub gate_with: f64,
@@ -47,7 +47,7 @@ fn info() -> BuildInfo {
 }
 
 /// `idemgate bench metrics`: prints the setting, measures and prints the table.
-pub async fn command(options: Options) -> anyhow::Result<()> {
+pub(crate) async fn command(options: Options) -> anyhow::Result<()> {
     let messages = options.messages;
     println!("bench metrics: {messages} stock.deduct messages on SQLite with and without metrics");
     let report = run(messages).await?;
@@ -55,7 +55,7 @@ pub async fn command(options: Options) -> anyhow::Result<()> {
     Ok(())
 }
 
-pub async fn run(messages: usize) -> anyhow::Result<Report> {
+pub(crate) async fn run(messages: usize) -> anyhow::Result<Report> {
     // 1. One observe call, on the ten-biz_type registry.
     let biz_types: BTreeSet<String> = (0..10).map(|i| format!("biz.type_{i}")).collect();
     let topics: BTreeSet<String> = ["topic_a".to_owned()].into();
@@ -156,7 +156,7 @@ pub async fn run(messages: usize) -> anyhow::Result<Report> {
     })
 }
 
-pub fn table(r: &Report) -> String {
+pub(crate) fn table(r: &Report) -> String {
     format!(
         "| measure | value |\n|---|---|\n\
          | one `observe` (hot path, per delivery) | {:.0} ns |\n\

@@ -8,17 +8,17 @@
 //! Benchmarks create scratch databases ([`crate::scratch`]) and drop them afterwards. They
 //! must not be pointed at production servers.
 
-pub mod archive;
-pub mod broker;
-pub mod command;
-pub mod gate;
-pub mod layers;
-pub mod metrics;
-pub mod reconcile;
-pub mod sql_handler;
-pub mod state_machine;
-pub mod trace;
-pub mod ui_flood;
+pub(crate) mod archive;
+pub(crate) mod broker;
+pub(crate) mod command;
+pub(crate) mod gate;
+pub(crate) mod layers;
+pub(crate) mod metrics;
+pub(crate) mod reconcile;
+pub(crate) mod sql_handler;
+pub(crate) mod state_machine;
+pub(crate) mod trace;
+pub(crate) mod ui_flood;
 
 use std::time::Duration;
 
@@ -49,14 +49,14 @@ fn cores() -> usize {
 
 /// Latency percentiles of a sample, in microseconds.
 #[derive(Debug, Clone, Copy, Default, PartialEq)]
-pub struct Percentiles {
+pub(crate) struct Percentiles {
     pub p50_us: u64,
     pub p99_us: u64,
     pub max_us: u64,
 }
 
 impl Percentiles {
-    pub fn of(samples: &mut [u64]) -> Self {
+    pub(crate) fn of(samples: &mut [u64]) -> Self {
         if samples.is_empty() {
             return Self::default();
         }
@@ -67,18 +67,18 @@ impl Percentiles {
 }
 
 /// Peak resident memory of this process so far (VmHWM), in MiB; 0 where /proc is missing.
-pub fn peak_rss_mib() -> f64 {
+pub(crate) fn peak_rss_mib() -> f64 {
     proc_status_kib("VmHWM:") as f64 / 1024.0
 }
 
 /// Starts the peak resident memory (VmHWM) again from the current RSS, so that the next
 /// measurement's peak is its own. Linux only; elsewhere the peak stays the process's.
-pub fn reset_peak_rss() {
+pub(crate) fn reset_peak_rss() {
     let _ = std::fs::write("/proc/self/clear_refs", "5");
 }
 
 /// Resident memory of this process now (VmRSS), in MiB.
-pub fn rss_mib() -> f64 {
+pub(crate) fn rss_mib() -> f64 {
     proc_status_kib("VmRSS:") as f64 / 1024.0
 }
 
@@ -108,7 +108,7 @@ pub(crate) async fn create_digits(store: &Store) -> Result<(), sqlx::Error> {
 }
 
 /// Messages per second.
-pub fn rate(messages: usize, elapsed: Duration) -> f64 {
+pub(crate) fn rate(messages: usize, elapsed: Duration) -> f64 {
     messages as f64 / elapsed.as_secs_f64().max(f64::EPSILON)
 }
 

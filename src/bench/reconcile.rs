@@ -64,7 +64,7 @@ impl Default for Options {
 
 /// How one execution of a statement went.
 #[derive(Debug, Clone, Copy, PartialEq)]
-pub enum Timing {
+pub(crate) enum Timing {
     Done(Duration),
     /// Cancelled at the statement timeout.
     Cancelled(Duration),
@@ -84,7 +84,7 @@ impl std::fmt::Display for Timing {
 
 /// One statement's figures.
 #[derive(Debug, Clone)]
-pub struct StatementReport {
+pub(crate) struct StatementReport {
     pub name: String,
     pub before_stale: Timing,
     pub before_no_nestloop: Timing,
@@ -98,7 +98,7 @@ pub struct StatementReport {
 
 /// One backend's figures.
 #[derive(Debug, Clone)]
-pub struct Report {
+pub(crate) struct Report {
     pub backend: Backend,
     pub deliveries: i64,
     /// Of them, in the reconciled 24 hours.
@@ -114,7 +114,7 @@ pub struct Report {
 }
 
 /// `idemgate bench reconcile`: prints the setting, runs every backend and prints the table.
-pub async fn command(options: Options) -> anyhow::Result<()> {
+pub(crate) async fn command(options: Options) -> anyhow::Result<()> {
     println!(
         "bench reconcile: about {} deliveries over {} hours per backend, the last 24 reconciled, \
          statistics never gathered; statements cancelled after {} s",
@@ -128,7 +128,7 @@ pub async fn command(options: Options) -> anyhow::Result<()> {
 }
 
 /// Runs the benchmark on each backend.
-pub async fn run(options: &Options, progress: impl Fn(&str)) -> anyhow::Result<Vec<Report>> {
+pub(crate) async fn run(options: &Options, progress: impl Fn(&str)) -> anyhow::Result<Vec<Report>> {
     anyhow::ensure!(
         (1_000..=3_000_000).contains(&options.deliveries),
         "--deliveries must be from 1000 to 3000000, not {}",
@@ -737,7 +737,7 @@ impl<'a> Rows<'a> {
 }
 
 /// The figures as Markdown: one table per backend, then each statement's plan reads.
-pub fn table(reports: &[Report]) -> String {
+pub(crate) fn table(reports: &[Report]) -> String {
     use std::fmt::Write;
     let mut out = String::new();
     for r in reports {

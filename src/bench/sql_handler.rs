@@ -45,7 +45,7 @@ pub struct Options {
 
 /// The two handlers measured.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Kind {
+pub(crate) enum Kind {
     Configured = 0,
     Rust = 1,
 }
@@ -54,7 +54,7 @@ pub enum Kind {
 const ROUNDS: usize = 4;
 
 impl Kind {
-    pub fn name(self) -> &'static str {
+    pub(crate) fn name(self) -> &'static str {
         match self {
             Self::Configured => "configured [[sql_handlers]]",
             Self::Rust => "Rust handler",
@@ -71,7 +71,7 @@ impl Kind {
 
 /// One handler's run on one backend.
 #[derive(Debug, Clone)]
-pub struct RunReport {
+pub(crate) struct RunReport {
     pub backend: Backend,
     pub kind: Kind,
     pub messages: usize,
@@ -81,7 +81,7 @@ pub struct RunReport {
 }
 
 impl RunReport {
-    pub fn rate(&self) -> f64 {
+    pub(crate) fn rate(&self) -> f64 {
         rate(self.messages, self.elapsed)
     }
 }
@@ -135,7 +135,7 @@ impl Handler for RustCredit {
 }
 
 /// The configured handler of the same logic.
-pub fn configured() -> SqlHandlerConfig {
+pub(crate) fn configured() -> SqlHandlerConfig {
     let statement =
         |sql: &str| StatementConfig { sql: sql.into(), expect: Expect::One, on_zero: OnZero::Retry };
     SqlHandlerConfig {
@@ -173,7 +173,7 @@ fn settings(backend: Backend) -> Settings {
 }
 
 /// `idemgate bench sql-handler`: prints the setting, runs every backend and prints the table.
-pub async fn command(options: Options) -> anyhow::Result<()> {
+pub(crate) async fn command(options: Options) -> anyhow::Result<()> {
     println!(
         "bench sql-handler: a wallet credit (update + ledger insert) as a configured [[sql_handlers]] entry \
          and as a Rust handler, {} fresh credits each over {} wallets, {} deliveries at once, {} cores",
@@ -192,7 +192,10 @@ pub async fn command(options: Options) -> anyhow::Result<()> {
 
 /// Runs every backend, the two handlers in alternating rounds; calls `progress` after each
 /// backend's two reports.
-pub async fn run(options: &Options, mut progress: impl FnMut(&RunReport)) -> anyhow::Result<Vec<RunReport>> {
+pub(crate) async fn run(
+    options: &Options,
+    mut progress: impl FnMut(&RunReport),
+) -> anyhow::Result<Vec<RunReport>> {
     anyhow::ensure!((1..=1_000_000).contains(&options.messages), "--messages must be from 1 to 1000000");
     anyhow::ensure!((1..=64).contains(&options.workers), "--workers must be from 1 to 64");
     anyhow::ensure!((1..=100_000).contains(&options.wallets), "--wallets must be from 1 to 100000");
@@ -337,7 +340,7 @@ async fn deliver(
 }
 
 /// The figures as a Markdown table.
-pub fn table(reports: &[RunReport]) -> String {
+pub(crate) fn table(reports: &[RunReport]) -> String {
     let mut out = String::from(
         "| backend | handler | credits | at once | msg/s | p50 µs | p99 µs |\n|---|---|---|---|---|---|---|\n",
     );

@@ -32,7 +32,7 @@ pub struct Options {
 
 /// One pattern over one set of rows.
 #[derive(Debug, Clone)]
-pub struct RunReport {
+pub(crate) struct RunReport {
     pub backend: Backend,
     pub pattern: Pattern,
     /// Fresh moves, or moves made already.
@@ -46,18 +46,18 @@ pub struct RunReport {
 }
 
 impl RunReport {
-    pub fn rate(&self) -> f64 {
+    pub(crate) fn rate(&self) -> f64 {
         rate(self.moves, self.elapsed)
     }
 
-    pub fn statements_per_move(&self) -> f64 {
+    pub(crate) fn statements_per_move(&self) -> f64 {
         self.statements as f64 / self.moves.max(1) as f64
     }
 }
 
 /// Two movers at once on each of `rows` rows.
 #[derive(Debug, Clone)]
-pub struct RaceReport {
+pub(crate) struct RaceReport {
     pub backend: Backend,
     pub pattern: Pattern,
     pub rows: usize,
@@ -67,20 +67,20 @@ pub struct RaceReport {
 
 /// Everything one run measured.
 #[derive(Debug, Clone, Default)]
-pub struct Report {
+pub(crate) struct Report {
     pub runs: Vec<RunReport>,
     pub races: Vec<RaceReport>,
     pub peak_rss_mib: f64,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Pattern {
+pub(crate) enum Pattern {
     Helper,
     Naive,
 }
 
 impl Pattern {
-    pub fn name(self) -> &'static str {
+    pub(crate) fn name(self) -> &'static str {
         match self {
             Self::Helper => "idemgate conditional update",
             Self::Naive => "naive SELECT, check, UPDATE",
@@ -113,7 +113,7 @@ enum Ended {
 
 /// `idemgate bench state-machine`: prints the setting, runs every backend and prints the
 /// table.
-pub async fn command(options: Options) -> anyhow::Result<()> {
+pub(crate) async fn command(options: Options) -> anyhow::Result<()> {
     println!(
         "bench state-machine: PAID to SHIPPED on {} rows per pattern, then again (already done), \
          one transaction a move; {} rows raced by two movers",
@@ -125,7 +125,7 @@ pub async fn command(options: Options) -> anyhow::Result<()> {
 }
 
 /// Runs every backend; calls `progress` after each run.
-pub async fn run(options: &Options, mut progress: impl FnMut(&str)) -> anyhow::Result<Report> {
+pub(crate) async fn run(options: &Options, mut progress: impl FnMut(&str)) -> anyhow::Result<Report> {
     anyhow::ensure!((1..=1_000_000).contains(&options.rows), "--rows must be from 1 to 1000000");
     anyhow::ensure!(options.race_rows <= 100_000, "--race-rows must be at most 100000");
     let ship = StateMachine::new("bench_order", "order_no", "status")?
@@ -301,7 +301,7 @@ async fn race(store: &Store, ship: &Transition, pattern: Pattern, rows: usize) -
 }
 
 /// The figures as Markdown tables: the runs, then the races.
-pub fn table(report: &Report) -> String {
+pub(crate) fn table(report: &Report) -> String {
     let mut out = String::from(
         "| backend | pattern | moves | transitions/s | p50 µs | p99 µs | statements per move | RSS after MiB |\n\
          |---|---|---|---|---|---|---|---|\n",

@@ -53,7 +53,7 @@ impl Default for Options {
 
 /// One backend's figures.
 #[derive(Debug, Clone)]
-pub struct Report {
+pub(crate) struct Report {
     pub backend: Backend,
     pub claims: usize,
     pub log_rows: i64,
@@ -69,7 +69,7 @@ pub struct Report {
 }
 
 /// `idemgate bench trace`: prints the setting, runs every backend and prints the table.
-pub async fn command(options: Options) -> anyhow::Result<()> {
+pub(crate) async fn command(options: Options) -> anyhow::Result<()> {
     println!(
         "bench trace: {} claims and {} delivery-log rows per backend; {} lookups by bizId and by msgId",
         options.claims,
@@ -82,7 +82,7 @@ pub async fn command(options: Options) -> anyhow::Result<()> {
 }
 
 /// Runs the benchmark on each backend.
-pub async fn run(options: &Options) -> anyhow::Result<Vec<Report>> {
+pub(crate) async fn run(options: &Options) -> anyhow::Result<Vec<Report>> {
     anyhow::ensure!(
         (1..=1_000_000).contains(&options.claims),
         "--claims must be from 1 to 1000000, not {}",
@@ -335,7 +335,7 @@ pub(crate) async fn load(store: &Store, claims: usize, span_ms: i64) -> anyhow::
 }
 
 /// The figures as a Markdown table.
-pub fn table(reports: &[Report]) -> String {
+pub(crate) fn table(reports: &[Report]) -> String {
     let mut out = String::from(
         "| backend | claims | log rows | load s | trace by bizId p50 / p99 ms | trace by msgId p50 / p99 ms | naive by bizId p50 / p99 ms | RSS before / after / peak MiB |\n\
          |---|---|---|---|---|---|---|---|\n",

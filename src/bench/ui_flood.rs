@@ -56,7 +56,7 @@ pub struct Options {
 
 /// How the web UI is wired in a run.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Wiring {
+pub(crate) enum Wiring {
     /// `[http]` as shipped: `max_connections` 4, `max_concurrent_requests` 16.
     Defaults,
     /// The UI's own pool of 32, and up to 1,024 requests in flight (the most
@@ -67,7 +67,7 @@ pub enum Wiring {
 }
 
 impl Wiring {
-    pub fn name(self) -> &'static str {
+    pub(crate) fn name(self) -> &'static str {
         match self {
             Wiring::Defaults => "defaults (own pool of 4, 16 in flight)",
             Wiring::WideLimits => "own pool of 32, 1,024 in flight",
@@ -78,7 +78,7 @@ impl Wiring {
 
 /// One run: a configuration, quiet or flooded.
 #[derive(Debug, Clone)]
-pub struct Run {
+pub(crate) struct Run {
     pub wiring: Wiring,
     pub flooded: bool,
     pub messages: usize,
@@ -99,7 +99,7 @@ pub struct Run {
 }
 
 impl Run {
-    pub fn rate(&self) -> f64 {
+    pub(crate) fn rate(&self) -> f64 {
         super::rate(self.messages, self.elapsed)
     }
 
@@ -110,7 +110,7 @@ impl Run {
 
 /// What the flood's requests got.
 #[derive(Debug, Clone, Default)]
-pub struct Requests {
+pub(crate) struct Requests {
     pub ok: u64,
     pub shed: u64,
     /// Any other status, or no answer.
@@ -120,17 +120,14 @@ pub struct Requests {
 }
 
 #[derive(Debug, Clone)]
-pub struct Report {
-    pub backend: Backend,
-    pub history: usize,
-    pub clients: usize,
+pub(crate) struct Report {
     pub runs: Vec<Run>,
 }
 
 impl Report {
     /// Fails unless every run's books are exact and the shipped defaults never made the
     /// consumer wait for a connection, flooded or not.
-    pub fn check(&self) -> anyhow::Result<()> {
+    pub(crate) fn check(&self) -> anyhow::Result<()> {
         for r in &self.runs {
             anyhow::ensure!(
                 r.books_exact(),
@@ -156,7 +153,7 @@ impl Report {
 
 /// `idemgate bench ui-flood`: checks the flags, prints the setting, runs every configuration
 /// quiet and flooded, prints the table and fails unless [`Report::check`] passes.
-pub async fn command(options: Options) -> anyhow::Result<()> {
+pub(crate) async fn command(options: Options) -> anyhow::Result<()> {
     super::share("duplicates", options.duplicates, 0.9)?;
     anyhow::ensure!(
         options.messages > 0 && options.clients > 0,
@@ -176,7 +173,7 @@ pub async fn command(options: Options) -> anyhow::Result<()> {
     report.check()
 }
 
-pub async fn run(options: &Options, progress: impl Fn(&str)) -> anyhow::Result<Report> {
+pub(crate) async fn run(options: &Options, progress: impl Fn(&str)) -> anyhow::Result<Report> {
     anyhow::ensure!(options.backend != Backend::Sqlite, "bench ui-flood: --backend is postgres or mysql");
     let local = match &options.name_server {
         Some(_) => None,
@@ -240,7 +237,7 @@ pub async fn run(options: &Options, progress: impl Fn(&str)) -> anyhow::Result<R
     }
     db.drop_now().await;
     drop(local);
-    Ok(Report { backend: options.backend, history: options.history, clients: options.clients, runs })
+    Ok(Report { runs })
 }
 
 /// `serve`'s settings for one run: the shop's routes on `topic`, a fresh group, the HTTP
@@ -493,7 +490,7 @@ async fn clear_runs(store: &Store) -> anyhow::Result<()> {
 }
 
 /// The runs as a Markdown table.
-pub fn table(report: &Report) -> String {
+pub(crate) fn table(report: &Report) -> String {
     let mut out = String::from(
         "| UI wiring | flood | msg/s | delivery p50 ms | delivery p99 ms | pool timeouts | unlogged | requests 200 / 503 / other | 200 p50 ms | 200 p99 ms | effects / keys | applied twice | peak RSS MiB |\n\
          |---|---|---|---|---|---|---|---|---|---|---|---|---|\n",
@@ -552,8 +549,7 @@ mod tests {
             requests: Requests::default(),
             peak_rss_mib: 0.0,
         };
-        let mut report =
-            Report { backend: Backend::Postgres, history: 0, clients: 1, runs: vec![run.clone()] };
+        let mut report = Report { runs: vec![run.clone()] };
         assert!(report.check().is_err());
         // The naive wiring may time out; only the books fail it.
         report.runs[0] = Run { effects: 7, double_applied: 0, ..run.clone() };

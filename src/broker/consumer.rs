@@ -32,7 +32,7 @@ use crate::outcome::Verdict;
 
 /// What the consumer has seen, for status lines, benchmarks and tests.
 #[derive(Debug, Default)]
-pub struct ConsumerCounters {
+pub(crate) struct ConsumerCounters {
     pub listener_calls: AtomicU64,
     pub deliveries: AtomicU64,
     /// Deliveries whose reconsume count was above 0.
@@ -45,7 +45,7 @@ pub struct ConsumerCounters {
 /// What the consumer hands each delivery to: the gate in the service, simpler sinks in the
 /// benchmark.
 #[async_trait]
-pub trait Sink: Send + Sync + 'static {
+pub(crate) trait Sink: Send + Sync + 'static {
     async fn consume(&self, d: &Delivery) -> Verdict;
 
     /// True when the deliveries of one listener call should be handed over all at once rather
@@ -79,7 +79,7 @@ impl Sink for Gate {
 
 /// Who consumes what.
 #[derive(Debug, Clone)]
-pub struct Subscription {
+pub(crate) struct Subscription {
     pub group: String,
     /// (topic, tag expression) pairs.
     pub topics: Vec<(String, String)>,
@@ -88,7 +88,7 @@ pub struct Subscription {
 
 impl Subscription {
     /// The gate's group, the topics its routes cover and its retry budget.
-    pub fn of(gate: &Gate) -> Self {
+    pub(crate) fn of(gate: &Gate) -> Self {
         Self {
             group: gate.identity().consumer_group.clone(),
             topics: gate.routes().topics(),
@@ -98,7 +98,7 @@ impl Subscription {
 }
 
 /// A started consumer. Call [`Consumer::shutdown`] before the process exits.
-pub struct Consumer {
+pub(crate) struct Consumer {
     /// Shared with the route watcher ([`watch_routes`]).
     consumer: Arc<tokio::sync::Mutex<DefaultMQPushConsumer>>,
     route_watcher: tokio::task::JoinHandle<()>,
@@ -109,14 +109,14 @@ pub struct Consumer {
 
 impl Consumer {
     /// Subscribes to every topic the gate's routes cover and starts pulling.
-    pub async fn start(gate: Arc<Gate>, options: &BrokerSettings) -> anyhow::Result<Self> {
+    pub(crate) async fn start(gate: Arc<Gate>, options: &BrokerSettings) -> anyhow::Result<Self> {
         let subscription = Subscription::of(&gate);
         let host = ClientHost::new("consumer", options.consume_threads as usize)?;
         Self::start_with(gate, &subscription, options, host).await
     }
 
     /// Starts a consumer that hands deliveries to `sink`, on the client runtime `host`.
-    pub async fn start_with(
+    pub(crate) async fn start_with(
         sink: Arc<dyn Sink>,
         subscription: &Subscription,
         options: &BrokerSettings,
@@ -163,14 +163,14 @@ impl Consumer {
         Ok(Self { consumer, route_watcher, host, counters, faults })
     }
 
-    pub fn counters(&self) -> &Arc<ConsumerCounters> {
+    pub(crate) fn counters(&self) -> &Arc<ConsumerCounters> {
         &self.counters
     }
 
     /// Resolves when a listener call has panicked, with the panic's message; never otherwise.
     /// The delivery it held was answered `ReconsumeLater`, so nothing is lost, but the process
     /// is no longer trustworthy: the service stops on it.
-    pub async fn fault(&mut self) -> String {
+    pub(crate) async fn fault(&mut self) -> String {
         match self.faults.recv().await {
             Some(what) => what,
             None => std::future::pending().await,
@@ -179,7 +179,7 @@ impl Consumer {
 
     /// Stops pulling, waits for the listener calls in flight (each finishes or rolls back its
     /// transaction), and stops the client.
-    pub async fn shutdown(self) {
+    pub(crate) async fn shutdown(self) {
         self.route_watcher.abort();
         self.consumer.lock().await.shutdown().await;
         self.host.shutdown().await;
@@ -302,7 +302,7 @@ impl MessageListenerConcurrently for SinkListener {
 
 /// The broker's message as the gate sees it. The topic of a redelivered message is already
 /// the original one (the client restores it from the retry topic).
-pub fn to_delivery(m: &MessageExt) -> Delivery {
+pub(crate) fn to_delivery(m: &MessageExt) -> Delivery {
     let properties: BTreeMap<String, String> =
         m.properties().iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
     let uniq_key = properties.get(UNIQ_KEY_PROPERTY).cloned().unwrap_or_default();

@@ -5,13 +5,13 @@
 //! and between the gate's [`Verdict`](crate::outcome::Verdict) and the broker's consume status. It
 //! must not decide outcomes.
 
-pub mod consumer;
-pub mod local;
-pub mod producer;
+pub(crate) mod consumer;
+pub(crate) mod local;
+pub(crate) mod producer;
 mod runtime;
-pub mod settings;
+pub(crate) mod settings;
 
-pub use consumer::Consumer;
+pub(crate) use consumer::Consumer;
 pub use producer::Producer;
-pub use runtime::ClientHost;
-pub use settings::{BrokerSettings, StartFrom};
+pub(crate) use runtime::ClientHost;
+pub(crate) use settings::{BrokerSettings, StartFrom};

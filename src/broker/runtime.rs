@@ -18,7 +18,7 @@ use rocketmq_observability::TelemetryRuntimeGuard;
 use rocketmq_runtime::{RuntimeConfig, RuntimeOwner};
 
 /// Owns the RocketMQ client's runtime; shut it down after the clients it hosts.
-pub struct ClientHost {
+pub(crate) struct ClientHost {
     owner: RuntimeOwner,
     client_runtime: Arc<ClientRuntime>,
     telemetry: TelemetryRuntimeGuard,
@@ -27,7 +27,7 @@ pub struct ClientHost {
 impl ClientHost {
     /// A runtime whose listener lane admits `consume_threads` listener calls at once, with a
     /// queue four times as deep behind them.
-    pub fn new(name: &str, consume_threads: usize) -> anyhow::Result<Self> {
+    pub(crate) fn new(name: &str, consume_threads: usize) -> anyhow::Result<Self> {
         let parallelism = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(2);
         let lane_concurrency = consume_threads.max(1) + 4;
         let mut config = RuntimeConfig::for_parallelism(format!("idemgate-{name}"), parallelism)
@@ -41,7 +41,7 @@ impl ClientHost {
 
     /// The client's own default sizing, for comparison in the benchmark: on 2 cores its
     /// listener lane admits 4 calls with 16 queued.
-    pub fn with_client_defaults(name: &str) -> anyhow::Result<Self> {
+    pub(crate) fn with_client_defaults(name: &str) -> anyhow::Result<Self> {
         let parallelism = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(2);
         Self::from_config(RuntimeConfig::for_parallelism(format!("idemgate-{name}"), parallelism))
     }
@@ -61,12 +61,12 @@ impl ClientHost {
         Ok(Self { owner, client_runtime, telemetry })
     }
 
-    pub fn client_runtime(&self) -> Arc<ClientRuntime> {
+    pub(crate) fn client_runtime(&self) -> Arc<ClientRuntime> {
         Arc::clone(&self.client_runtime)
     }
 
     /// Stops the client runtime and its tasks; reports problems in the log, never panics.
-    pub async fn shutdown(self) {
+    pub(crate) async fn shutdown(self) {
         let report = self.client_runtime.shutdown().await;
         if !report.is_healthy() {
             tracing::warn!(report = %report.to_json(), "the RocketMQ client did not shut down cleanly");

@@ -21,7 +21,7 @@ static FIND_ARCHIVED: Sql = Sql::new(
 );
 
 /// The newest archived claim of `key` for `consumer_group`, if the key was archived.
-pub async fn archived_claim(
+pub(crate) async fn archived_claim(
     conn: &mut Conn,
     backend: Backend,
     consumer_group: &str,

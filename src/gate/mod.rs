@@ -22,7 +22,7 @@ mod committer;
 mod core;
 mod disposition;
 mod group;
-pub mod guard;
+pub(crate) mod guard;
 mod observer;
 mod settings;
 
@@ -30,9 +30,12 @@ use std::sync::Arc;
 use std::time::Duration;
 
 pub use claim::ClaimPath;
-pub use disposition::{Disposition, Phases};
-pub use observer::{GroupEnd, GroupReport, Observer};
-pub use settings::{ConsumerSettings, GroupSettings, Identity, MAX_BATCH, Policy};
+pub use disposition::Disposition;
+pub(crate) use disposition::Phases;
+pub(crate) use observer::{GroupEnd, GroupReport, Observer};
+pub(crate) use settings::ConsumerSettings;
+pub(crate) use settings::MAX_BATCH;
+pub use settings::{GroupSettings, Identity, Policy};
 
 use self::core::Core;
 use crate::delivery::Delivery;

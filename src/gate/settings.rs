@@ -115,7 +115,7 @@ impl ConsumerSettings {
 /// The most deliveries one group may hold. PostgreSQL keeps the ids of 64 subtransactions
 /// (savepoints that wrote) per transaction in shared memory; one more and every other session's
 /// snapshots slow down until the group commits.
-pub const MAX_BATCH: usize = 64;
+pub(crate) const MAX_BATCH: usize = 64;
 
 /// `[group_commit]`: deliveries that arrive together share one transaction, each in its own
 /// savepoint. Off by default: one transaction per delivery.

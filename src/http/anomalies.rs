@@ -43,11 +43,11 @@ pub(super) fn anomalies_query(p: &Params) -> Result<(Option<AnomalyKind>, Option
 }
 
 /// The most anomalies a page lists.
-pub const MAX_ANOMALIES_SHOWN: i64 = 1_000;
+pub(super) const MAX_ANOMALIES_SHOWN: i64 = 1_000;
 
 /// A run and its anomalies, as the page and the API show them.
 #[derive(Debug, serde::Serialize)]
-pub struct AnomalyReport {
+pub(super) struct AnomalyReport {
     pub run: Option<crate::reconcile::runs::RunRecord>,
     pub counts: std::collections::BTreeMap<AnomalyKind, i64>,
     pub anomalies: Vec<crate::reconcile::Anomaly>,

@@ -18,17 +18,17 @@
 //! module of their own. It must not change state on a GET.
 
 mod anomalies;
-pub mod auth;
-pub mod csrf;
+pub(crate) mod auth;
+pub(crate) mod csrf;
 mod health;
-pub mod host;
+pub(crate) mod host;
 mod lists;
 mod metrics;
 mod overview;
-pub mod params;
-pub mod problem;
+pub(crate) mod params;
+pub(crate) mod problem;
 mod replay;
-pub mod settings;
+pub(crate) mod settings;
 mod state;
 mod trace;
 mod view;
@@ -44,8 +44,8 @@ use axum::response::Response;
 use axum::routing::get;
 use tokio::net::TcpListener;
 
-pub use settings::HttpSettings;
-pub use state::{AppState, Web};
+pub(crate) use state::AppState;
+pub use state::Web;
 
 use problem::{ApiError, Problem};
 
@@ -101,7 +101,7 @@ async fn not_found(uri: axum::http::Uri) -> Response {
 
 /// The whole application's routes. Outside in: the host name, then the credentials, then the
 /// same-origin rule for state-changing requests; health needs none of them.
-pub fn router(state: AppState) -> Router {
+pub(crate) fn router(state: AppState) -> Router {
     let pages = Router::new()
         .merge(overview::router())
         .merge(trace::router())
@@ -126,23 +126,23 @@ pub fn router(state: AppState) -> Router {
 
 /// A bound listener, not yet serving: bind first so that the address (port 0 picks a free
 /// one) is known to what is built before serving.
-pub struct Server {
+pub(crate) struct Server {
     listener: TcpListener,
 }
 
 impl Server {
-    pub async fn bind(addr: &str) -> anyhow::Result<Self> {
+    pub(crate) async fn bind(addr: &str) -> anyhow::Result<Self> {
         let listener =
             TcpListener::bind(addr).await.with_context(|| format!("binding the HTTP server to {addr}"))?;
         Ok(Self { listener })
     }
 
-    pub fn local_addr(&self) -> std::io::Result<SocketAddr> {
+    pub(crate) fn local_addr(&self) -> std::io::Result<SocketAddr> {
         self.listener.local_addr()
     }
 
     /// Serves `state`'s routes until `shutdown` resolves, then finishes the requests in flight.
-    pub async fn run(
+    pub(crate) async fn run(
         self,
         state: AppState,
         shutdown: impl std::future::Future<Output = ()> + Send + 'static,

@@ -4,14 +4,14 @@
 use crate::inspect::InspectError;
 
 /// The longest query string a page or API call accepts.
-pub const MAX_QUERY_BYTES: usize = 4096;
+pub(crate) const MAX_QUERY_BYTES: usize = 4096;
 
 /// Decoded `name=value` pairs; the first of a repeated name wins.
 #[derive(Debug, Default)]
-pub struct Params(Vec<(String, String)>);
+pub(crate) struct Params(Vec<(String, String)>);
 
 impl Params {
-    pub fn parse(raw: Option<&str>) -> Result<Self, InspectError> {
+    pub(crate) fn parse(raw: Option<&str>) -> Result<Self, InspectError> {
         let raw = raw.unwrap_or("");
         if raw.len() > MAX_QUERY_BYTES {
             return Err(InspectError::BadRequest(format!(
@@ -24,7 +24,7 @@ impl Params {
         })
     }
 
-    pub fn get(&self, name: &str) -> Option<&str> {
+    pub(crate) fn get(&self, name: &str) -> Option<&str> {
         self.0.iter().find(|(n, _)| n == name).map(|(_, v)| v.as_str())
     }
 }

@@ -12,17 +12,17 @@ use crate::inspect::InspectError;
 
 /// A page that could not be shown, and why.
 #[derive(Debug)]
-pub struct Problem {
+pub(crate) struct Problem {
     pub status: StatusCode,
     pub message: String,
 }
 
 impl Problem {
-    pub fn bad_request(message: impl Into<String>) -> Self {
+    pub(crate) fn bad_request(message: impl Into<String>) -> Self {
         Self { status: StatusCode::BAD_REQUEST, message: message.into() }
     }
 
-    pub fn not_found(message: impl Into<String>) -> Self {
+    pub(crate) fn not_found(message: impl Into<String>) -> Self {
         Self { status: StatusCode::NOT_FOUND, message: message.into() }
     }
 }
@@ -81,7 +81,7 @@ pub(super) fn api_not_found() -> ApiError {
 }
 
 /// A [`Problem`] answered as JSON.
-pub struct ApiError(pub Problem);
+pub(crate) struct ApiError(pub Problem);
 
 impl From<Problem> for ApiError {
     fn from(problem: Problem) -> Self {

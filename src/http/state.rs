@@ -16,7 +16,7 @@ use crate::store::Store;
 
 /// What the handlers share.
 #[derive(Clone)]
-pub struct AppState {
+pub(crate) struct AppState {
     pub store: Store,
     /// Set once the consumer has started (or, in the demo, the traffic source).
     pub consumer_ready: Arc<AtomicBool>,

@@ -36,7 +36,7 @@ pub(super) async fn style() -> impl IntoResponse {
 }
 
 /// A link to the trace of a key.
-pub fn trace_href(biz_id: &str, biz_type: &str, execute_time: i64, group: &str) -> String {
+pub(super) fn trace_href(biz_id: &str, biz_type: &str, execute_time: i64, group: &str) -> String {
     let mut pairs = vec![("biz_id", biz_id.to_owned()), ("by", "biz_id".to_owned())];
     if !biz_type.is_empty() {
         pairs.push(("biz_type", biz_type.to_owned()));
@@ -51,7 +51,7 @@ pub fn trace_href(biz_id: &str, biz_type: &str, execute_time: i64, group: &str) 
 }
 
 /// `path?query` with the pairs URL-encoded.
-pub fn href(path: &str, pairs: &[(&str, String)]) -> String {
+pub(super) fn href(path: &str, pairs: &[(&str, String)]) -> String {
     match serde_urlencoded::to_string(pairs) {
         Ok(q) if !q.is_empty() => format!("{path}?{q}"),
         _ => path.to_owned(),

@@ -9,8 +9,8 @@ use crate::layout::Layout;
 use crate::store::{Arg, Bound, Sql, Store};
 
 /// The rows on a page unless asked otherwise, and the most a page may hold.
-pub const DEFAULT_PAGE: usize = 50;
-pub const MAX_PAGE: usize = 200;
+pub(crate) const DEFAULT_PAGE: usize = 50;
+pub(crate) const MAX_PAGE: usize = 200;
 
 /// Which list.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]

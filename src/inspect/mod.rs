@@ -6,9 +6,9 @@
 //! ([`Limits`]), so that a page opened during an incident cannot add to it. This module only
 //! reads; it must not write, and it must not know about HTTP or HTML.
 
-pub mod lists;
-pub mod overview;
-pub mod trace;
+pub(crate) mod lists;
+pub(crate) mod overview;
+pub(crate) mod trace;
 
 use std::future::Future;
 use std::time::Duration;
@@ -138,7 +138,7 @@ impl LogRow {
 /// A text parameter as the UI and the API take it: trimmed, at most `max` characters, no
 /// control characters. Anything printable is allowed, since that is what keys may hold in the
 /// log; it is only ever bound as a parameter and escaped on output.
-pub fn checked_text(name: &str, value: &str, max: usize) -> Result<String, InspectError> {
+pub(crate) fn checked_text(name: &str, value: &str, max: usize) -> Result<String, InspectError> {
     let value = value.trim();
     let chars = value.chars().count();
     if chars > max {
@@ -157,12 +157,12 @@ pub fn checked_text(name: &str, value: &str, max: usize) -> Result<String, Inspe
 
 /// True for a filter that selects everything: absent, empty, or what Grafana's "All" sends
 /// (`.*`, `$__all`).
-pub fn means_all(value: Option<&str>) -> bool {
+pub(crate) fn means_all(value: Option<&str>) -> bool {
     matches!(value.map(str::trim), None | Some("") | Some(".*") | Some("$__all"))
 }
 
 /// A biz_type filter; [`means_all`] values mean every biz_type.
-pub fn biz_type_filter(value: Option<&str>) -> Result<Option<String>, InspectError> {
+pub(crate) fn biz_type_filter(value: Option<&str>) -> Result<Option<String>, InspectError> {
     match value.map(str::trim) {
         v if means_all(v) => Ok(None),
         Some(v) => checked_text("biz_type", v, MAX_BIZ_TYPE_CHARS).map(Some),
@@ -171,7 +171,7 @@ pub fn biz_type_filter(value: Option<&str>) -> Result<Option<String>, InspectErr
 }
 
 /// The longest searchable text: a bizId, msgId or UNIQ_KEY.
-pub const MAX_SEARCH_CHARS: usize =
+pub(crate) const MAX_SEARCH_CHARS: usize =
     if MAX_BIZ_ID_CHARS > MAX_ID_CHARS { MAX_BIZ_ID_CHARS } else { MAX_ID_CHARS };
 
 /// What confines every read of the readers' statements (the overview, the lists, the
@@ -185,7 +185,7 @@ pub const READ_BOUNDS: Bounds = Bounds {
 
 /// Reads a moment given as epoch milliseconds, RFC 3339, or a date and time in UTC as an
 /// HTML `datetime-local` input sends it (`2026-11-29T10:52`).
-pub fn parse_moment(name: &str, text: &str) -> Result<i64, InspectError> {
+pub(crate) fn parse_moment(name: &str, text: &str) -> Result<i64, InspectError> {
     let text = text.trim();
     if let Ok(ms) = text.parse::<i64>() {
         return Ok(ms);

@@ -12,9 +12,9 @@ use super::{InspectError, Limits, LogRow};
 use crate::archive::{ArchiveSettings, RunRecord, runs};
 use crate::store::{Arg, Bound, Sql, Store};
 
-pub const MINUTE_MS: i64 = 60_000;
+pub(crate) const MINUTE_MS: i64 = 60_000;
 /// Minutes in the chart.
-pub const CHART_MINUTES: i64 = 60;
+pub(crate) const CHART_MINUTES: i64 = 60;
 /// Rows in each "latest" box.
 pub const LATEST: usize = 5;
 
@@ -24,7 +24,7 @@ pub const LATEST: usize = 5;
 /// not by the whole window: a database whose first delivery came 30 s ago has 30 s of data in
 /// its last 5 minutes, and dividing its deliveries by 300 s would show a tenth of the real rate.
 #[derive(Debug, Clone, Default, PartialEq, Serialize)]
-pub struct Window {
+pub(crate) struct Window {
     pub label: &'static str,
     /// The window's length.
     pub seconds: i64,
@@ -49,7 +49,7 @@ pub struct Window {
 
 /// The least time a window is taken to cover once the log has a row: a rate read a few
 /// milliseconds after the first delivery would otherwise be that delivery over almost nothing.
-pub const MIN_COVERED_MS: i64 = 1_000;
+pub(crate) const MIN_COVERED_MS: i64 = 1_000;
 
 impl Window {
     fn new(label: &'static str, seconds: i64) -> Self {
@@ -86,14 +86,14 @@ impl Window {
     }
 
     /// Whether the log covers less than the whole window: its rates are over `covered_seconds`.
-    pub fn is_partial(&self) -> bool {
+    pub(crate) fn is_partial(&self) -> bool {
         self.covered_seconds < self.seconds as f64
     }
 }
 
 /// One minute of the chart.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
-pub struct Minute {
+pub(crate) struct Minute {
     pub start_ms: i64,
     pub deliveries: i64,
     pub duplicates: i64,
@@ -103,14 +103,14 @@ pub struct Minute {
 
 /// A biz_type's duplicates over the last hour.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
-pub struct Conflicts {
+pub(crate) struct Conflicts {
     pub biz_type: String,
     pub duplicates: i64,
 }
 
 /// The archive job as the overview shows it.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
-pub struct ArchiveStatus {
+pub(crate) struct ArchiveStatus {
     pub enabled: bool,
     pub schedule: String,
     pub next_run_ms: Option<i64>,
@@ -140,7 +140,7 @@ pub(crate) async fn archive_status(
 
 /// The whole overview.
 #[derive(Debug, Clone, Serialize)]
-pub struct Overview {
+pub(crate) struct Overview {
     pub now_ms: i64,
     pub last_5_minutes: Window,
     pub last_hour: Window,
@@ -157,7 +157,7 @@ pub struct Overview {
 
 /// The reconciler as the overview shows it.
 #[derive(Debug, Clone, Serialize)]
-pub struct ReconcileStatus {
+pub(crate) struct ReconcileStatus {
     pub run: crate::reconcile::runs::RunRecord,
     pub counts: BTreeMap<crate::reconcile::AnomalyKind, i64>,
 }
@@ -198,7 +198,7 @@ pub fn statements(now_ms: i64) -> [Bound; 4] {
 }
 
 /// Reads the overview at `now_ms` within `limits`.
-pub async fn overview(
+pub(crate) async fn overview(
     store: &Store,
     limits: &Limits,
     archive: &ArchiveSettings,

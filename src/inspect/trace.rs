@@ -20,9 +20,9 @@ use crate::route::MAX_ID_CHARS;
 use crate::store::{AnyQuery, Sql, Store};
 
 /// The most deliveries a trace lists; a key with more says so.
-pub const MAX_DELIVERIES: usize = 500;
+pub(crate) const MAX_DELIVERIES: usize = 500;
 /// The most candidate keys a search lists.
-pub const MAX_CANDIDATES: usize = 50;
+pub(crate) const MAX_CANDIDATES: usize = 50;
 
 /// What the search text is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
@@ -544,7 +544,7 @@ fn summarize(deliveries: &[LogRow], claim: Option<&ClaimRecord>) -> Summary {
 }
 
 /// A link to the dashboard at `base` for the time range, filtered to `biz_type`.
-pub fn grafana_link(base: &str, from_ms: i64, to_ms: i64, biz_type: &str) -> String {
+pub(crate) fn grafana_link(base: &str, from_ms: i64, to_ms: i64, biz_type: &str) -> String {
     let query = serde_urlencoded::to_string([
         ("from", from_ms.to_string()),
         ("to", to_ms.to_string()),

@@ -123,6 +123,6 @@ pub struct ReconcileOptions {
 }
 
 /// How long ago `window` started from `now`, as options for a run by hand.
-pub fn window(now_ms: i64, window: Duration) -> (i64, i64) {
+pub(crate) fn window(now_ms: i64, window: Duration) -> (i64, i64) {
     (now_ms - i64::try_from(window.as_millis()).unwrap_or(i64::MAX), now_ms + 1)
 }

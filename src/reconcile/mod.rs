@@ -13,10 +13,10 @@
 //! This module reads the gate's tables and writes only its own (`reconcile_run`,
 //! `reconcile_anomaly`). It must not change a claim or a log row.
 
-pub mod check;
-pub mod runs;
-pub mod schedule;
-pub mod settings;
+pub(crate) mod check;
+pub(crate) mod runs;
+pub(crate) mod schedule;
+pub(crate) mod settings;
 
 use std::collections::BTreeMap;
 use std::time::Instant;
@@ -27,7 +27,8 @@ use sqlx::Row;
 use crate::layout::Layout;
 use crate::store::{Arg, Bound, Sql, Store};
 
-pub use check::{Anomaly, AnomalyKind, Check, CheckSql, ReconcileOptions, WindowEnd, window};
+pub(crate) use check::{Anomaly, Check, CheckSql, WindowEnd};
+pub use check::{AnomalyKind, ReconcileOptions};
 pub use schedule::ReconcileScheduler;
 pub use settings::ReconcileSettings;
 
@@ -409,7 +410,7 @@ fn merge(found: Vec<Anomaly>) -> Vec<Anomaly> {
 }
 
 /// The report as text, for the command line.
-pub fn render_text(r: &ReconcileReport) -> String {
+pub(crate) fn render_text(r: &ReconcileReport) -> String {
     use std::fmt::Write;
     let mut out = String::new();
     let _ = writeln!(

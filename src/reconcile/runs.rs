@@ -119,7 +119,7 @@ pub async fn get(store: &Store, id: i64) -> Result<Option<RunRecord>, sqlx::Erro
 }
 
 /// The latest successful run of `group`: what `/metrics` and the overview report.
-pub async fn last_success(store: &Store, group: &str) -> Result<Option<RunRecord>, sqlx::Error> {
+pub(crate) async fn last_success(store: &Store, group: &str) -> Result<Option<RunRecord>, sqlx::Error> {
     store
         .query(&LAST_SUCCESS)
         .bind(group)

@@ -28,7 +28,7 @@ pub struct ReconcileSettings {
 }
 
 /// Every 15 minutes.
-pub const DEFAULT_SCHEDULE: &str = "0 */15 * * * *";
+pub(crate) const DEFAULT_SCHEDULE: &str = "0 */15 * * * *";
 
 impl Default for ReconcileSettings {
     fn default() -> Self {

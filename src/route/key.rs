@@ -8,20 +8,20 @@ use std::fmt::Write as _;
 use crate::store::AnyQuery;
 
 /// Longest `biz_type`, in characters (the column is VARCHAR(64)).
-pub const MAX_BIZ_TYPE_CHARS: usize = 64;
+pub(crate) const MAX_BIZ_TYPE_CHARS: usize = 64;
 /// Longest `biz_id`, in characters (the column is VARCHAR(128)). Order numbers, UUIDs and
 /// composite keys such as `ORDER-2026-000123:LINE-2` fit with room to spare.
-pub const MAX_BIZ_ID_CHARS: usize = 128;
+pub(crate) const MAX_BIZ_ID_CHARS: usize = 128;
 /// Longest msgId, UNIQ_KEY and consumer group, in characters.
-pub const MAX_ID_CHARS: usize = 128;
+pub(crate) const MAX_ID_CHARS: usize = 128;
 /// Longest topic and tags, in characters (RocketMQ's own topic limit is 127).
-pub const MAX_TOPIC_CHARS: usize = 255;
+pub(crate) const MAX_TOPIC_CHARS: usize = 255;
 
 /// Punctuation allowed in a `biz_id` or `biz_type` besides letters and digits.
 ///
 /// Quotes, angle brackets, semicolons, backslashes, whitespace and control characters never
 /// belong in a business key; where they appear, a producer is broken or someone is probing.
-pub const KEY_PUNCTUATION: &str = "-_.:/@#+=,|~";
+pub(crate) const KEY_PUNCTUATION: &str = "-_.:/@#+=,|~";
 
 /// The business key a delivery claims, checked against every rule.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -37,7 +37,7 @@ pub struct BizKey {
 /// Binds a claim key in the one order every statement on a key names its columns:
 /// `consumer_group = ? AND biz_type = ? AND biz_id = ? AND execute_time = ?` (and the claim
 /// tables' insert, whose first four columns they are).
-pub fn bind_key(
+pub(crate) fn bind_key(
     q: AnyQuery,
     consumer_group: &str,
     biz_type: &str,
@@ -61,7 +61,7 @@ impl BizKey {
 }
 
 /// Checks a biz_id or biz_type: 1 to `max` characters, letters, digits and [`KEY_PUNCTUATION`].
-pub fn check_key_text(text: &str, max: usize) -> Result<(), String> {
+pub(crate) fn check_key_text(text: &str, max: usize) -> Result<(), String> {
     if text.is_empty() {
         return Err("is empty".to_owned());
     }
@@ -90,7 +90,7 @@ pub fn check_key_text(text: &str, max: usize) -> Result<(), String> {
 /// never a valid key (it is the refused text itself, or holds the backslash or `…` that
 /// escaping or cutting added, which no key may hold), so a refused message's row can never be
 /// taken for a claimed key's.
-pub fn stored_key(text: &str, max: usize) -> Cow<'_, str> {
+pub(crate) fn stored_key(text: &str, max: usize) -> Cow<'_, str> {
     match check_key_text(text, max) {
         Ok(()) => Cow::Borrowed(text),
         Err(_) => Cow::Owned(excerpt(text, max)),
@@ -102,7 +102,7 @@ pub fn stored_key(text: &str, max: usize) -> Cow<'_, str> {
 /// line and a VARCHAR(max). A combining mark stays on the letter it follows (Thai `สั่ง`,
 /// Devanagari `क्ष` stay readable and searchable); only one that opens the text, with nothing
 /// to combine with, is escaped.
-pub fn excerpt(text: &str, max: usize) -> String {
+pub(crate) fn excerpt(text: &str, max: usize) -> String {
     let escaped: String = text.escape_debug().collect();
     if escaped.chars().count() <= max {
         return escaped;

@@ -14,9 +14,10 @@ mod key;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
-pub use key::{
-    BizKey, KEY_PUNCTUATION, MAX_BIZ_ID_CHARS, MAX_BIZ_TYPE_CHARS, MAX_ID_CHARS, MAX_TOPIC_CHARS, bind_key,
-    check_key_text, excerpt, stored_key,
+pub use key::BizKey;
+pub(crate) use key::{
+    MAX_BIZ_ID_CHARS, MAX_BIZ_TYPE_CHARS, MAX_ID_CHARS, MAX_TOPIC_CHARS, bind_key, check_key_text, excerpt,
+    stored_key,
 };
 
 use crate::delivery::Delivery;
@@ -52,7 +53,7 @@ fn from_keys() -> String {
 
 /// Where a value comes from in a delivery.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Source {
+pub(crate) enum Source {
     /// The first of the message's KEYS.
     Keys,
     Property(String),

@@ -15,18 +15,21 @@ mod stock;
 
 use serde::de::DeserializeOwned;
 
-pub use order::{CreateOrder, OrderCreate};
-pub use payment::{ConfirmPayment, PaymentConfirm};
-pub use stock::{DeductStock, STOCK_LEDGER_CHECK, StockDeduct, ensure_stock, seed_stock};
+pub use order::CreateOrder;
+pub(crate) use order::OrderCreate;
+pub use payment::ConfirmPayment;
+pub(crate) use payment::PaymentConfirm;
+pub use stock::{DeductStock, STOCK_LEDGER_CHECK, seed_stock};
+pub(crate) use stock::{StockDeduct, ensure_stock};
 
 use crate::delivery::Delivery;
 use crate::handler::{HandlerError, Handlers};
 use crate::route::RouteConfig;
 
-pub const ORDER_CREATE: &str = "order.create";
+pub(crate) const ORDER_CREATE: &str = "order.create";
 pub const PAYMENT_CONFIRM: &str = "payment.confirm";
 /// The SKUs the shop sells (and the example traffic deducts from).
-pub const SKUS: [&str; 5] = ["SKU-1", "SKU-2", "SKU-3", "SKU-4", "SKU-5"];
+pub(crate) const SKUS: [&str; 5] = ["SKU-1", "SKU-2", "SKU-3", "SKU-4", "SKU-5"];
 
 pub const STOCK_DEDUCT: &str = "stock.deduct";
 
@@ -88,7 +91,7 @@ pub const INITIAL_STOCK: i64 = 1_000_000_000_000;
 
 /// Creates the example SKUs' stock rows that are missing, so that `stock.deduct` traffic from
 /// `idemgate produce` finds its SKUs.
-pub async fn ensure_example_stock(store: &crate::store::Store) -> Result<(), sqlx::Error> {
+pub(crate) async fn ensure_example_stock(store: &crate::store::Store) -> Result<(), sqlx::Error> {
     for sku in SKUS {
         ensure_stock(store, sku, INITIAL_STOCK).await?;
     }

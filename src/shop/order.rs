@@ -25,7 +25,7 @@ static INSERT_ORDER: InsertIfAbsent = insert_if_absent!(
     index = "PRIMARY"
 );
 
-pub struct OrderCreate;
+pub(crate) struct OrderCreate;
 
 #[async_trait]
 impl Handler for OrderCreate {

@@ -38,7 +38,7 @@ static MARK_PAID: LazyLock<Transition> = LazyLock::new(|| {
         .expect("the order table's names are plain identifiers")
 });
 
-pub struct PaymentConfirm;
+pub(crate) struct PaymentConfirm;
 
 #[async_trait]
 impl Handler for PaymentConfirm {

@@ -37,7 +37,7 @@ static LEDGER_ROWS: Sql = Sql::new(
 static DELETE_SKU: Sql = Sql::new("DELETE FROM shop_stock WHERE sku = ?");
 static INSERT_SKU: Sql = Sql::new("INSERT INTO shop_stock (sku, quantity) VALUES (?, ?)");
 
-pub struct StockDeduct;
+pub(crate) struct StockDeduct;
 
 #[async_trait]
 impl Handler for StockDeduct {
@@ -124,7 +124,7 @@ pub async fn seed_stock(store: &Store, sku: &str, quantity: i64) -> Result<(), s
 
 /// Creates the stock row of `sku` with `quantity` unless it exists (a running shop keeps its
 /// levels across restarts).
-pub async fn ensure_stock(store: &Store, sku: &str, quantity: i64) -> Result<(), sqlx::Error> {
+pub(crate) async fn ensure_stock(store: &Store, sku: &str, quantity: i64) -> Result<(), sqlx::Error> {
     let mut conn = store.pool().acquire().await?;
     INSERT_SKU_IF_ABSENT.execute(&mut conn, store.backend(), |q| q.bind(sku).bind(quantity)).await?;
     Ok(())

@@ -28,7 +28,7 @@ const MAX_DESCRIBED_ROWS: usize = 20;
 
 /// A configured handler of SQL statements.
 #[derive(Debug)]
-pub struct SqlHandler {
+pub(crate) struct SqlHandler {
     /// Its key in the configuration, `sql_handlers[i]`.
     at: String,
     name: String,

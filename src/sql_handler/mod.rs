@@ -5,8 +5,8 @@
 //! [`handler`]. Nothing here opens a connection: the statements are prepared against the
 //! database when the service is assembled ([`crate::handler::Handlers::verify`]).
 
-pub mod handler;
-pub mod params;
+pub(crate) mod handler;
+pub(crate) mod params;
 
 use std::collections::BTreeMap;
 
@@ -16,7 +16,7 @@ use crate::handler::Handlers;
 use crate::reconcile::check::{AnomalyKind, WindowEnd};
 use crate::route::{MAX_BIZ_TYPE_CHARS, check_key_text};
 use crate::setting::{Invalid, invalid};
-pub use handler::SqlHandler;
+pub(crate) use handler::SqlHandler;
 use params::{BUILT_IN, Parsed, Source};
 
 /// `[[sql_handlers]]`: a handler made of SQL statements. An array of tables has no
@@ -118,7 +118,7 @@ fn double_applied() -> String {
 
 /// The handlers of `configs`, each under its name. The first wrong entry is refused with its
 /// key named; a name in `taken` (the built-in and the state-machine handlers) is refused too.
-pub fn handlers(configs: &[SqlHandlerConfig], taken: &Handlers) -> Result<Handlers, Invalid> {
+pub(crate) fn handlers(configs: &[SqlHandlerConfig], taken: &Handlers) -> Result<Handlers, Invalid> {
     let mut handlers = Handlers::new();
     for (i, config) in configs.iter().enumerate() {
         let at = format!("sql_handlers[{i}]");
@@ -144,7 +144,7 @@ pub fn handlers(configs: &[SqlHandlerConfig], taken: &Handlers) -> Result<Handle
 
 /// A statement of the handler, checked and rewritten.
 #[derive(Debug, Clone)]
-pub struct Statement {
+pub(crate) struct Statement {
     pub parsed: Parsed,
     pub expect: Expect,
     pub on_zero: OnZero,
@@ -152,7 +152,7 @@ pub struct Statement {
 
 /// A configured check, checked and rewritten.
 #[derive(Debug, Clone)]
-pub struct CheckStatement {
+pub(crate) struct CheckStatement {
     pub name: String,
     pub kind: AnomalyKind,
     pub parsed: Parsed,

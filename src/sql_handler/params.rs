@@ -12,11 +12,11 @@ use crate::store::Written;
 
 /// The parameters every statement may use without declaring them, read from the delivery's key
 /// and message.
-pub const BUILT_IN: [&str; 5] = ["biz_id", "biz_type", "execute_time", "msg_id", "uniq_key"];
+pub(crate) const BUILT_IN: [&str; 5] = ["biz_id", "biz_type", "execute_time", "msg_id", "uniq_key"];
 
 /// A statement as written, its `:name` placeholders found.
 #[derive(Debug, Clone)]
-pub struct Parsed {
+pub(crate) struct Parsed {
     /// The statement with `?` placeholders and with `$n` ones.
     pub written: Written,
     /// The parameter of each placeholder, in order: a name used twice is bound twice.
@@ -28,7 +28,7 @@ pub struct Parsed {
 /// Finds the `:name` placeholders of `sql` and rewrites them as positional ones. Refused, with
 /// the reason: an unterminated literal, quoted identifier or comment; a positional placeholder
 /// (`?`, `$1`) of its own; more than one statement.
-pub fn parse(sql: &str) -> Result<Parsed, String> {
+pub(crate) fn parse(sql: &str) -> Result<Parsed, String> {
     let chars: Vec<char> = sql.chars().collect();
     let mut portable = String::with_capacity(sql.len());
     let mut numbered = String::with_capacity(sql.len() + 8);
@@ -181,7 +181,7 @@ fn close_quote(chars: &[char], open: usize, quote: char, backslashes: bool) -> O
 
 /// The type a JSON parameter is read as.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Kind {
+pub(crate) enum Kind {
     /// A JSON string.
     Text,
     /// A JSON integer (64-bit).
@@ -216,7 +216,7 @@ impl Kind {
 
 /// Where a parameter's value comes from.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Source {
+pub(crate) enum Source {
     /// `json:/pointer` (text) or `json:/pointer:type`: an RFC 6901 pointer into the JSON body.
     Json { pointer: String, kind: Kind },
     /// `property:NAME`: a message property, as text.
@@ -227,7 +227,7 @@ pub enum Source {
 
 impl Source {
     /// Reads `json:/pointer[:type]` or `property:NAME`.
-    pub fn parse(text: &str) -> Result<Self, String> {
+    pub(crate) fn parse(text: &str) -> Result<Self, String> {
         if let Some(name) = text.strip_prefix("property:") {
             if name.is_empty() {
                 return Err(format!("{text:?} names no property"));
@@ -258,14 +258,14 @@ impl Source {
     }
 
     /// The built-in source `name` stands for, if it is one.
-    pub fn built_in(name: &str) -> Option<Self> {
+    pub(crate) fn built_in(name: &str) -> Option<Self> {
         BUILT_IN.iter().find(|b| **b == name).map(|b| Self::BuiltIn(b))
     }
 }
 
 /// A value bound to a statement.
 #[derive(Debug, Clone, PartialEq)]
-pub enum Value {
+pub(crate) enum Value {
     Text(String),
     Int(i64),
     Float(f64),
@@ -273,13 +273,13 @@ pub enum Value {
 }
 
 /// The delivery's body as JSON, parsed on first need and kept for the other parameters.
-pub struct Body<'a> {
+pub(crate) struct Body<'a> {
     raw: &'a [u8],
     parsed: Option<Result<serde_json::Value, String>>,
 }
 
 impl<'a> Body<'a> {
-    pub fn new(raw: &'a [u8]) -> Self {
+    pub(crate) fn new(raw: &'a [u8]) -> Self {
         Self { raw, parsed: None }
     }
 
@@ -296,7 +296,7 @@ impl<'a> Body<'a> {
 
 /// The values of `names`, read from the delivery as `sources` say. The error names the
 /// parameter and says what is missing or of the wrong type.
-pub fn values(
+pub(crate) fn values(
     names: &[String],
     sources: &BTreeMap<String, Source>,
     d: &Delivery,

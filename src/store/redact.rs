@@ -8,7 +8,7 @@
 ///
 /// It errs towards hiding: everything before the last `@` ahead of the query is taken as the
 /// user information, so a password with a raw `/` or `@` is still masked.
-pub fn redact_url(url: &str) -> String {
+pub(crate) fn redact_url(url: &str) -> String {
     let (url, fragment) = match url.split_once('#') {
         Some((u, f)) => (u, Some(f)),
         None => (url, None),
@@ -53,7 +53,7 @@ const SECRET_NAME_PARTS: [&str; 9] =
 
 /// True when a URL query parameter's name (as written: percent-encoded, `+` for a space) looks
 /// like it carries a secret, whatever its case.
-pub fn is_secret_parameter(name: &str) -> bool {
+pub(crate) fn is_secret_parameter(name: &str) -> bool {
     let name = percent_decode(&name.replace('+', " ")).to_lowercase();
     SECRET_NAME_PARTS.iter().any(|part| name.contains(part))
 }

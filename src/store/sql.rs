@@ -176,7 +176,7 @@ fn names_index(message: &str, index: &str) -> bool {
 }
 
 /// A query on the `Any` driver.
-pub type AnyQuery = sqlx::query::Query<'static, sqlx::Any, sqlx::any::AnyArguments>;
+pub(crate) type AnyQuery = sqlx::query::Query<'static, sqlx::Any, sqlx::any::AnyArguments>;
 
 /// A value bound to a [`Bound`] statement.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -209,7 +209,7 @@ impl Bound {
 }
 
 /// `query` with `args` bound in order.
-pub fn bind_all(query: AnyQuery, args: &[Arg]) -> AnyQuery {
+pub(crate) fn bind_all(query: AnyQuery, args: &[Arg]) -> AnyQuery {
     args.iter().fold(query, |q, arg| match arg {
         Arg::Int(v) => q.bind(*v),
         Arg::Text(v) => q.bind(v.clone()),
@@ -237,7 +237,7 @@ pub fn query_built(backend: Backend, portable: String) -> AnyQuery {
 
 /// `(?, ?, …)` with `columns` placeholders, repeated `rows` times and comma-separated: the
 /// VALUES list of a multi-row insert.
-pub fn values_list(columns: usize, rows: usize) -> String {
+pub(crate) fn values_list(columns: usize, rows: usize) -> String {
     let one = format!("({})", vec!["?"; columns].join(", "));
     vec![one; rows].join(", ")
 }

@@ -15,12 +15,12 @@ use std::collections::BTreeSet;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use idemgate::config::Settings;
-use idemgate::handler::Handlers;
-use idemgate::outcome::{Layer, Outcome, Verdict};
-use idemgate::prefilter::{FallbackCause, Step};
-use idemgate::shop;
-use idemgate::store::Backend;
+use idemgate::testing::config::Settings;
+use idemgate::testing::handler::Handlers;
+use idemgate::testing::outcome::{Layer, Outcome, Verdict};
+use idemgate::testing::prefilter::{FallbackCause, Step};
+use idemgate::testing::shop;
+use idemgate::testing::store::Backend;
 use redis_server::RedisServer;
 use support::*;
 use tokio::io::AsyncWriteExt;
@@ -41,15 +41,15 @@ macro_rules! settings_table {
         const PROBED: &[&str] = &[$($key,)* $($skey,)*];
 
         mod sqlite {
-            $(#[tokio::test] async fn $probe() { super::$probe(idemgate::store::Backend::Sqlite).await })*
+            $(#[tokio::test] async fn $probe() { super::$probe(idemgate::testing::store::Backend::Sqlite).await })*
         }
         mod postgres {
-            $(#[tokio::test] async fn $probe() { super::$probe(idemgate::store::Backend::Postgres).await })*
-            $(#[tokio::test] async fn $sprobe() { super::$sprobe(idemgate::store::Backend::Postgres).await })*
+            $(#[tokio::test] async fn $probe() { super::$probe(idemgate::testing::store::Backend::Postgres).await })*
+            $(#[tokio::test] async fn $sprobe() { super::$sprobe(idemgate::testing::store::Backend::Postgres).await })*
         }
         mod mariadb {
-            $(#[tokio::test] async fn $probe() { super::$probe(idemgate::store::Backend::MySql).await })*
-            $(#[tokio::test] async fn $sprobe() { super::$sprobe(idemgate::store::Backend::MySql).await })*
+            $(#[tokio::test] async fn $probe() { super::$probe(idemgate::testing::store::Backend::MySql).await })*
+            $(#[tokio::test] async fn $sprobe() { super::$sprobe(idemgate::testing::store::Backend::MySql).await })*
         }
     };
 }
@@ -529,7 +529,7 @@ async fn group_commit_enabled(b: Backend) {
 }
 
 /// Processes `deliveries` at once through the service's gate; how long it took.
-async fn all_at_once(app: &TestApp, deliveries: Vec<idemgate::delivery::Delivery>) -> Duration {
+async fn all_at_once(app: &TestApp, deliveries: Vec<idemgate::testing::delivery::Delivery>) -> Duration {
     let gate = app.gate();
     let started = Instant::now();
     let answers = futures_util::future::join_all(deliveries.iter().map(|d| gate.process(d))).await;

@@ -6,15 +6,15 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
-use idemgate::app::{Application, Feed, Running};
-use idemgate::config::Settings;
-use idemgate::delivery::Delivery;
-use idemgate::gate::Gate;
-use idemgate::handler::{Effect, Handler, HandlerError, Handlers, Work};
-use idemgate::route::RouteConfig;
-use idemgate::scratch::ScratchDb;
-use idemgate::shop;
-use idemgate::store::{Backend, Conn, StoreOptions, query_built};
+use idemgate::testing::app::{Application, Feed, Running};
+use idemgate::testing::config::Settings;
+use idemgate::testing::delivery::Delivery;
+use idemgate::testing::gate::Gate;
+use idemgate::testing::handler::{Effect, Handler, HandlerError, Handlers, Work};
+use idemgate::testing::route::RouteConfig;
+use idemgate::testing::scratch::ScratchDb;
+use idemgate::testing::shop;
+use idemgate::testing::store::{Backend, Conn, StoreOptions, query_built};
 use sqlx::Row;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
@@ -28,7 +28,7 @@ pub const SKU: &str = "SKU-APP";
 pub struct TestApp {
     running: Option<Running>,
     /// The pages' state of this service (its form tokens).
-    pub web: Arc<idemgate::http::Web>,
+    pub web: Arc<idemgate::testing::http::Web>,
     pub db: ScratchDb,
     /// `127.0.0.1:PORT`.
     pub addr: String,
@@ -194,7 +194,7 @@ pub enum Arg<'a> {
 }
 
 pub fn now_ms() -> i64 {
-    idemgate::clock::now_ms()
+    idemgate::testing::clock::now_ms()
 }
 
 /// A `stock.deduct` of one unit of [`SKU`] for `biz_id`, as first sent.

@@ -11,16 +11,16 @@ use std::collections::BTreeSet;
 use std::sync::Arc;
 use std::time::Duration;
 
-use idemgate::archive::retention::DAY_MS;
-use idemgate::archive::{
+use idemgate::testing::archive::retention::DAY_MS;
+use idemgate::testing::archive::{
     ArchiveOptions, ArchiveOutcome, ArchiveScheduler, Fault, RunKind, RunStatus, StartedBy, archive_once,
     dry_run, runs,
 };
-use idemgate::cron::Schedule;
-use idemgate::handler::Handlers;
-use idemgate::outcome::{Layer, Outcome};
-use idemgate::shop;
-use idemgate::store::{Sql, Store};
+use idemgate::testing::cron::Schedule;
+use idemgate::testing::handler::Handlers;
+use idemgate::testing::outcome::{Layer, Outcome};
+use idemgate::testing::shop;
+use idemgate::testing::store::{Sql, Store};
 use sqlx::Row;
 use support::{TestDb, gate, gate_with, identity, stock_deduct};
 
@@ -133,7 +133,7 @@ mod cases {
     use super::*;
 
     pub async fn exactly_the_claims_older_than_the_cutoff_move_once_and_a_rerun_moves_nothing(
-        backend: idemgate::store::Backend,
+        backend: idemgate::testing::store::Backend,
     ) {
         let db = TestDb::new(backend).await;
         seed_claims(&db.store, "OLD", 25, NOW, 100 * DAY_MS).await;
@@ -171,7 +171,7 @@ mod cases {
     }
 
     pub async fn a_run_killed_between_batches_loses_no_claim_and_the_next_run_finishes_the_job(
-        backend: idemgate::store::Backend,
+        backend: idemgate::testing::store::Backend,
     ) {
         let db = TestDb::new(backend).await;
         seed_claims(&db.store, "OLD", 23, NOW, 100 * DAY_MS).await;
@@ -201,7 +201,7 @@ mod cases {
     }
 
     pub async fn a_run_killed_inside_a_batch_loses_no_claim_and_archives_none_twice(
-        backend: idemgate::store::Backend,
+        backend: idemgate::testing::store::Backend,
     ) {
         let db = TestDb::new(backend).await;
         seed_claims(&db.store, "OLD", 23, NOW, 100 * DAY_MS).await;
@@ -218,7 +218,9 @@ mod cases {
         assert_each_claim_in_exactly_one_table(&db, 27).await;
     }
 
-    pub async fn a_claim_the_archive_already_holds_is_kept_there_once(backend: idemgate::store::Backend) {
+    pub async fn a_claim_the_archive_already_holds_is_kept_there_once(
+        backend: idemgate::testing::store::Backend,
+    ) {
         let db = TestDb::new(backend).await;
         seed_claims(&db.store, "OLD", 6, NOW, 100 * DAY_MS).await;
         // As if a copy had been made without its delete.
@@ -230,11 +232,11 @@ mod cases {
     }
 
     pub async fn archiving_while_consumers_claim_new_keys_and_replay_old_ones_loses_nothing_and_applies_nothing_twice(
-        backend: idemgate::store::Backend,
+        backend: idemgate::testing::store::Backend,
     ) {
         let db = TestDb::new(backend).await;
         shop::seed_stock(&db.store, "SKU-A", 1_000_000).await.unwrap();
-        let now = idemgate::clock::now_ms();
+        let now = idemgate::testing::clock::now_ms();
         const OLD: usize = 1_500;
         const NEW: usize = 600;
         seed_claims(&db.store, "OLD", OLD, now, 100 * DAY_MS).await;
@@ -298,7 +300,9 @@ mod cases {
         assert_each_claim_in_exactly_one_table(&db, OLD + NEW).await;
     }
 
-    pub async fn two_instances_woken_by_one_tick_make_one_archive_run(backend: idemgate::store::Backend) {
+    pub async fn two_instances_woken_by_one_tick_make_one_archive_run(
+        backend: idemgate::testing::store::Backend,
+    ) {
         let db = TestDb::new(backend).await;
         seed_claims(&db.store, "OLD", 40, NOW, 100 * DAY_MS).await;
         let other = db.second_store().await;
@@ -319,9 +323,11 @@ mod cases {
         other.close().await;
     }
 
-    pub async fn two_schedulers_on_one_database_archive_once_per_tick(backend: idemgate::store::Backend) {
+    pub async fn two_schedulers_on_one_database_archive_once_per_tick(
+        backend: idemgate::testing::store::Backend,
+    ) {
         let db = TestDb::new(backend).await;
-        let now = idemgate::clock::now_ms();
+        let now = idemgate::testing::clock::now_ms();
         seed_claims(&db.store, "OLD", 30, now, 100 * DAY_MS).await;
         let other = db.second_store().await;
         let every_second = Schedule::parse("* * * * * *").expect("schedule");
@@ -360,11 +366,11 @@ mod cases {
     }
 
     pub async fn a_late_copy_of_an_archived_key_is_skipped_as_a_late_duplicate_only_with_the_guard_on(
-        backend: idemgate::store::Backend,
+        backend: idemgate::testing::store::Backend,
     ) {
         let db = TestDb::new(backend).await;
         shop::seed_stock(&db.store, "SKU-A", 100).await.unwrap();
-        let now = idemgate::clock::now_ms();
+        let now = idemgate::testing::clock::now_ms();
         seed_claims(&db.store, "OLD", 3, now, 100 * DAY_MS).await;
         archive_once(&db.store, &options("a", 10), now).await.expect("run");
         let unguarded = gate(db.store.clone(), identity(GROUP, "c"), vec![], Handlers::new());
@@ -375,7 +381,7 @@ mod cases {
         let copy = stock_deduct("OLD-0", "LATE-1", "U-OLD-0", "SKU-A", 1);
         let stopped = guarded.process(&copy).await;
         assert_eq!((stopped.outcome, stopped.layer), (Outcome::Duplicate, Some(Layer::LateDuplicate)));
-        assert_eq!(stopped.cause, Some(idemgate::outcome::DuplicateCause::Redelivery));
+        assert_eq!(stopped.cause, Some(idemgate::testing::outcome::DuplicateCause::Redelivery));
         assert_eq!(db.scalar(&LEDGER_ROWS_LIKE, &["OLD-0"]).await, 0, "not applied");
         assert_eq!(db.scalar(&CLAIMS_LIKE, &["OLD-0"]).await, 0, "the fresh claim was rolled back");
         assert_eq!(db.scalar(&LATE_DUPLICATE_LOG_ROWS, &["LATE-1"]).await, 1, "logged at its layer");
@@ -391,7 +397,7 @@ mod cases {
     }
 
     pub async fn a_dry_run_reports_what_would_move_and_the_plan_and_changes_nothing(
-        backend: idemgate::store::Backend,
+        backend: idemgate::testing::store::Backend,
     ) {
         let db = TestDb::new(backend).await;
         seed_claims(&db.store, "OLD", 12, NOW, 100 * DAY_MS).await;
@@ -400,7 +406,7 @@ mod cases {
         let plan = dry_run(&db.store, &options("a", 5), NOW).await.expect("dry run");
         let counts: Vec<_> = plan.passes.iter().map(|p| (p.kind, p.rows)).collect();
         assert_eq!(counts, [(RunKind::Dedup, 12), (RunKind::Log, 4)]);
-        let text = idemgate::archive::manual::render_dry_run(&plan, NOW);
+        let text = idemgate::testing::archive::manual::render_dry_run(&plan, NOW);
         assert!(
             text.contains("12 claims would move") && text.contains("DELETE FROM idempotent_record"),
             "{text}"

@@ -14,8 +14,8 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use fantoccini::{Client, ClientBuilder, Locator};
-use idemgate::broker::Producer;
-use idemgate::store::Backend;
+use idemgate::testing::broker::Producer;
+use idemgate::testing::store::Backend;
 
 use super::support::*;
 

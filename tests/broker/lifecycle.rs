@@ -5,13 +5,13 @@
 
 use std::time::{Duration, Instant};
 
-use idemgate::app::{Application, Feed};
-use idemgate::broker::Producer;
-use idemgate::delivery::Delivery;
-use idemgate::handler::{Effect, Handler, HandlerError, Work};
-use idemgate::route::RouteConfig;
-use idemgate::shop;
-use idemgate::store::{Backend, Conn, Sql};
+use idemgate::testing::app::{Application, Feed};
+use idemgate::testing::broker::Producer;
+use idemgate::testing::delivery::Delivery;
+use idemgate::testing::handler::{Effect, Handler, HandlerError, Work};
+use idemgate::testing::route::RouteConfig;
+use idemgate::testing::shop;
+use idemgate::testing::store::{Backend, Conn, Sql};
 use sqlx::Row;
 
 use super::replay::dead_letter_then_fix;

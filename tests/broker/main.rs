@@ -9,7 +9,7 @@ mod support;
 
 use std::time::Duration;
 
-use idemgate::store::Backend;
+use idemgate::testing::store::Backend;
 use sqlx::Row;
 use support::*;
 
@@ -67,7 +67,7 @@ async fn a_poison_message_is_retried_with_growing_reconsume_counts_and_ends_dead
     assert_eq!(poison.tally.poison, 1);
     let key = format!("{run}-POISON-1");
 
-    static ATTEMPTS: idemgate::store::Sql = idemgate::store::Sql::new(
+    static ATTEMPTS: idemgate::testing::store::Sql = idemgate::testing::store::Sql::new(
         "SELECT reconsume_times, outcome FROM delivery_log WHERE biz_id = ? ORDER BY id",
     );
     let started = std::time::Instant::now();

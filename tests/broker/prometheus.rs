@@ -7,7 +7,7 @@ use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use idemgate::store::{Backend, Sql};
+use idemgate::testing::store::{Backend, Sql};
 use sqlx::Row;
 
 use crate::support::*;

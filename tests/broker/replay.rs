@@ -8,14 +8,14 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
-use idemgate::app::{Application, Feed};
-use idemgate::broker::Producer;
-use idemgate::delivery::Delivery;
-use idemgate::handler::{Effect, Handler, HandlerError, Handlers, Work};
-use idemgate::replay::{self, Action, Selection};
-use idemgate::route::RouteConfig;
-use idemgate::shop;
-use idemgate::store::{Backend, Conn, Sql, Store, query};
+use idemgate::testing::app::{Application, Feed};
+use idemgate::testing::broker::Producer;
+use idemgate::testing::delivery::Delivery;
+use idemgate::testing::handler::{Effect, Handler, HandlerError, Handlers, Work};
+use idemgate::testing::replay::{self, Action, Selection};
+use idemgate::testing::route::RouteConfig;
+use idemgate::testing::shop;
+use idemgate::testing::store::{Backend, Conn, Sql, Store, query};
 use sqlx::Row;
 
 use super::support::*;

@@ -4,12 +4,12 @@
 
 use std::time::{Duration, Instant};
 
-use idemgate::broker::Producer;
-use idemgate::config::Settings;
-use idemgate::delivery::Delivery;
-use idemgate::route::RouteConfig;
-use idemgate::sql_handler::SqlHandlerConfig;
-use idemgate::store::{Backend, Sql};
+use idemgate::testing::broker::Producer;
+use idemgate::testing::config::Settings;
+use idemgate::testing::delivery::Delivery;
+use idemgate::testing::route::RouteConfig;
+use idemgate::testing::sql_handler::SqlHandlerConfig;
+use idemgate::testing::store::{Backend, Sql};
 use sqlx::Row;
 
 use crate::support::*;

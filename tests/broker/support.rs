@@ -10,13 +10,13 @@ use std::process::{Child, Command, Stdio};
 use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
-use idemgate::broker::local::LocalBroker;
-use idemgate::config::Settings;
-use idemgate::delivery::Delivery;
-use idemgate::produce::ProduceReport;
-use idemgate::scratch::ScratchDb;
-use idemgate::shop;
-use idemgate::store::{Backend, Sql, Store, StoreOptions};
+use idemgate::testing::broker::local::LocalBroker;
+use idemgate::testing::config::Settings;
+use idemgate::testing::delivery::Delivery;
+use idemgate::testing::produce::ProduceReport;
+use idemgate::testing::scratch::ScratchDb;
+use idemgate::testing::shop;
+use idemgate::testing::store::{Backend, Sql, Store, StoreOptions};
 use sqlx::Row;
 
 pub const BIN: &str = env!("CARGO_BIN_EXE_idemgate");

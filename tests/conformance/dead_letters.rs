@@ -5,15 +5,15 @@
 //! their note, once, when the database is migrated.
 
 use async_trait::async_trait;
-use idemgate::clock::now_ms;
-use idemgate::delivery::Delivery;
-use idemgate::delivery_log::MAX_KEPT_PAYLOAD;
-use idemgate::gate::Gate;
-use idemgate::handler::{Effect, Handler, HandlerError, Handlers, Work};
-use idemgate::outcome::{Outcome, Verdict};
-use idemgate::replay::{self, Action, Line, Selection};
-use idemgate::route::RouteConfig;
-use idemgate::store::{Backend, Conn, Sql, Store};
+use idemgate::testing::clock::now_ms;
+use idemgate::testing::delivery::Delivery;
+use idemgate::testing::delivery_log::MAX_KEPT_PAYLOAD;
+use idemgate::testing::gate::Gate;
+use idemgate::testing::handler::{Effect, Handler, HandlerError, Handlers, Work};
+use idemgate::testing::outcome::{Outcome, Verdict};
+use idemgate::testing::replay::{self, Action, Line, Selection};
+use idemgate::testing::route::RouteConfig;
+use idemgate::testing::store::{Backend, Conn, Sql, Store};
 use sqlx::Row;
 
 use super::support::{TestDb, gate, identity};

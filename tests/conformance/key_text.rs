@@ -5,13 +5,15 @@
 //! keys run right to left. A key the rules refuse (an emoji, a Thai tone mark) is logged
 //! `invalid` with its reason and found by its own text.
 
-use idemgate::clock::now_ms;
-use idemgate::inspect::trace::{Answer, FinalState, SearchBy, Story, TraceContext, TraceQuery, trace};
-use idemgate::outcome::{DuplicateCause, Outcome};
-use idemgate::reconcile::{AnomalyKind, ReconcileOptions, reconcile_once, runs};
-use idemgate::replay::{self, Action, Selection};
-use idemgate::shop::STOCK_LEDGER_CHECK;
-use idemgate::store::{Sql, Store};
+use idemgate::testing::clock::now_ms;
+use idemgate::testing::inspect::trace::{
+    Answer, FinalState, SearchBy, Story, TraceContext, TraceQuery, trace,
+};
+use idemgate::testing::outcome::{DuplicateCause, Outcome};
+use idemgate::testing::reconcile::{AnomalyKind, ReconcileOptions, reconcile_once, runs};
+use idemgate::testing::replay::{self, Action, Selection};
+use idemgate::testing::shop::STOCK_LEDGER_CHECK;
+use idemgate::testing::store::{Sql, Store};
 
 use super::support::{TestDb, gate, identity, stock_deduct};
 
@@ -56,12 +58,13 @@ mod cases {
     use super::*;
 
     pub async fn keys_in_every_script_are_claimed_logged_traced_reconciled_and_replayed_as_written(
-        backend: idemgate::store::Backend,
+        backend: idemgate::testing::store::Backend,
     ) {
         let db = TestDb::new(backend).await;
         let store = &db.store;
-        idemgate::shop::seed_stock(store, "SKU-U", 1_000).await.unwrap();
-        let g = gate(store.clone(), identity(GROUP, "a"), vec![], idemgate::handler::Handlers::new());
+        idemgate::testing::shop::seed_stock(store, "SKU-U", 1_000).await.unwrap();
+        let g =
+            gate(store.clone(), identity(GROUP, "a"), vec![], idemgate::testing::handler::Handlers::new());
         let started = now_ms() - 1_000;
 
         // Every key at once (with group commit, in shared groups), then a redelivery of each.
@@ -136,11 +139,12 @@ mod cases {
     }
 
     pub async fn a_key_the_rules_refuse_is_logged_invalid_with_its_reason_and_found_by_its_text(
-        backend: idemgate::store::Backend,
+        backend: idemgate::testing::store::Backend,
     ) {
         let db = TestDb::new(backend).await;
         let store = &db.store;
-        let g = gate(store.clone(), identity(GROUP, "a"), vec![], idemgate::handler::Handlers::new());
+        let g =
+            gate(store.clone(), identity(GROUP, "a"), vec![], idemgate::testing::handler::Handlers::new());
         for (key, msg_id, reason) in [
             ("ORDER-😀", "M-EMOJI", "forbidden character 😀 (U+1F600) at position 7"),
             ("สั่ง-1", "M-TONE", "forbidden character \\u{e48} (U+0E48) at position 3"),

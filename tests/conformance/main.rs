@@ -13,13 +13,13 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use async_trait::async_trait;
-use idemgate::delivery::{Delivery, REPLAY_PROPERTY};
-use idemgate::gate::Gate;
-use idemgate::handler::{Effect, Handler, HandlerError, Handlers, Work};
-use idemgate::outcome::{DuplicateCause, Layer, Outcome, Verdict};
-use idemgate::route::RouteConfig;
-use idemgate::shop::{self, ConfirmPayment, CreateOrder};
-use idemgate::store::{Backend, Conn, Sql, query};
+use idemgate::testing::delivery::{Delivery, REPLAY_PROPERTY};
+use idemgate::testing::gate::Gate;
+use idemgate::testing::handler::{Effect, Handler, HandlerError, Handlers, Work};
+use idemgate::testing::outcome::{DuplicateCause, Layer, Outcome, Verdict};
+use idemgate::testing::route::RouteConfig;
+use idemgate::testing::shop::{self, ConfirmPayment, CreateOrder};
+use idemgate::testing::store::{Backend, Conn, Sql, query};
 use sqlx::Row;
 use support::{TestDb, gate, identity, stock_deduct};
 
@@ -654,8 +654,8 @@ exactly_once_cases!(
 /// with `INSERT IGNORE … RETURNING` and only `mariadb_claiming_as_on_mysql` reads back.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn each_test_server_is_recognised_and_claims_groups_with_a_returning_insert() {
-    use idemgate::gate::ClaimPath;
-    use idemgate::store::MySqlFlavour;
+    use idemgate::testing::gate::ClaimPath;
+    use idemgate::testing::store::MySqlFlavour;
     for (backend, flavour) in
         [(Backend::Sqlite, None), (Backend::Postgres, None), (Backend::MySql, Some(MySqlFlavour::MariaDb))]
     {

@@ -6,14 +6,14 @@
 //! duplicate, missing and mistyped parameters, hostile values, the trace page's rows, a
 //! configured reconciler check and the start-up refusals.
 
-use idemgate::app::{Application, Feed};
-use idemgate::config::Settings;
-use idemgate::delivery::Delivery;
-use idemgate::gate::{Disposition, Gate};
-use idemgate::outcome::{Layer, Outcome, Verdict};
-use idemgate::route::RouteConfig;
-use idemgate::sql_handler::{Expect, OnZero, SqlHandlerConfig, StatementConfig};
-use idemgate::store::{Backend, Sql, Store};
+use idemgate::testing::app::{Application, Feed};
+use idemgate::testing::config::Settings;
+use idemgate::testing::delivery::Delivery;
+use idemgate::testing::gate::{Disposition, Gate};
+use idemgate::testing::outcome::{Layer, Outcome, Verdict};
+use idemgate::testing::route::RouteConfig;
+use idemgate::testing::sql_handler::{Expect, OnZero, SqlHandlerConfig, StatementConfig};
+use idemgate::testing::store::{Backend, Sql, Store};
 use sqlx::Row;
 
 use super::support::{TestDb, gate_settings, identity};
@@ -43,12 +43,12 @@ pub fn configs() -> Vec<SqlHandlerConfig> {
         SqlHandlerConfig {
             describe: Some("SELECT user_id, cents, msg_id FROM wallet_ledger WHERE credit_id = :biz_id".into()),
             checks: vec![
-                idemgate::sql_handler::CheckConfig {
+                idemgate::testing::sql_handler::CheckConfig {
                     name: "credit_once".into(),
                     sql: "SELECT credit_id FROM wallet_ledger GROUP BY credit_id HAVING COUNT(*) > 1".into(),
                     kind: "double_applied".into(),
                 },
-                idemgate::sql_handler::CheckConfig {
+                idemgate::testing::sql_handler::CheckConfig {
                     name: "no negative balance".into(),
                     sql: "SELECT user_id, COUNT(*) FROM wallet WHERE balance_cents < 0 AND balance_cents < :until_ms \
                           AND :since_ms > balance_cents GROUP BY user_id".into(),
@@ -169,7 +169,7 @@ async fn wallet_gate(store: Store, instance: &str) -> Gate {
     let s = settings(instance);
     let handlers = s.handlers().expect("handlers");
     handlers.verify(&store).await.expect("every statement prepares");
-    idemgate::app::assemble_gate(&s, store, handlers, None).expect("gate")
+    idemgate::testing::app::assemble_gate(&s, store, handlers, None).expect("gate")
 }
 
 fn message(tag: &str, key: &str, msg_id: &str, body: serde_json::Value) -> Delivery {
@@ -446,8 +446,8 @@ pub mod cases {
         let names: Vec<(&str, &str)> =
             checks.iter().map(|c| (c.name.as_ref(), c.biz_type.as_ref())).collect();
         assert!(names.contains(&("credit_once", "wallet.credit")), "{names:?}");
-        let now = idemgate::clock::now_ms();
-        let options = idemgate::reconcile::ReconcileOptions {
+        let now = idemgate::testing::clock::now_ms();
+        let options = idemgate::testing::reconcile::ReconcileOptions {
             consumer_group: GROUP.into(),
             biz_type: Some("wallet.credit".into()),
             since_ms: now - 3_600_000,
@@ -458,8 +458,9 @@ pub mod cases {
             instance_id: "a".into(),
             started_by: "test".into(),
         };
-        let report =
-            idemgate::reconcile::reconcile_once(&db.store, &options, &checks, now).await.expect("a run");
+        let report = idemgate::testing::reconcile::reconcile_once(&db.store, &options, &checks, now)
+            .await
+            .expect("a run");
         let found: Vec<(&str, &str)> =
             report.anomalies.iter().map(|a| (a.kind.as_str(), a.biz_id.as_str())).collect();
         assert_eq!(found, [("orphan", "u-2")], "{:?}", report.anomalies);

@@ -6,17 +6,17 @@
 use std::collections::BTreeSet;
 use std::sync::Arc;
 
-use idemgate::delivery::Delivery;
-use idemgate::gate::{Disposition, Gate};
-use idemgate::handler::Handler;
-use idemgate::metrics::{BuildInfo, Metrics};
-use idemgate::outcome::{Layer, Outcome, Verdict};
-use idemgate::route::{RouteConfig, Routes};
-use idemgate::shop;
-use idemgate::state_machine::{
+use idemgate::testing::delivery::Delivery;
+use idemgate::testing::gate::{Disposition, Gate};
+use idemgate::testing::handler::Handler;
+use idemgate::testing::metrics::{BuildInfo, Metrics};
+use idemgate::testing::outcome::{Layer, Outcome, Verdict};
+use idemgate::testing::route::{RouteConfig, Routes};
+use idemgate::testing::shop;
+use idemgate::testing::state_machine::{
     self, Answer, Compare, Found, Move, OnMissing, StateMachine, StateMachineConfig, TransitionSpec, Value,
 };
-use idemgate::store::{Backend, Sql};
+use idemgate::testing::store::{Backend, Sql};
 use sqlx::Row;
 
 use super::support::{TestDb, gate, identity, order, payment};
@@ -296,9 +296,9 @@ pub mod cases {
                 .await
                 .expect("parcel");
         }
-        let before = idemgate::clock::now_ms();
+        let before = idemgate::testing::clock::now_ms();
         assert_eq!(g.process(&parcel_delivered("P-1", "M-1")).await.outcome, Outcome::Processed);
-        let after = idemgate::clock::now_ms();
+        let after = idemgate::testing::clock::now_ms();
         let row = db.store.query(&PARCEL).bind("P-1").fetch_one(db.store.pool()).await.expect("parcel");
         let (state, at): (String, Option<i64>) = (row.get(0), row.get(1));
         assert_eq!(state, "DELIVERED");
@@ -321,7 +321,7 @@ pub mod cases {
             [("row", "test_parcel P-1"), ("state", "DELIVERED: the move to DELIVERED is made")]
         );
         assert_eq!(shown[2].0, "delivered_at_ms");
-        assert_eq!(shown[2].1, idemgate::clock::format_ms(at.unwrap_or_default()));
+        assert_eq!(shown[2].1, idemgate::testing::clock::format_ms(at.unwrap_or_default()));
         let facts = handler.describe(&db.store, "P-3").await.expect("describe");
         assert_eq!(facts[1].value, "RETURNED: cannot become DELIVERED");
         let facts = handler.describe(&db.store, "P-9").await.expect("describe");
@@ -436,7 +436,12 @@ pub mod cases {
             .execute(db.store.pool())
             .await
             .expect("cancel");
-        let g = gate(db.store.clone(), identity("shop", "a"), vec![], idemgate::handler::Handlers::new());
+        let g = gate(
+            db.store.clone(),
+            identity("shop", "a"),
+            vec![],
+            idemgate::testing::handler::Handlers::new(),
+        );
         let r = g.process(&payment("P-B", "O-B", 900, "M-cancelled", "U-cancelled", 0)).await;
         assert_eq!(outcome(&r), (Outcome::DeadLettered, Some(Layer::StateMachine), Verdict::DeadLetter));
         assert_eq!(

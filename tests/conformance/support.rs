@@ -3,16 +3,16 @@
 
 use std::sync::Arc;
 
-use idemgate::config::Settings;
-use idemgate::delivery::Delivery;
-use idemgate::gate::ClaimPath;
-use idemgate::gate::{Gate, GroupSettings, Identity};
-use idemgate::handler::Handlers;
-use idemgate::outcome::{Outcome, Verdict};
-use idemgate::route::RouteConfig;
-use idemgate::scratch::ScratchDb;
-use idemgate::shop;
-use idemgate::store::{Backend, MySqlFlavour, Sql, Store, StoreOptions};
+use idemgate::testing::config::Settings;
+use idemgate::testing::delivery::Delivery;
+use idemgate::testing::gate::ClaimPath;
+use idemgate::testing::gate::{Gate, GroupSettings, Identity};
+use idemgate::testing::handler::Handlers;
+use idemgate::testing::outcome::{Outcome, Verdict};
+use idemgate::testing::route::RouteConfig;
+use idemgate::testing::scratch::ScratchDb;
+use idemgate::testing::shop;
+use idemgate::testing::store::{Backend, MySqlFlavour, Sql, Store, StoreOptions};
 use sqlx::Row;
 
 fn options() -> StoreOptions {
@@ -85,7 +85,7 @@ tokio::task_local! {
 /// A gate on the shop routes and handlers, plus `extra` routes and handlers; with group
 /// commit when the case runs under [`on_every_backend_with_group_commit!`], claiming as on
 /// MySQL under [`on_mariadb_claiming_as_on_mysql!`]. Built by the service's own assembly
-/// (`idemgate::app::assemble_gate`) from the settings [`gate_settings`] describes.
+/// (`idemgate::testing::app::assemble_gate`) from the settings [`gate_settings`] describes.
 pub fn gate(store: Store, id: Identity, extra_routes: Vec<RouteConfig>, extra: Handlers) -> Gate {
     let store = if CLAIMING_AS_ON_MYSQL.try_with(|on| *on).unwrap_or(false) {
         let store = store.assuming_mysql_flavour(MySqlFlavour::MySql);
@@ -96,14 +96,15 @@ pub fn gate(store: Store, id: Identity, extra_routes: Vec<RouteConfig>, extra: H
     };
     let mut handlers = shop::handlers();
     handlers.extend(extra);
-    idemgate::app::assemble_gate(&gate_settings(&id, extra_routes), store, handlers, None).expect("gate")
+    idemgate::testing::app::assemble_gate(&gate_settings(&id, extra_routes), store, handlers, None)
+        .expect("gate")
 }
 
 /// [`gate`] on the shop routes and handlers, with `configure` changing its settings first.
 pub fn gate_with(store: Store, id: Identity, configure: impl FnOnce(&mut Settings)) -> Gate {
     let mut settings = gate_settings(&id, Vec::new());
     configure(&mut settings);
-    idemgate::app::assemble_gate(&settings, store, shop::handlers(), None).expect("gate")
+    idemgate::testing::app::assemble_gate(&settings, store, shop::handlers(), None).expect("gate")
 }
 
 /// The settings of the cases' gates: the shop routes plus `extra_routes`, the group and
@@ -176,15 +177,15 @@ macro_rules! on_every_backend {
     ($($case:ident),* $(,)?) => {
         mod sqlite {
             $(#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-            async fn $case() { super::cases::$case(idemgate::store::Backend::Sqlite).await })*
+            async fn $case() { super::cases::$case(idemgate::testing::store::Backend::Sqlite).await })*
         }
         mod postgres {
             $(#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-            async fn $case() { super::cases::$case(idemgate::store::Backend::Postgres).await })*
+            async fn $case() { super::cases::$case(idemgate::testing::store::Backend::Postgres).await })*
         }
         mod mariadb {
             $(#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-            async fn $case() { super::cases::$case(idemgate::store::Backend::MySql).await })*
+            async fn $case() { super::cases::$case(idemgate::testing::store::Backend::MySql).await })*
         }
     };
 }
@@ -198,7 +199,7 @@ macro_rules! on_every_backend_with_group_commit {
             $(#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
             async fn $case() {
                 crate::support::GROUP_COMMIT
-                    .scope(true, super::cases::$case(idemgate::store::Backend::Sqlite))
+                    .scope(true, super::cases::$case(idemgate::testing::store::Backend::Sqlite))
                     .await
             })*
         }
@@ -206,7 +207,7 @@ macro_rules! on_every_backend_with_group_commit {
             $(#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
             async fn $case() {
                 crate::support::GROUP_COMMIT
-                    .scope(true, super::cases::$case(idemgate::store::Backend::Postgres))
+                    .scope(true, super::cases::$case(idemgate::testing::store::Backend::Postgres))
                     .await
             })*
         }
@@ -214,7 +215,7 @@ macro_rules! on_every_backend_with_group_commit {
             $(#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
             async fn $case() {
                 crate::support::GROUP_COMMIT
-                    .scope(true, super::cases::$case(idemgate::store::Backend::MySql))
+                    .scope(true, super::cases::$case(idemgate::testing::store::Backend::MySql))
                     .await
             })*
         }
@@ -231,7 +232,7 @@ macro_rules! on_mariadb_claiming_as_on_mysql {
         mod mariadb_claiming_as_on_mysql {
             $(#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
             async fn $case() {
-                let case = super::cases::$case(idemgate::store::Backend::MySql);
+                let case = super::cases::$case(idemgate::testing::store::Backend::MySql);
                 let grouped = crate::support::GROUP_COMMIT.scope(true, case);
                 crate::support::CLAIMING_AS_ON_MYSQL.scope(true, grouped).await
             })*

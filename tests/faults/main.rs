@@ -9,7 +9,7 @@ mod support;
 use std::process::Command;
 use std::time::Duration;
 
-use idemgate::store::Backend;
+use idemgate::testing::store::Backend;
 use support::*;
 
 /// `pg_ctlcluster` on the local cluster, as the test scripts start it.

@@ -15,16 +15,16 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
-use idemgate::delivery::Delivery;
-use idemgate::gate::Gate;
-use idemgate::handler::{Effect, Handler, HandlerError, Handlers, Work};
-use idemgate::layout::{self, Layout, LayoutError};
-use idemgate::metrics::{BuildInfo, Metrics};
-use idemgate::outcome::{DuplicateCause, Layer, Outcome, Verdict};
-use idemgate::prefilter::{Check, FallbackCause, Prefilter, RedisSettings, Settle, Settled, Step};
-use idemgate::route::{BizKey, RouteConfig};
-use idemgate::shop;
-use idemgate::store::{Backend, Conn, Sql};
+use idemgate::testing::delivery::Delivery;
+use idemgate::testing::gate::Gate;
+use idemgate::testing::handler::{Effect, Handler, HandlerError, Handlers, Work};
+use idemgate::testing::layout::{self, Layout, LayoutError};
+use idemgate::testing::metrics::{BuildInfo, Metrics};
+use idemgate::testing::outcome::{DuplicateCause, Layer, Outcome, Verdict};
+use idemgate::testing::prefilter::{Check, FallbackCause, Prefilter, RedisSettings, Settle, Settled, Step};
+use idemgate::testing::route::{BizKey, RouteConfig};
+use idemgate::testing::shop;
+use idemgate::testing::store::{Backend, Conn, Sql};
 use redis_server::RedisServer;
 use support::{TestDb, gate, identity, race, stock_deduct};
 
@@ -101,7 +101,7 @@ static FLAKY_EFFECT: Sql = Sql::new(
 #[async_trait]
 impl Handler for Flaky {
     async fn handle(&self, work: &Work<'_>, conn: &mut Conn) -> Result<Effect, HandlerError> {
-        idemgate::store::query(work.backend, &FLAKY_EFFECT)
+        idemgate::testing::store::query(work.backend, &FLAKY_EFFECT)
             .bind(work.key.biz_id.as_str())
             .execute(&mut *conn)
             .await?;
@@ -282,7 +282,7 @@ mod cases {
         let g = gate(fresh.store.clone(), identity(GROUP, "a"), vec![], Handlers::new());
         shop::seed_stock(&fresh.store, "SKU-L", 10).await.unwrap();
         // Claims written before the layout was recorded (an older idemgate) block sharding too.
-        idemgate::store::query(fresh.store.backend(), &Sql::new(
+        idemgate::testing::store::query(fresh.store.backend(), &Sql::new(
             "INSERT INTO idempotent_record (consumer_group, biz_type, biz_id, execute_time, msg_id, uniq_key, \
              payload_hash, instance_id, claimed_at_ms) VALUES ('g', 't', 'x', 0, 'm', '', 'h', 'i', 1)",
         ))
@@ -294,8 +294,8 @@ mod cases {
     }
 
     pub async fn trace_archive_and_reconcile_cover_every_shard(backend: Backend) {
-        use idemgate::archive::{ArchiveOptions, Fault, StartedBy, archive_once};
-        use idemgate::inspect::trace::{Answer, SearchBy, TraceContext, TraceQuery, trace};
+        use idemgate::testing::archive::{ArchiveOptions, Fault, StartedBy, archive_once};
+        use idemgate::testing::inspect::trace::{Answer, SearchBy, TraceContext, TraceQuery, trace};
         let db = TestDb::new(backend).await;
         layout::ensure(&db.store, 4, "test").await.unwrap();
         shop::seed_stock(&db.store, "SKU-SH", 1_000).await.unwrap();
@@ -309,7 +309,7 @@ mod cases {
 
         // Trace: the claim and all three deliveries of a key, wherever its shard.
         let ctx = TraceContext {
-            limits: idemgate::inspect::Limits { timeout: Duration::from_secs(10) },
+            limits: idemgate::testing::inspect::Limits { timeout: Duration::from_secs(10) },
             retention: None,
             grafana_url: None,
             describers: Default::default(),
@@ -328,16 +328,16 @@ mod cases {
         // keys above has since been deducted again by a resend (a duplicate).
         let poison = stock_deduct("SH-POISON", "M-POISON", "U-POISON", "SKU-NONE", 1);
         assert_eq!(g.process(&poison).await.outcome, Outcome::DeadLettered);
-        let lists = idemgate::inspect::lists::ListQuery {
-            kind: idemgate::inspect::lists::ListKind::DeadLetters,
+        let lists = idemgate::testing::inspect::lists::ListQuery {
+            kind: idemgate::testing::inspect::lists::ListKind::DeadLetters,
             biz_type: None,
             since_ms: None,
             until_ms: None,
             before: None,
             page_size: 50,
         };
-        let limits = idemgate::inspect::Limits { timeout: Duration::from_secs(10) };
-        let page = idemgate::inspect::lists::list(&db.store, &limits, &lists).await.unwrap();
+        let limits = idemgate::testing::inspect::Limits { timeout: Duration::from_secs(10) };
+        let page = idemgate::testing::inspect::lists::list(&db.store, &limits, &lists).await.unwrap();
         assert_eq!(page.rows.len(), 1);
         assert_eq!(
             (page.rows[0].biz_id.as_str(), page.rows[0].claimed_at_ms),
@@ -346,8 +346,8 @@ mod cases {
         );
 
         // Reconcile over the shards: the dead letter is lost, the rest is clean.
-        let now = idemgate::clock::now_ms();
-        let opts = idemgate::reconcile::ReconcileOptions {
+        let now = idemgate::testing::clock::now_ms();
+        let opts = idemgate::testing::reconcile::ReconcileOptions {
             consumer_group: GROUP.to_owned(),
             biz_type: None,
             since_ms: now - 3_600_000,
@@ -358,10 +358,11 @@ mod cases {
             instance_id: "test".to_owned(),
             started_by: "command".to_owned(),
         };
-        let checks = [idemgate::shop::STOCK_LEDGER_CHECK];
-        let report = idemgate::reconcile::reconcile_once(&db.store, &opts, &checks, now).await.unwrap();
+        let checks = [idemgate::testing::shop::STOCK_LEDGER_CHECK];
+        let report =
+            idemgate::testing::reconcile::reconcile_once(&db.store, &opts, &checks, now).await.unwrap();
         let found: Vec<_> = report.anomalies.iter().map(|a| (a.kind, a.biz_id.as_str())).collect();
-        assert_eq!(found, [(idemgate::reconcile::AnomalyKind::Lost, "SH-POISON")]);
+        assert_eq!(found, [(idemgate::testing::reconcile::AnomalyKind::Lost, "SH-POISON")]);
 
         // Archive, 100 days later: every shard is walked, every claim moves once.
         let later = now + 100 * 86_400_000;
@@ -526,7 +527,7 @@ async fn run_stream<F, Fut>(
     gate: Arc<Gate>,
     deliveries: Vec<Delivery>,
     between: F,
-) -> Vec<idemgate::gate::Disposition>
+) -> Vec<idemgate::testing::gate::Disposition>
 where
     F: Fn(usize) -> Fut + Send + Sync + 'static,
     Fut: std::future::Future<Output = ()> + Send,

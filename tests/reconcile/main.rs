@@ -15,16 +15,16 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
 use async_trait::async_trait;
-use idemgate::clock::now_ms;
-use idemgate::delivery::Delivery;
-use idemgate::gate::{Gate, Policy};
-use idemgate::handler::{Effect, Handler, HandlerError, Handlers, Work};
-use idemgate::outcome::Outcome;
-use idemgate::reconcile::{AnomalyKind, ReconcileOptions, ReconcileReport, reconcile_once, runs};
-use idemgate::route::RouteConfig;
-use idemgate::shop;
-use idemgate::shop::STOCK_LEDGER_CHECK;
-use idemgate::store::{Backend, Conn, Sql, Store};
+use idemgate::testing::clock::now_ms;
+use idemgate::testing::delivery::Delivery;
+use idemgate::testing::gate::{Gate, Policy};
+use idemgate::testing::handler::{Effect, Handler, HandlerError, Handlers, Work};
+use idemgate::testing::outcome::Outcome;
+use idemgate::testing::reconcile::{AnomalyKind, ReconcileOptions, ReconcileReport, reconcile_once, runs};
+use idemgate::testing::route::RouteConfig;
+use idemgate::testing::shop;
+use idemgate::testing::shop::STOCK_LEDGER_CHECK;
+use idemgate::testing::store::{Backend, Conn, Sql, Store};
 use support::{TestDb, gate, identity, stock_deduct};
 
 const GROUP: &str = "stock-service";
@@ -288,15 +288,15 @@ on_every_backend!(a_clean_run_of_ten_thousand_keys_with_thirty_percent_duplicate
 /// row that walks a range of an index, no read of a whole table or of an index's prefix. And
 /// the run finds exactly what was planted in the hour.
 async fn every_statement_reads_by_key_or_by_window_without_statistics(backend: Backend, shards: u16) {
-    use idemgate::bench::reconcile::{GROUP as LOADED_GROUP, load};
-    use idemgate::inspect::lists::{self, ListKind, ListQuery};
-    use idemgate::inspect::{READ_BOUNDS, overview};
-    use idemgate::store::plan;
+    use idemgate::testing::bench::reconcile::{GROUP as LOADED_GROUP, load};
+    use idemgate::testing::inspect::lists::{self, ListKind, ListQuery};
+    use idemgate::testing::inspect::{READ_BOUNDS, overview};
+    use idemgate::testing::store::plan;
 
     let db = TestDb::new(backend).await;
     let store = &db.store;
     if shards > 0 {
-        idemgate::layout::ensure(store, shards, "test").await.expect("shards");
+        idemgate::testing::layout::ensure(store, shards, "test").await.expect("shards");
     }
     let now = now_ms();
     let planted = load(store, 6_000, 10 * HOUR, now).await.expect("load");
@@ -307,9 +307,9 @@ async fn every_statement_reads_by_key_or_by_window_without_statistics(backend: B
         ..options(now - HOUR)
     };
 
-    let layout = idemgate::layout::current(store).await.unwrap();
+    let layout = idemgate::testing::layout::current(store).await.unwrap();
     let mut statements =
-        idemgate::reconcile::statements(store, &options, &[STOCK_LEDGER_CHECK], now).await.unwrap();
+        idemgate::testing::reconcile::statements(store, &options, &[STOCK_LEDGER_CHECK], now).await.unwrap();
     statements.extend(overview::statements(now));
     statements.extend(
         ListKind::ALL.map(|kind| lists::statement(layout, &ListQuery::latest(kind, overview::LATEST))),
@@ -375,7 +375,7 @@ async fn each_anomaly_kind_is_reported_for_exactly_its_keys_on_mariadb() {
 /// and the runs are stored with `started_by = schedule`.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn the_scheduled_reconciler_runs_once_per_tick_across_instances() {
-    use idemgate::reconcile::{ReconcileScheduler, ReconcileSettings};
+    use idemgate::testing::reconcile::{ReconcileScheduler, ReconcileSettings};
     let db = TestDb::new(Backend::Postgres).await;
     let settings = ReconcileSettings { schedule: "* * * * * *".to_owned(), ..ReconcileSettings::default() };
     let mut schedulers = Vec::new();

@@ -12,14 +12,14 @@ use std::sync::Arc;
 
 use axum::body::Body;
 use axum::http::{Request, StatusCode, header};
-use idemgate::app::{Application, Feed, Running};
-use idemgate::config::Settings;
-use idemgate::delivery::Delivery;
-use idemgate::gate::Policy;
-use idemgate::http::Web;
-use idemgate::outcome::Outcome;
-use idemgate::shop;
-use idemgate::store::Sql;
+use idemgate::testing::app::{Application, Feed, Running};
+use idemgate::testing::config::Settings;
+use idemgate::testing::delivery::Delivery;
+use idemgate::testing::gate::Policy;
+use idemgate::testing::http::Web;
+use idemgate::testing::outcome::Outcome;
+use idemgate::testing::shop;
+use idemgate::testing::store::Sql;
 use serde_json::Value;
 use support::{TestDb, gate, identity, stock_deduct};
 use tower::ServiceExt;
@@ -37,11 +37,11 @@ struct App {
 }
 
 impl App {
-    async fn new(backend: idemgate::store::Backend) -> Self {
+    async fn new(backend: idemgate::testing::store::Backend) -> Self {
         Self::with_settings(backend, Settings::default()).await
     }
 
-    async fn with_settings(backend: idemgate::store::Backend, mut settings: Settings) -> Self {
+    async fn with_settings(backend: idemgate::testing::store::Backend, mut settings: Settings) -> Self {
         let db = TestDb::new(backend).await;
         shop::seed_stock(&db.store, "SKU-W", 1_000).await.expect("stock");
         settings.database.url = db.url().to_owned();
@@ -100,7 +100,7 @@ mod cases {
 
     /// One key with every kind of event: processed, a broker redelivery, a producer resend and
     /// a resend with a different body (a collision); the page and the JSON tell each apart.
-    pub async fn the_trace_tells_the_whole_story_of_a_key(backend: idemgate::store::Backend) {
+    pub async fn the_trace_tells_the_whole_story_of_a_key(backend: idemgate::testing::store::Backend) {
         let app = App::new(backend).await;
         assert_eq!(app.deliver(&stock_deduct("D-77", "M1", "U1", "SKU-W", 2)).await, Outcome::Processed);
         assert_eq!(app.deliver(&stock_deduct("D-77", "M2", "U1", "SKU-W", 2)).await, Outcome::Duplicate);
@@ -148,7 +148,7 @@ mod cases {
 
     /// A payment retried, then dead-lettered: never claimed, the rows stand out, the state says
     /// so and the dead-letter list has it.
-    pub async fn retries_and_dead_letters_stand_out(backend: idemgate::store::Backend) {
+    pub async fn retries_and_dead_letters_stand_out(backend: idemgate::testing::store::Backend) {
         let app = App::new(backend).await;
         let last = Policy::default().max_reconsume_times;
         assert_eq!(app.deliver(&payment("P-9", "O-none", "M1", "U1", 0)).await, Outcome::Failed);
@@ -192,10 +192,10 @@ mod cases {
     /// A database whose log began 30 s ago, at 100 deliveries a second: the overview's windows
     /// show 100/s over the 30 s the log covers, not the 10/s of 3,000 deliveries over 300 s, and
     /// their cards say what the rate is over.
-    pub async fn rates_are_over_the_time_the_log_covers(backend: idemgate::store::Backend) {
+    pub async fn rates_are_over_the_time_the_log_covers(backend: idemgate::testing::store::Backend) {
         let app = App::new(backend).await;
         let store = &app.db.store;
-        let first = idemgate::clock::now_ms() - 30_000;
+        let first = idemgate::testing::clock::now_ms() - 30_000;
         let row =
             format!("(?, 'web-1', '{GROUP}', ?, 'shop', 0, 0, 0, 'stock.deduct', ?, 0, 'processed', 100)");
         for chunk in (0..3_000i64).collect::<Vec<_>>().chunks(500) {
@@ -204,7 +204,7 @@ mod cases {
                  queue_offset, reconsume_times, biz_type, biz_id, execute_time, outcome, latency_us) VALUES {}",
                 vec![row.as_str(); chunk.len()].join(", ")
             );
-            let q = chunk.iter().fold(idemgate::store::query_built(store.backend(), sql), |q, i| {
+            let q = chunk.iter().fold(idemgate::testing::store::query_built(store.backend(), sql), |q, i| {
                 q.bind(first + i * 10).bind(format!("M-{i}")).bind(format!("D-{i}"))
             });
             q.execute(store.pool()).await.expect("log rows");
@@ -235,7 +235,9 @@ mod cases {
 
     /// Hostile keys are refused at the gate and logged as invalid; looking them up shows them
     /// escaped, and SQL-looking searches find nothing rather than everything.
-    pub async fn hostile_and_sql_looking_input_round_trips_harmlessly(backend: idemgate::store::Backend) {
+    pub async fn hostile_and_sql_looking_input_round_trips_harmlessly(
+        backend: idemgate::testing::store::Backend,
+    ) {
         let app = App::new(backend).await;
         let xss = "<script>alert(1)</script>";
         assert_eq!(app.deliver(&stock_deduct(xss, "M-XSS", "U-XSS", "SKU-W", 1)).await, Outcome::Invalid);
@@ -290,7 +292,7 @@ mod cases {
     }
 
     /// Bad parameters get a 400 page (or JSON) that says what is wrong; nothing gets a 500.
-    pub async fn bad_input_gets_a_400_that_explains(backend: idemgate::store::Backend) {
+    pub async fn bad_input_gets_a_400_that_explains(backend: idemgate::testing::store::Backend) {
         let app = App::new(backend).await;
         let long = "x".repeat(300);
         let cases = [
@@ -325,7 +327,7 @@ mod cases {
     }
 
     /// The same bizId under two biz_types: the page offers the choice; a biz_type picks one.
-    pub async fn several_matches_offer_a_choice(backend: idemgate::store::Backend) {
+    pub async fn several_matches_offer_a_choice(backend: idemgate::testing::store::Backend) {
         let app = App::new(backend).await;
         assert_eq!(app.deliver(&stock_deduct("SAME-1", "M1", "U1", "SKU-W", 1)).await, Outcome::Processed);
         assert_eq!(app.deliver(&order("SAME-1", "M2")).await, Outcome::Processed);
@@ -349,7 +351,7 @@ mod cases {
     }
 
     /// Lists page with a cursor, filter by biz_type and time, and agree with their JSON.
-    pub async fn lists_page_and_filter(backend: idemgate::store::Backend) {
+    pub async fn lists_page_and_filter(backend: idemgate::testing::store::Backend) {
         let app = App::new(backend).await;
         let last = Policy::default().max_reconsume_times;
         for i in 0..7 {
@@ -398,13 +400,13 @@ mod cases {
 
     /// A claim older than the delivery log's retention: the record shows, with the note that
     /// its deliveries are no longer listed.
-    pub async fn history_beyond_the_log_retention_is_noted(backend: idemgate::store::Backend) {
+    pub async fn history_beyond_the_log_retention_is_noted(backend: idemgate::testing::store::Backend) {
         static OLD_CLAIM: Sql = Sql::new(
             "INSERT INTO idempotent_record (consumer_group, biz_type, biz_id, execute_time, msg_id, uniq_key, \
              payload_hash, instance_id, claimed_at_ms) VALUES (?, 'stock.deduct', 'D-OLD', 0, 'M-OLD', '', 'h', 'i', ?)",
         );
         let app = App::new(backend).await;
-        let forty_days_ago = idemgate::clock::now_ms() - 40 * 86_400_000;
+        let forty_days_ago = idemgate::testing::clock::now_ms() - 40 * 86_400_000;
         app.db
             .store
             .query(&OLD_CLAIM)
@@ -424,7 +426,7 @@ mod cases {
 
     /// The reconciler's findings: the anomalies page, its filter and JSON, the overview's box and
     /// the metrics, all from the stored run.
-    pub async fn anomalies_are_listed_with_links_to_their_traces(backend: idemgate::store::Backend) {
+    pub async fn anomalies_are_listed_with_links_to_their_traces(backend: idemgate::testing::store::Backend) {
         let app = App::new(backend).await;
         let last = Policy::default().max_reconsume_times;
         assert_eq!(app.deliver(&payment("P-LOST", "O-none", "M1", "U1", last)).await, Outcome::DeadLettered);
@@ -433,8 +435,8 @@ mod cases {
         let (_, html, _) = app.get("/anomalies").await;
         assert!(html.contains("No successful reconcile run yet"), "{html}");
 
-        let now = idemgate::clock::now_ms();
-        let options = idemgate::reconcile::ReconcileOptions {
+        let now = idemgate::testing::clock::now_ms();
+        let options = idemgate::testing::reconcile::ReconcileOptions {
             consumer_group: GROUP.to_owned(),
             biz_type: None,
             since_ms: now - 60_000,
@@ -445,8 +447,9 @@ mod cases {
             instance_id: "web-1".to_owned(),
             started_by: "command".to_owned(),
         };
-        let report =
-            idemgate::reconcile::reconcile_once(&app.db.store, &options, &[], now).await.expect("run");
+        let report = idemgate::testing::reconcile::reconcile_once(&app.db.store, &options, &[], now)
+            .await
+            .expect("run");
         assert_eq!(report.anomalies.len(), 2, "{report:?}");
 
         let (status, html, _) = app.get("/anomalies").await;
@@ -472,7 +475,7 @@ mod cases {
     }
 
     /// With credentials configured, everything but health needs them; the token never shows.
-    pub async fn credentials_guard_everything_but_health(backend: idemgate::store::Backend) {
+    pub async fn credentials_guard_everything_but_health(backend: idemgate::testing::store::Backend) {
         let mut settings = Settings::default();
         settings.http.auth_token = "tok-0123456789abcdef".to_owned();
         settings.http.basic_user = "ops".to_owned();
@@ -524,9 +527,10 @@ on_every_backend!(
 async fn the_trace_command_prints_the_story_and_exits_by_what_it_found() {
     let dir = tempfile::tempdir().expect("temp dir");
     let url = format!("sqlite://{}?mode=rwc", dir.path().join("trace.db").display());
-    let store = idemgate::store::Store::open(&url, &Default::default()).await.expect("store");
+    let store = idemgate::testing::store::Store::open(&url, &Default::default()).await.expect("store");
     shop::seed_stock(&store, "SKU-W", 100).await.expect("stock");
-    let gate = gate(store.clone(), identity(GROUP, "cli-1"), vec![], idemgate::handler::Handlers::new());
+    let gate =
+        gate(store.clone(), identity(GROUP, "cli-1"), vec![], idemgate::testing::handler::Handlers::new());
     assert_eq!(
         gate.process(&stock_deduct("D-CLI", "M1", "U1", "SKU-W", 3)).await.outcome,
         Outcome::Processed
@@ -613,7 +617,7 @@ const NO_BROKER: &str = "replay is not available here";
 /// addresses (a Prometheus scrape by address) and listed names are served.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_page_asked_for_under_a_foreign_host_name_is_misdirected() {
-    let app = App::new(idemgate::store::Backend::Sqlite).await;
+    let app = App::new(idemgate::testing::store::Backend::Sqlite).await;
     let guarded = [
         "/trace?q=P-1",
         "/",
@@ -651,7 +655,7 @@ async fn a_page_asked_for_under_a_foreign_host_name_is_misdirected() {
     let mut settings = Settings::default();
     settings.http.allowed_hosts = vec!["idemgate.example.com".to_owned()];
     settings.http.auth_token = "tok-0123456789abcdef".to_owned();
-    let listed = App::with_settings(idemgate::store::Backend::Sqlite, settings).await;
+    let listed = App::with_settings(idemgate::testing::store::Backend::Sqlite, settings).await;
     let signed_in = |host: &str| {
         Request::get("/")
             .header(header::HOST, host)
@@ -675,7 +679,7 @@ async fn a_page_asked_for_under_a_foreign_host_name_is_misdirected() {
 /// attacker's domain, and a token read from the trace page. Refused for its host name.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_replay_posted_from_a_rebinding_domain_is_refused() {
-    let app = App::new(idemgate::store::Backend::Sqlite).await;
+    let app = App::new(idemgate::testing::store::Backend::Sqlite).await;
     let token = app.web.replay_token(GROUP, shop::PAYMENT_CONFIRM, "P-1", 0, std::time::SystemTime::now());
     let rebound = replay_post("P-1", &token, "evil.example:8080", &[("origin", "http://evil.example:8080")]);
     let (status, body, _) = app.request(rebound).await;
@@ -692,7 +696,7 @@ async fn a_replay_posted_from_a_rebinding_domain_is_refused() {
 /// its token; `Sec-Fetch-Site: same-origin` and a matching `Origin` go on.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_replay_the_browser_says_comes_from_another_site_is_refused() {
-    let app = App::new(idemgate::store::Backend::Sqlite).await;
+    let app = App::new(idemgate::testing::store::Backend::Sqlite).await;
     let token = app.web.replay_token(GROUP, shop::PAYMENT_CONFIRM, "P-1", 0, std::time::SystemTime::now());
     let host = "127.0.0.1:8080";
     for site in ["cross-site", "same-site", "none"] {
@@ -715,7 +719,7 @@ async fn a_replay_the_browser_says_comes_from_another_site_is_refused() {
 /// never-expiring form, is not valid at all.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_expired_replay_token_is_refused_with_a_request_to_reload_the_page() {
-    let app = App::new(idemgate::store::Backend::Sqlite).await;
+    let app = App::new(idemgate::testing::store::Backend::Sqlite).await;
     let now = std::time::SystemTime::now();
     let two_hours_ago = now - std::time::Duration::from_secs(7_200);
     let old = app.web.replay_token(GROUP, shop::PAYMENT_CONFIRM, "P-1", 0, two_hours_ago);
