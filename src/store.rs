@@ -28,10 +28,10 @@ mod sql;
 pub use backend::{Backend, UnknownScheme};
 pub use redact::{is_secret_parameter, redact_url};
 pub use settings::DatabaseSettings;
-pub(crate) use sql::number_placeholders;
 pub use sql::{
     AnyQuery, Arg, Bound, InsertIfAbsent, Sql, Written, bind_all, query, query_built, values_list,
 };
+pub(crate) use sql::{number_placeholders, padded, placeholders};
 
 static POSTGRES_MIGRATIONS: Migrator = sqlx::migrate!("migrations/postgres");
 static MYSQL_MIGRATIONS: Migrator = sqlx::migrate!("migrations/mysql");
