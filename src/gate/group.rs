@@ -13,14 +13,18 @@
 //!    cannot return rows from an insert, `INSERT IGNORE` and then reads back which keys hold
 //!    this group's claim: [`super::claim::ClaimPath`]), in key order so that two groups wait for each other
 //!    in one direction only;
-//! 3. each fresh claim's handler runs inside its **own savepoint**. A handler that fails is
-//!    rolled back to its savepoint and its claim deleted, so its key is unclaimed when the group
-//!    commits and the delivery goes to retry, while the others commit;
+//! 3. on the batch path, one savepoint is taken and each handler's batch form takes its fresh
+//!    deliveries at once ([`crate::handler::Handler::handle_batch`]); a refused delivery's
+//!    claim is deleted. If a batch fails, the group rolls back to that savepoint and runs as
+//!    without the batch path: each fresh claim's handler inside its **own savepoint**. A
+//!    handler that fails is rolled back to its savepoint and its claim deleted, so its key is
+//!    unclaimed when the group commits and the delivery goes to retry, while the others commit;
 //! 4. a key twice in one group: the first copy claims it, and the later copies are duplicates
 //!    of that claim; if the first copy's handler failed, the next copy claims it in a further
 //!    round, exactly as it would have alone;
-//! 5. the earlier claims of the keys other deliveries hold are read in one statement per
-//!    table, to name each duplicate's cause;
+//! 5. the earlier claims of the keys other deliveries hold, to name each duplicate's cause,
+//!    come back from the claim statement itself on PostgreSQL, and are read in one statement
+//!    per table otherwise (and for a claim committed while the insert waited for it);
 //! 6. every delivery's log row (processed, duplicate, failed, dead-lettered, invalid) is
 //!    appended in one multi-row insert **in the same transaction**, and the group commits.
 //!
@@ -223,6 +227,8 @@ impl Core {
         let mut tx = self.store.begin().await?;
         watch.lap(&mut shared.begin_us);
         let mut decided: Vec<Option<Decided>> = (0..slots.len()).map(|_| None).collect();
+        // The claims that held taken keys, where the claim statement returned them.
+        let mut held: HashMap<usize, Claim> = HashMap::new();
         // Rounds: the first undecided copy of each key claims it; later copies wait for the
         // round's verdict on that key.
         loop {
@@ -239,7 +245,7 @@ impl Core {
             round.sort_unstable();
 
             for (table, members) in by_table(slots, round.iter().copied()).values() {
-                let claimed = claim_many(&mut tx, backend, path, table, &who, members).await?;
+                let claimed = claim_many(&mut tx, backend, path, table, &who, members, &mut held).await?;
                 for m in members {
                     if !claimed.contains(&m.index) {
                         decided[m.index] = Some(Decided::Taken(table));
@@ -339,7 +345,7 @@ impl Core {
                 };
             }
         }
-        let earlier = self.earlier_claims(&mut tx, backend, slots, &decided).await;
+        let earlier = self.earlier_claims(&mut tx, backend, slots, &decided, held).await;
         watch.lap(&mut shared.lookup_us);
 
         let phases_of = |i: usize| Phases {
@@ -513,20 +519,23 @@ impl Core {
         Ok(out)
     }
 
-    /// The claims that deliveries outside the group hold, read in one statement per table. On
-    /// MariaDB on a connection of its own: a read inside the group's transaction could miss a
-    /// claim committed after the transaction's snapshot (repeatable read). PostgreSQL's read
-    /// committed sees it from inside, and SQLite's writer is the only one.
+    /// The claims that deliveries outside the group hold: those the claim statement returned
+    /// (`held`, on PostgreSQL), and the others read in one statement per table. On MariaDB on a
+    /// connection of its own: a read inside the group's transaction could miss a claim committed
+    /// after the transaction's snapshot (repeatable read). PostgreSQL's read committed sees it
+    /// from inside, and SQLite's writer is the only one.
     async fn earlier_claims(
         &self,
         tx: &mut Conn,
         backend: Backend,
         slots: &[Slot<'_>],
         decided: &[Option<Decided>],
+        held: HashMap<usize, Claim>,
     ) -> HashMap<usize, Claim> {
-        let taken = (0..slots.len()).filter(|&i| matches!(decided[i], Some(Decided::Taken(_))));
+        let taken = (0..slots.len())
+            .filter(|&i| matches!(decided[i], Some(Decided::Taken(_))) && !held.contains_key(&i));
         let by_table = by_table(slots, taken);
-        let mut found = HashMap::new();
+        let mut found = held;
         if by_table.is_empty() {
             return found;
         }
