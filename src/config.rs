@@ -379,7 +379,8 @@ mod tests {
             ("[group_commit]\nlinger_ms = 5000", "configuration key group_commit.linger_ms"),
             ("[group_commit]\nin_flight = 0", "configuration key group_commit.in_flight"),
             ("[group_commit]\nqueue = 0", "configuration key group_commit.queue"),
-            ("[group_commit]\nbatch = 8", "key group_commit.batch: unknown field"),
+            ("[group_commit]\nbatch_size = 8", "key group_commit.batch_size: unknown field"),
+            ("[group_commit]\nbatch = 8", "key group_commit.batch: invalid type"),
             (
                 "[group_commit]\nenabled = true\nin_flight = 8\n[database]\nmax_connections = 8",
                 "configuration key database.max_connections: is 8, below twice group_commit.in_flight (16)",

@@ -5,17 +5,23 @@
 //! transaction, so the effect and the dedup claim commit or roll back together. It must not
 //! commit, roll back or open connections of its own; an effect written anywhere else is not
 //! protected by the gate.
+//!
+//! Under group commit a handler may also take a group's fresh deliveries at once
+//! ([`Handler::handle_batch`]), in a few statements instead of several per delivery. The
+//! default batch form runs [`Handler::handle`] once per delivery, each in a savepoint of its
+//! own ([`handle_each`]), which is also what the gate falls back to when a batch fails.
 
 use std::collections::BTreeMap;
 use std::fmt;
 use std::sync::Arc;
 
 use async_trait::async_trait;
+use sqlx::{AssertSqlSafe, Executor};
 
 use crate::delivery::Delivery;
 use crate::outcome::Layer;
 use crate::route::{BizKey, Routes};
-use crate::store::{Backend, Conn, Store};
+use crate::store::{Backend, Conn, Store, is_transient};
 
 /// What a handler is given besides the connection.
 #[derive(Debug, Clone, Copy)]
@@ -93,10 +99,29 @@ impl Fact {
     }
 }
 
+/// What a handler's batch form answers for each of its deliveries: the effect applied, or why
+/// the delivery was refused (in which case nothing was written for it).
+pub type Answers = Vec<Result<Effect, HandlerError>>;
+
 /// Applies one kind of business effect.
 #[async_trait]
 pub trait Handler: Send + Sync + 'static {
     async fn handle(&self, work: &Work<'_>, conn: &mut Conn) -> Result<Effect, HandlerError>;
+
+    /// The batch form, under group commit: the effects of a group's fresh deliveries of this
+    /// handler (in [`Handler::lock_order`]), on the gate's connection, in as few statements as
+    /// the handler can manage. Answers one result per work, in the same order.
+    ///
+    /// A delivery answered `Err` must have had nothing written for it: the gate only deletes
+    /// its claim. An `Err` of the whole call means a statement failed: the gate rolls the group
+    /// back to just after its claims and runs each delivery through [`Handler::handle`] alone,
+    /// in a savepoint of its own, so that the culprit is found and the others commit.
+    ///
+    /// The default is that per-delivery path ([`handle_each`]): a handler without a batch form
+    /// behaves exactly as it does alone.
+    async fn handle_batch(&self, works: &[Work<'_>], conn: &mut Conn) -> Result<Answers, HandlerError> {
+        handle_each(self, works, conn).await
+    }
 
     /// The business state this handler owns for `biz_id`, read through `store` for the trace
     /// page: the order's status, the ledger rows of a deduction. Read-only and bounded. The
@@ -126,6 +151,35 @@ pub trait Handler: Send + Sync + 'static {
     fn lock_order(&self, _work: &Work<'_>) -> Option<String> {
         None
     }
+}
+
+/// The savepoint each delivery of [`handle_each`] runs in. One name serves all: a rollback goes
+/// to the latest savepoint of that name, which is the running delivery's.
+const SAVEPOINT: &str = "SAVEPOINT idemgate_delivery";
+const ROLLBACK_TO_SAVEPOINT: &str = "ROLLBACK TO SAVEPOINT idemgate_delivery";
+
+/// Each of `works` through `handler.handle` in a savepoint of its own: a delivery that fails is
+/// rolled back to its savepoint, so that it leaves nothing behind while the others keep their
+/// effects. A transient database error (a deadlock, which InnoDB answers by rolling back the
+/// whole transaction) ends the call: the gate starts the group again.
+pub async fn handle_each<H: Handler + ?Sized>(
+    handler: &H,
+    works: &[Work<'_>],
+    conn: &mut Conn,
+) -> Result<Answers, HandlerError> {
+    let mut answers = Vec::with_capacity(works.len());
+    for work in works {
+        (&mut *conn).execute(AssertSqlSafe(SAVEPOINT)).await?;
+        match handler.handle(work, conn).await {
+            Ok(effect) => answers.push(Ok(effect)),
+            Err(HandlerError::Database(e)) if is_transient(&e) => return Err(HandlerError::Database(e)),
+            Err(why) => {
+                (&mut *conn).execute(AssertSqlSafe(ROLLBACK_TO_SAVEPOINT)).await?;
+                answers.push(Err(why));
+            }
+        }
+    }
+    Ok(answers)
 }
 
 /// Handlers by name. Routes name the handler for their biz_type.

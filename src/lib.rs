@@ -11,10 +11,12 @@
 //! [`Application::build`], or [`Application::build_with`] to add [`Handlers`] of its own, and
 //! feeds it from the broker or itself ([`Feed`]). A handler implements [`Handler`]: it gets the
 //! [`Work`] (the [`Delivery`] and its claimed key) and the gate's [`Conn`], inside the claim's
-//! transaction, and answers an [`Effect`] or a [`HandlerError`]. Its statements are [`Sql`],
-//! run with [`query`] on the connection's [`Backend`]. [`state_machine`] moves a row from one
-//! state to another in one conditional update. A [`Gate`] can also be driven without the
-//! service, with [`Routes`] built from [`RouteConfig`]s. [`trace()`] reads a key's story back, and [`render_trace`] prints it.
+//! transaction, and answers an [`Effect`] or a [`HandlerError`]; under group commit its batch
+//! form ([`Handler::handle_batch`]) takes a group's deliveries at once, through [`handle_each`]
+//! unless it has a form of its own. Its statements are [`Sql`], run with [`query`] on the
+//! connection's [`Backend`]. [`state_machine`] moves a row from one state to another in one
+//! conditional update. A [`Gate`] can also be driven without the service, with [`Routes`] built
+//! from [`RouteConfig`]s. [`trace()`] reads a key's story back, and [`render_trace`] prints it.
 //!
 //! Everything else is the crate's own (`pub(crate)`); the integration tests reach what they
 //! need through `testing`, built with the `tools` feature and not part of the API.
@@ -112,7 +114,7 @@ pub use app::{Application, Feed, Running};
 pub use config::Settings;
 pub use delivery::Delivery;
 pub use gate::{Gate, Identity, Policy};
-pub use handler::{Effect, Fact, Handler, HandlerError, Handlers, Work};
+pub use handler::{Answers, Effect, Fact, Handler, HandlerError, Handlers, Work, handle_each};
 pub use inspect::trace::{Answer as Trace, SearchBy, TraceQuery, render_text as render_trace, trace};
 pub use outcome::{DuplicateCause, Layer, Outcome, Verdict};
 pub use route::{RouteConfig, Routes};

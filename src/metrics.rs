@@ -68,6 +68,7 @@ pub struct Metrics {
     group_retries: IntCounterVec,
     group_wait_seconds: HistogramVec,
     group_queue_full: IntCounterVec,
+    group_fallbacks: IntCounterVec,
     http_shed: IntCounterVec,
     windows: Mutex<BTreeMap<String, Window>>,
     from_database: tokio::sync::Mutex<Option<(Instant, FromDatabase)>>,
@@ -256,6 +257,11 @@ impl Metrics {
                 "idemgate_group_queue_wait_seconds",
                 "Time a delivery waited in the group-commit queue before its group started: grows when the database is the bottleneck.",
                 &["consumer_group"],
+            ),
+            group_fallbacks: counter(
+                "idemgate_group_fallbacks_total",
+                "Groups whose handler batch form failed (group_commit.batch): the group went back to just after its claims and ran again one delivery at a time, each in a savepoint of its own. By the handler whose batch failed.",
+                &["consumer_group", "handler"],
             ),
             group_queue_full: counter(
                 "idemgate_group_queue_full_total",
@@ -474,6 +480,11 @@ impl Observer for Metrics {
         if report.retries > 0 {
             self.group_retries.with_label_values(&[g]).inc_by(u64::from(report.retries));
         }
+    }
+
+    /// Counts a group that fell back from `handler`'s batch form to one delivery at a time.
+    fn group_fallback(&self, handler: &str) {
+        self.group_fallbacks.with_label_values(&[self.group.as_str(), handler]).inc();
     }
 
     /// Records how long one delivery waited for its group.

@@ -29,10 +29,11 @@ pub use backend::Backend;
 pub(crate) use backend::UnknownScheme;
 pub(crate) use redact::redact_url;
 pub(crate) use settings::DatabaseSettings;
-pub(crate) use sql::number_placeholders;
-pub(crate) use sql::{AnyQuery, bind_all, values_list};
+pub use sql::values_list;
+pub(crate) use sql::{AnyQuery, bind_all};
 pub(crate) use sql::{Arg, Bound, InsertIfAbsent, Written};
 pub use sql::{Sql, query, query_built};
+pub(crate) use sql::{number_placeholders, padded, placeholders};
 
 static POSTGRES_MIGRATIONS: Migrator = sqlx::migrate!("migrations/postgres");
 static MYSQL_MIGRATIONS: Migrator = sqlx::migrate!("migrations/mysql");

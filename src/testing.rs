@@ -54,7 +54,7 @@ pub mod gate {
     pub use crate::gate::{ClaimPath, Disposition, Gate, GroupSettings, Identity, Policy};
 }
 pub mod handler {
-    pub use crate::handler::{Effect, Fact, Handler, HandlerError, Handlers, Work};
+    pub use crate::handler::{Answers, Effect, Fact, Handler, HandlerError, Handlers, Work};
 }
 pub mod http {
     pub use crate::http::Web;
@@ -108,7 +108,7 @@ pub mod scratch {
 }
 pub mod shop {
     pub use crate::shop::{
-        ConfirmPayment, CreateOrder, DeductStock, INITIAL_STOCK, PAYMENT_CONFIRM, STOCK_DEDUCT,
+        ConfirmPayment, CreateOrder, DeductStock, INITIAL_STOCK, ORDER_CREATE, PAYMENT_CONFIRM, STOCK_DEDUCT,
         STOCK_LEDGER_CHECK, TAG_ORDER_CREATE, TAG_PAYMENT_CONFIRM, TAG_STOCK_DEDUCT, TOPIC, handlers,
         order_message, payment_message, routes, seed_stock,
     };
@@ -123,7 +123,9 @@ pub mod state_machine {
     };
 }
 pub mod store {
-    pub use crate::store::{Backend, Conn, MySqlFlavour, Sql, Store, StoreOptions, query, query_built};
+    pub use crate::store::{
+        Backend, Conn, MySqlFlavour, Sql, Store, StoreOptions, query, query_built, values_list,
+    };
     pub mod plan {
         pub use crate::store::plan::reads;
     }

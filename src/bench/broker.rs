@@ -93,6 +93,7 @@ impl Options {
             linger_ms: self.linger_ms,
             in_flight: self.in_flight.max(1),
             queue: 4 * (self.group_threads * self.listener_batch()) as usize,
+            batch: true,
         }
     }
 }
@@ -263,6 +264,21 @@ impl Profiled {
     }
 }
 
+/// The "handler alone" baseline ([`super::gate::HandlerAlone`]): deliveries batched by the
+/// same committer as group commit, through the handler's batch form alone.
+struct Alone(crate::gate::Committer);
+
+#[async_trait]
+impl Sink for Alone {
+    async fn consume(&self, d: &Delivery) -> Verdict {
+        self.0.submit(d.clone()).await.verdict
+    }
+
+    fn takes_batches(&self) -> bool {
+        true
+    }
+}
+
 struct AckOnly;
 
 #[async_trait]
@@ -289,7 +305,11 @@ enum Mode {
     AckOnly,
     Naive,
     Gate,
+    /// Group commit with `batch = false`: a savepoint per delivery.
+    GroupCommitPerDelivery,
+    /// Group commit on the batch path.
     GroupCommit,
+    HandlerAlone,
     GateClientDefaults,
 }
 
@@ -299,9 +319,16 @@ impl Mode {
             Self::AckOnly => "ack only, no database",
             Self::Naive => "naive select-then-insert",
             Self::Gate => "idemgate, one transaction per message",
-            Self::GroupCommit => "idemgate, group commit",
+            Self::GroupCommitPerDelivery => super::gate::GROUP_COMMIT_PER_DELIVERY,
+            Self::GroupCommit => super::gate::GROUP_COMMIT_BATCHED,
+            Self::HandlerAlone => super::gate::HANDLER_ALONE,
             Self::GateClientDefaults => "idemgate, client's default runtime",
         }
+    }
+
+    /// Whether the mode hands a listener call's messages over at once, to be grouped.
+    fn grouped(self) -> bool {
+        matches!(self, Self::GroupCommitPerDelivery | Self::GroupCommit | Self::HandlerAlone)
     }
 }
 
@@ -339,7 +366,14 @@ pub(crate) async fn run(options: &Options, mut report: impl FnMut(&Run)) -> anyh
         rate(stream.len(), load)
     );
 
-    let mut modes = vec![Mode::AckOnly, Mode::Naive, Mode::Gate, Mode::GroupCommit];
+    let mut modes = vec![
+        Mode::AckOnly,
+        Mode::Naive,
+        Mode::Gate,
+        Mode::GroupCommitPerDelivery,
+        Mode::GroupCommit,
+        Mode::HandlerAlone,
+    ];
     if options.client_defaults {
         modes.push(Mode::GateClientDefaults);
     }
@@ -350,7 +384,7 @@ pub(crate) async fn run(options: &Options, mut report: impl FnMut(&Run)) -> anyh
         let group = format!("bench_{}_{}", mode as u8, crate::traffic::run_id());
         let consume_threads = match mode {
             Mode::GateClientDefaults => 20,
-            Mode::GroupCommit => options.group_threads,
+            m if m.grouped() => options.group_threads,
             _ => options.consume_threads,
         };
         let mut gate = Gate::new(
@@ -360,14 +394,23 @@ pub(crate) async fn run(options: &Options, mut report: impl FnMut(&Run)) -> anyh
             Identity { consumer_group: group.clone(), instance_id: "bench".to_owned() },
             Policy { duplicate_warnings_per_second: 0, ..Policy::default() },
         )?;
-        if mode == Mode::GroupCommit {
-            gate = gate.with_group_commit(options.group());
+        match mode {
+            Mode::GroupCommit => gate = gate.with_group_commit(options.group()),
+            Mode::GroupCommitPerDelivery => {
+                gate = gate.with_group_commit(GroupSettings { batch: false, ..options.group() })
+            }
+            _ => {}
         }
         let profiled = Arc::new(Profiled { gate: Arc::new(gate), totals: Mutex::default() });
         let timed: Arc<Timed<Arc<dyn Sink>>> = Arc::new(Timed::new(match mode {
             Mode::AckOnly => Arc::new(AckOnly) as Arc<dyn Sink>,
             Mode::Naive => Arc::new(Naive(db.store.clone())),
-            Mode::Gate | Mode::GroupCommit | Mode::GateClientDefaults => profiled.clone(),
+            Mode::HandlerAlone => {
+                Arc::new(Alone(super::gate::HandlerAlone::committer(db.store.clone(), &options.group())?))
+            }
+            Mode::Gate | Mode::GroupCommitPerDelivery | Mode::GroupCommit | Mode::GateClientDefaults => {
+                profiled.clone()
+            }
         }));
         let host = match mode {
             Mode::GateClientDefaults => ClientHost::with_client_defaults("bench")?,
@@ -378,7 +421,7 @@ pub(crate) async fn run(options: &Options, mut report: impl FnMut(&Run)) -> anyh
         let consumer_options = BrokerSettings {
             name_server: name_server.clone(),
             consume_threads,
-            batch_size: if mode == Mode::GroupCommit { options.listener_batch() } else { 1 },
+            batch_size: if mode.grouped() { options.listener_batch() } else { 1 },
             start_from: StartFrom::First,
             ..BrokerSettings::default()
         };
@@ -411,8 +454,11 @@ pub(crate) async fn run(options: &Options, mut report: impl FnMut(&Run)) -> anyh
             effects,
             double_applied,
             peak_rss_mib: peak_rss_mib(),
-            profile: matches!(mode, Mode::Gate | Mode::GroupCommit | Mode::GateClientDefaults)
-                .then(|| profiled.profile()),
+            profile: matches!(
+                mode,
+                Mode::Gate | Mode::GroupCommitPerDelivery | Mode::GroupCommit | Mode::GateClientDefaults
+            )
+            .then(|| profiled.profile()),
         };
         report(&r);
         runs.push(r);
@@ -496,14 +542,15 @@ async fn raw_batched_inserts(
 }
 
 pub(crate) fn table(runs: &[Run]) -> String {
-    let naive = runs.iter().find(|r| r.mode == Mode::Naive.name()).map(Run::rate);
+    let rate_of = |mode: Mode| runs.iter().find(|r| r.mode == mode.name()).map(Run::rate);
+    let (naive, alone) = (rate_of(Mode::Naive), rate_of(Mode::HandlerAlone));
     let mut out = String::from(
-        "| mode | consume threads × messages per call | msg/s | × naive | deliveries | retries asked | redeliveries asked | redeliveries not asked | effects | applied twice | peak RSS MiB |\n\
-         |---|---|---|---|---|---|---|---|---|---|---|\n",
+        "| mode | consume threads × messages per call | msg/s | × naive | × handler alone | deliveries | retries asked | redeliveries asked | redeliveries not asked | effects | applied twice | peak RSS MiB |\n\
+         |---|---|---|---|---|---|---|---|---|---|---|---|\n",
     );
     for r in runs {
         out.push_str(&format!(
-            "| {} | {} | {:.0} | {} | {} | {} | {} | {} | {} | {} | {:.0} |\n",
+            "| {} | {} | {:.0} | {} | {} | {} | {} | {} | {} | {} | {} | {:.0} |\n",
             r.mode,
             match r.consume_threads {
                 0 => "–".to_owned(),
@@ -511,6 +558,7 @@ pub(crate) fn table(runs: &[Run]) -> String {
             },
             r.rate(),
             naive.map_or("".to_owned(), |n| format!("{:.2}", r.rate() / n)),
+            alone.map_or("".to_owned(), |a| format!("{:.2}", r.rate() / a)),
             r.deliveries,
             r.retries_asked,
             r.asked_redeliveries,

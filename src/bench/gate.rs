@@ -13,6 +13,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
+use async_trait::async_trait;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use sqlx::Row;
@@ -20,11 +21,12 @@ use tokio::sync::Mutex;
 
 use super::{Percentiles, peak_rss_mib, rate};
 use crate::delivery::Delivery;
-use crate::gate::{Gate, GroupSettings, Identity, Phases, Policy};
-use crate::outcome::Outcome;
+use crate::gate::{Committer, Disposition, Gate, GroupRunner, GroupSettings, Identity, Phases, Policy};
+use crate::handler::{Handler, Work};
+use crate::outcome::{Outcome, Verdict};
 use crate::route::Routes;
 use crate::scratch::ScratchDb;
-use crate::shop::{self, DeductStock};
+use crate::shop::{self, DeductStock, StockDeduct};
 use crate::store::{Backend, Sql, Store, StoreOptions};
 
 /// What to measure: the flags of `idemgate bench gate`.
@@ -171,21 +173,29 @@ pub(crate) async fn run(
             Identity { consumer_group: GROUP.to_owned(), instance_id: "bench".to_owned() },
             Policy { duplicate_warnings_per_second: 0, ..Policy::default() },
         )?);
-        let grouped = Arc::new(
-            Gate::new(
-                db.store.clone(),
-                Routes::new(&shop::routes(shop::TOPIC))?,
-                shop::handlers(),
-                Identity { consumer_group: GROUP.to_owned(), instance_id: "bench".to_owned() },
-                Policy { duplicate_warnings_per_second: 0, ..Policy::default() },
-            )?
-            .with_group_commit(options.group()),
-        );
+        let grouped = |batch: bool| -> anyhow::Result<Arc<Gate>> {
+            Ok(Arc::new(
+                Gate::new(
+                    db.store.clone(),
+                    Routes::new(&shop::routes(shop::TOPIC))?,
+                    shop::handlers(),
+                    Identity { consumer_group: GROUP.to_owned(), instance_id: "bench".to_owned() },
+                    Policy { duplicate_warnings_per_second: 0, ..Policy::default() },
+                )?
+                .with_group_commit(GroupSettings { batch, ..options.group() }),
+            ))
+        };
+        let (per_delivery, batched) = (grouped(false)?, grouped(true)?);
+        let alone = Arc::new(HandlerAlone::committer(db.store.clone(), &options.group())?);
         for &concurrency in &options.concurrency {
-            for pattern in [Pattern::Naive, Pattern::Gate, Pattern::GroupCommit] {
+            for pattern in Pattern::ALL {
                 reset(&db.store).await?;
-                let gate = if pattern == Pattern::GroupCommit { &grouped } else { &gate };
-                let r = run_one(gate, &db.store, pattern, &stream, concurrency).await?;
+                let gate = match pattern {
+                    Pattern::GroupCommitPerDelivery => &per_delivery,
+                    Pattern::GroupCommit => &batched,
+                    Pattern::Naive | Pattern::Gate | Pattern::HandlerAlone => &gate,
+                };
+                let r = run_one(gate, &alone, &db.store, pattern, &stream, concurrency).await?;
                 let (applied, double_applied) = books(&db.store).await?;
                 let r = RunReport {
                     backend,
@@ -200,7 +210,8 @@ pub(crate) async fn run(
                     phases: r.phases,
                     peak_rss_mib: peak_rss_mib(),
                 };
-                if pattern != Pattern::Naive && (applied != distinct as i64 || double_applied != 0) {
+                let guarded = !matches!(pattern, Pattern::Naive | Pattern::HandlerAlone);
+                if guarded && (applied != distinct as i64 || double_applied != 0) {
                     anyhow::bail!(
                         "the gate applied {applied} effects for {distinct} keys ({double_applied} twice) on {backend}"
                     );
@@ -218,18 +229,31 @@ pub(crate) async fn run(
 enum Pattern {
     Naive,
     Gate,
+    /// Group commit with `batch = false`: a savepoint per delivery.
+    GroupCommitPerDelivery,
+    /// Group commit on the batch path.
     GroupCommit,
+    HandlerAlone,
 }
 
 impl Pattern {
+    const ALL: [Pattern; 5] =
+        [Self::Naive, Self::Gate, Self::GroupCommitPerDelivery, Self::GroupCommit, Self::HandlerAlone];
+
     fn name(self) -> &'static str {
         match self {
             Self::Naive => "naive select-then-insert",
             Self::Gate => "idemgate",
-            Self::GroupCommit => "idemgate, group commit",
+            Self::GroupCommitPerDelivery => GROUP_COMMIT_PER_DELIVERY,
+            Self::GroupCommit => GROUP_COMMIT_BATCHED,
+            Self::HandlerAlone => HANDLER_ALONE,
         }
     }
 }
+
+pub(crate) const GROUP_COMMIT_PER_DELIVERY: &str = "idemgate, group commit, a savepoint per delivery";
+pub(crate) const GROUP_COMMIT_BATCHED: &str = "idemgate, group commit, batch path";
+pub(crate) const HANDLER_ALONE: &str = "handler alone, same batching, no claim, no log (unsafe)";
 
 struct Timing {
     elapsed: Duration,
@@ -240,6 +264,7 @@ struct Timing {
 
 async fn run_one(
     gate: &Arc<Gate>,
+    alone: &Arc<Committer>,
     store: &Store,
     pattern: Pattern,
     stream: &Arc<Vec<Delivery>>,
@@ -250,8 +275,8 @@ async fn run_one(
     let started = Instant::now();
     let mut workers = Vec::new();
     for _ in 0..concurrency {
-        let (gate, store, stream, next, totals) =
-            (gate.clone(), store.clone(), stream.clone(), next.clone(), totals.clone());
+        let (gate, alone, store, stream, next, totals) =
+            (gate.clone(), alone.clone(), store.clone(), stream.clone(), next.clone(), totals.clone());
         workers.push(tokio::spawn(async move {
             let (mut latencies, mut errors, mut phases) = (Vec::new(), 0usize, Phases::default());
             loop {
@@ -259,11 +284,12 @@ async fn run_one(
                 let Some(d) = stream.get(i) else { break };
                 let t = Instant::now();
                 let ok = match pattern {
-                    Pattern::Gate | Pattern::GroupCommit => {
+                    Pattern::Gate | Pattern::GroupCommitPerDelivery | Pattern::GroupCommit => {
                         let r = gate.process(d).await;
                         phases.add(&r.phases.per_delivery());
                         matches!(r.outcome, Outcome::Processed | Outcome::Duplicate)
                     }
+                    Pattern::HandlerAlone => alone.submit(d.clone()).await.verdict == Verdict::Ack,
                     Pattern::Naive => naive(&store, d).await.is_ok(),
                 };
                 latencies.push(t.elapsed().as_micros() as u64);
@@ -281,7 +307,8 @@ async fn run_one(
     let elapsed = started.elapsed();
     let mut totals = totals.lock().await;
     let n = stream.len() as u64;
-    let phases = (pattern != Pattern::Naive).then(|| totals.2.mean_over(n));
+    let profiled = !matches!(pattern, Pattern::Naive | Pattern::HandlerAlone);
+    let phases = profiled.then(|| totals.2.mean_over(n));
     Ok(Timing { elapsed, latency: Percentiles::of(&mut totals.0), errors: totals.1, phases })
 }
 
@@ -355,6 +382,72 @@ pub(crate) async fn deduct(
     Ok(())
 }
 
+/// The "handler alone" baseline: each group of deliveries through `stock.deduct`'s batch form
+/// in one transaction, with no claim, no log row and no dedup. Unsafe (every copy applies its
+/// deduction again), and the ceiling of this handler under the same batching as group commit:
+/// the same committer takes the deliveries off the same queue in groups of the same size.
+pub(crate) struct HandlerAlone {
+    store: Store,
+    routes: Routes,
+}
+
+impl HandlerAlone {
+    /// The committer that batches deliveries for the handler alone, as group commit would.
+    pub(crate) fn committer(store: Store, settings: &GroupSettings) -> anyhow::Result<Committer> {
+        let routes = Routes::new(&shop::routes(shop::TOPIC))?;
+        Ok(Committer::start_with(Arc::new(Self { store, routes }), None, settings))
+    }
+
+    async fn apply(&self, deliveries: &[Delivery]) -> anyhow::Result<()> {
+        let backend = self.store.backend();
+        let now_ms = crate::clock::now_ms();
+        let keys = deliveries.iter().map(|d| self.routes.resolve(d).map_err(|r| anyhow::anyhow!(r.reason)));
+        let keys = keys.collect::<anyhow::Result<Vec<_>>>()?;
+        let mut works: Vec<Work<'_>> = deliveries
+            .iter()
+            .zip(&keys)
+            .map(|(delivery, key)| Work { delivery, key, backend, now_ms })
+            .collect();
+        // In lock order, as the gate hands them over.
+        works.sort_by_key(|w| StockDeduct.lock_order(w));
+        let mut tx = self.store.begin().await?;
+        StockDeduct.handle_batch(&works, &mut tx).await?;
+        tx.commit().await?;
+        Ok(())
+    }
+}
+
+#[async_trait]
+impl GroupRunner for HandlerAlone {
+    async fn run_group(&self, deliveries: &[Delivery]) -> Vec<Disposition> {
+        let verdict = match self.apply(deliveries).await {
+            Ok(()) => Verdict::Ack,
+            Err(e) => {
+                tracing::warn!(error = %e, "the handler alone could not apply a group");
+                Verdict::Retry
+            }
+        };
+        let outcome = if verdict == Verdict::Ack { Outcome::Processed } else { Outcome::Failed };
+        let group_size = u32::try_from(deliveries.len()).unwrap_or(u32::MAX);
+        deliveries
+            .iter()
+            .map(|_| Disposition {
+                outcome,
+                verdict,
+                key: None,
+                cause: None,
+                layer: None,
+                payload_match: None,
+                error: None,
+                latency: Duration::ZERO,
+                logged: false,
+                phases: Phases { group_size, ..Phases::default() },
+                prefilter: None,
+            })
+            .collect()
+    }
+}
+
 static CLEAR: [Sql; 3] = [
     Sql::new("DELETE FROM idempotent_record"),
     Sql::new("DELETE FROM delivery_log"),
@@ -392,17 +485,26 @@ pub(crate) async fn books(store: &Store) -> Result<(i64, i64), sqlx::Error> {
 
 /// The runs as a Markdown table.
 pub(crate) fn table(reports: &[RunReport]) -> String {
+    // Each run beside the naive pattern and the handler alone of the same backend and load.
+    let beside = |r: &RunReport, pattern: Pattern| {
+        reports
+            .iter()
+            .find(|o| o.backend == r.backend && o.concurrency == r.concurrency && o.pattern == pattern.name())
+            .map_or(String::new(), |o| format!("{:.2}", r.rate() / o.rate()))
+    };
     let mut out = String::from(
-        "| backend | in flight | pattern | msg/s | p50 ms | p99 ms | effects | applied twice | errors (redeliveries) | peak RSS MiB |\n\
-         |---|---|---|---|---|---|---|---|---|---|\n",
+        "| backend | in flight | pattern | msg/s | × naive | × handler alone | p50 ms | p99 ms | effects | applied twice | errors (redeliveries) | peak RSS MiB |\n\
+         |---|---|---|---|---|---|---|---|---|---|---|---|\n",
     );
     for r in reports {
         out.push_str(&format!(
-            "| {} | {} | {} | {:.0} | {:.2} | {:.2} | {} | {} | {} | {:.0} |\n",
+            "| {} | {} | {} | {:.0} | {} | {} | {:.2} | {:.2} | {} | {} | {} | {:.0} |\n",
             r.backend,
             r.concurrency,
             r.pattern,
             r.rate(),
+            beside(r, Pattern::Naive),
+            beside(r, Pattern::HandlerAlone),
             r.latency.p50_us as f64 / 1000.0,
             r.latency.p99_us as f64 / 1000.0,
             r.applied,

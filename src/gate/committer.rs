@@ -3,10 +3,14 @@
 //! callers, and through them the broker client's consume threads, wait instead of piling up.
 //! `in_flight` tasks each take a group off the queue (the first delivery, then whatever else
 //! arrives within the linger, up to the batch size), commit it, and answer every caller.
+//!
+//! What a group runs is a [`GroupRunner`]: the gate's group transaction, or, in the benchmarks,
+//! the same batching with the handler alone.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use async_trait::async_trait;
 use tokio::sync::{mpsc, oneshot};
 
 use super::core::Core;
@@ -15,6 +19,19 @@ use super::observer::Observer;
 use super::settings::{GroupSettings, MAX_BATCH};
 use crate::delivery::Delivery;
 use crate::outcome::{Outcome, Verdict};
+
+/// Runs one group of deliveries and answers each, in their order.
+#[async_trait]
+pub(crate) trait GroupRunner: Send + Sync + 'static {
+    async fn run_group(&self, deliveries: &[Delivery]) -> Vec<Disposition>;
+}
+
+#[async_trait]
+impl GroupRunner for Core {
+    async fn run_group(&self, deliveries: &[Delivery]) -> Vec<Disposition> {
+        self.process_group(deliveries).await
+    }
+}
 
 /// One queued delivery and where its answer goes.
 struct Job {
@@ -32,12 +49,22 @@ pub(crate) struct Committer {
 
 impl Committer {
     pub(crate) fn start(core: Arc<Core>, settings: &GroupSettings) -> Self {
+        let observer = core.observer.clone();
+        Self::start_with(core, observer, settings)
+    }
+
+    /// A committer whose groups `runner` runs, reporting waits to `observer`.
+    pub(crate) fn start_with(
+        runner: Arc<dyn GroupRunner>,
+        observer: Option<Arc<dyn Observer>>,
+        settings: &GroupSettings,
+    ) -> Self {
         let (queue, jobs) = mpsc::channel(settings.queue.max(1));
         let jobs = Arc::new(tokio::sync::Mutex::new(jobs));
         for _ in 0..settings.in_flight.max(1) {
-            tokio::spawn(commit_groups(core.clone(), jobs.clone(), settings.clone()));
+            tokio::spawn(commit_groups(runner.clone(), observer.clone(), jobs.clone(), settings.clone()));
         }
-        Self { queue, observer: core.observer.clone() }
+        Self { queue, observer }
     }
 
     /// Queues `delivery` and waits for its group's answer. A full queue makes the caller wait
@@ -84,7 +111,8 @@ fn abandoned() -> Disposition {
 /// One committer task: takes a group off the queue (the first delivery, then whatever else
 /// arrives within the linger, up to the batch size), commits it, answers each caller.
 async fn commit_groups(
-    core: Arc<Core>,
+    runner: Arc<dyn GroupRunner>,
+    observer: Option<Arc<dyn Observer>>,
     jobs: Arc<tokio::sync::Mutex<mpsc::Receiver<Job>>>,
     settings: GroupSettings,
 ) {
@@ -109,14 +137,14 @@ async fn commit_groups(
             }
             group
         };
-        if let Some(observer) = &core.observer {
+        if let Some(observer) = &observer {
             for job in &group {
                 observer.group_wait(job.queued.elapsed());
             }
         }
         let (deliveries, replies): (Vec<Delivery>, Vec<oneshot::Sender<Disposition>>) =
             group.into_iter().map(|j| (j.delivery, j.reply)).unzip();
-        let answers = core.process_group(&deliveries).await;
+        let answers = runner.run_group(&deliveries).await;
         for (reply, answer) in replies.into_iter().zip(answers) {
             // A caller that went away has nothing to acknowledge.
             let _ = reply.send(answer);

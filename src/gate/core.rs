@@ -34,6 +34,8 @@ pub(crate) struct Core {
     pub(super) observer: Option<Arc<dyn Observer>>,
     /// See [`Gate::with_late_duplicate_guard`].
     pub(super) late_duplicate_guard: bool,
+    /// Groups run their handlers' batch forms ([`GroupSettings::batch`](super::GroupSettings)).
+    pub(super) batch_handlers: bool,
     /// See [`Gate::with_prefilter`].
     pub(super) prefilter: Option<Arc<Prefilter>>,
     /// The claim tables, read from the database on first use ([`crate::layout::recorded`]).

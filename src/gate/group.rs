@@ -13,14 +13,18 @@
 //!    cannot return rows from an insert, `INSERT IGNORE` and then reads back which keys hold
 //!    this group's claim: [`super::claim::ClaimPath`]), in key order so that two groups wait for each other
 //!    in one direction only;
-//! 3. each fresh claim's handler runs inside its **own savepoint**. A handler that fails is
-//!    rolled back to its savepoint and its claim deleted, so its key is unclaimed when the group
-//!    commits and the delivery goes to retry, while the others commit;
+//! 3. on the batch path, one savepoint is taken and each handler's batch form takes its fresh
+//!    deliveries at once ([`crate::handler::Handler::handle_batch`]); a refused delivery's
+//!    claim is deleted. If a batch fails, the group rolls back to that savepoint and runs as
+//!    without the batch path: each fresh claim's handler inside its **own savepoint**. A
+//!    handler that fails is rolled back to its savepoint and its claim deleted, so its key is
+//!    unclaimed when the group commits and the delivery goes to retry, while the others commit;
 //! 4. a key twice in one group: the first copy claims it, and the later copies are duplicates
 //!    of that claim; if the first copy's handler failed, the next copy claims it in a further
 //!    round, exactly as it would have alone;
-//! 5. the earlier claims of the keys other deliveries hold are read in one statement per
-//!    table, to name each duplicate's cause;
+//! 5. the earlier claims of the keys other deliveries hold, to name each duplicate's cause,
+//!    come back from the claim statement itself on PostgreSQL, and are read in one statement
+//!    per table otherwise (and for a claim committed while the insert waited for it);
 //! 6. every delivery's log row (processed, duplicate, failed, dead-lettered, invalid) is
 //!    appended in one multi-row insert **in the same transaction**, and the group commits.
 //!
@@ -48,7 +52,7 @@ use super::observer::{GroupEnd, GroupReport};
 use crate::clock::{Stopwatch, micros, now_ms};
 use crate::delivery::Delivery;
 use crate::delivery_log::{self, Entry};
-use crate::handler::{Effect, HandlerError, Work};
+use crate::handler::{Effect, HandlerError, Work, handle_each};
 use crate::layout::ClaimTable;
 use crate::outcome::{Claim, DuplicateCause, Layer, Outcome};
 use crate::prefilter::{Check, PrefilterReport, Settle, Token, claim_of};
@@ -86,10 +90,13 @@ enum Decided {
     Refused(HandlerError),
 }
 
-/// The savepoint each delivery's handler runs in. One name serves all: a rollback goes to the
-/// latest savepoint of that name, which is the running delivery's.
-const SAVEPOINT: &str = "SAVEPOINT idemgate_delivery";
-const ROLLBACK_TO_SAVEPOINT: &str = "ROLLBACK TO SAVEPOINT idemgate_delivery";
+/// The savepoint a group's batch forms run after: taken once the claims are in, rolled back to
+/// when a batch fails, so that the group runs again one delivery at a time.
+const GROUP_SAVEPOINT: &str = "SAVEPOINT idemgate_group";
+const ROLLBACK_TO_GROUP_SAVEPOINT: &str = "ROLLBACK TO SAVEPOINT idemgate_group";
+
+/// A handler's answer for one delivery, and its time for it in microseconds.
+type Handled = (Result<Effect, HandlerError>, u64);
 
 /// Phases the whole group shares.
 #[derive(Default, Clone, Copy)]
@@ -220,6 +227,8 @@ impl Core {
         let mut tx = self.store.begin().await?;
         watch.lap(&mut shared.begin_us);
         let mut decided: Vec<Option<Decided>> = (0..slots.len()).map(|_| None).collect();
+        // The claims that held taken keys, where the claim statement returned them.
+        let mut held: HashMap<usize, Claim> = HashMap::new();
         // Rounds: the first undecided copy of each key claims it; later copies wait for the
         // round's verdict on that key.
         loop {
@@ -236,7 +245,7 @@ impl Core {
             round.sort_unstable();
 
             for (table, members) in by_table(slots, round.iter().copied()).values() {
-                let claimed = claim_many(&mut tx, backend, path, table, &who, members).await?;
+                let claimed = claim_many(&mut tx, backend, path, table, &who, members, &mut held).await?;
                 for m in members {
                     if !claimed.contains(&m.index) {
                         decided[m.index] = Some(Decided::Taken(table));
@@ -259,34 +268,46 @@ impl Core {
                 })
                 .collect();
             fresh.sort();
-            for (_, i) in fresh {
-                let Before::Claim(key, table) = &slots[i].before else { continue };
-                let d = slots[i].d;
-                (&mut *tx).execute(AssertSqlSafe(SAVEPOINT)).await?;
-                let archived = match self.late_duplicate_guard {
-                    true => super::guard::archived_claim(&mut tx, backend, who.consumer_group, key).await?,
-                    false => None,
-                };
-                if let Some(archived) = archived {
-                    take_back(&mut tx, backend, table, who.consumer_group, key).await?;
-                    decided[i] = Some(Decided::Archived(archived));
-                    continue;
+            let mut fresh: Vec<usize> = fresh.into_iter().map(|(_, i)| i).collect();
+            if self.late_duplicate_guard {
+                let mut unarchived = Vec::with_capacity(fresh.len());
+                for i in fresh {
+                    let Before::Claim(key, table) = &slots[i].before else { continue };
+                    match super::guard::archived_claim(&mut tx, backend, who.consumer_group, key).await? {
+                        Some(archived) => {
+                            release(&mut tx, backend, table, who.consumer_group, key).await?;
+                            decided[i] = Some(Decided::Archived(archived));
+                        }
+                        None => unarchived.push(i),
+                    }
                 }
-                let handler = self
-                    .handlers
-                    .get(&key.handler)
-                    .expect("Gate::new checked that every route's handler exists");
-                let work = Work { delivery: d, key, backend, now_ms };
-                let handling = Instant::now();
-                let result = handler.handle(&work, &mut tx).await;
-                handler_us[i] = micros(handling.elapsed());
-                decided[i] = Some(match result {
+                fresh = unarchived;
+            }
+            let works: Vec<Work<'_>> = fresh
+                .iter()
+                .filter_map(|&i| match &slots[i].before {
+                    Before::Claim(key, _) => Some(Work { delivery: slots[i].d, key, backend, now_ms }),
+                    _ => None,
+                })
+                .collect();
+            let batched = match self.batch_handlers {
+                true => self.handle_batched(&mut tx, &works).await?,
+                false => None,
+            };
+            let answers = match batched {
+                Some(answers) => answers,
+                None => self.handle_alone(&mut tx, &works).await?,
+            };
+            for ((&i, work), (answer, us)) in fresh.iter().zip(&works).zip(answers) {
+                let Before::Claim(_, table) = &slots[i].before else { continue };
+                handler_us[i] = us;
+                decided[i] = Some(match answer {
                     Ok(effect) => Decided::Committed(effect),
-                    // A deadlock may have rolled back more than the savepoint (InnoDB rolls
-                    // back the whole transaction): the group starts again.
+                    // A deadlock may have rolled back more than the delivery's own work
+                    // (InnoDB rolls back the whole transaction): the group starts again.
                     Err(HandlerError::Database(e)) if is_transient(&e) => return Err(e),
                     Err(why) => {
-                        take_back(&mut tx, backend, table, who.consumer_group, key).await?;
+                        release(&mut tx, backend, table, who.consumer_group, work.key).await?;
                         Decided::Refused(match why {
                             HandlerError::Database(e) => {
                                 HandlerError::Retryable(format!("database error: {e}"))
@@ -296,8 +317,8 @@ impl Core {
                     }
                 });
             }
-            // Savepoints, rollbacks and taken-back claims count as claiming; the handlers' own
-            // time is counted per delivery.
+            // The guard and the deletes of refused claims count as claiming; the handlers' own
+            // time (their savepoints included) is counted per delivery.
             let mut round_us = 0;
             watch.lap(&mut round_us);
             let handlers_us: u64 = round.iter().map(|&i| handler_us[i]).sum();
@@ -324,7 +345,7 @@ impl Core {
                 };
             }
         }
-        let earlier = self.earlier_claims(&mut tx, backend, slots, &decided).await;
+        let earlier = self.earlier_claims(&mut tx, backend, slots, &decided, held).await;
         watch.lap(&mut shared.lookup_us);
 
         let phases_of = |i: usize| Phases {
@@ -422,20 +443,99 @@ impl Core {
         Ok(answers)
     }
 
-    /// The claims that deliveries outside the group hold, read in one statement per table. On
-    /// MariaDB on a connection of its own: a read inside the group's transaction could miss a
-    /// claim committed after the transaction's snapshot (repeatable read). PostgreSQL's read
-    /// committed sees it from inside, and SQLite's writer is the only one.
+    /// The batch path: after one savepoint, each handler's batch form takes its fresh
+    /// deliveries at once (handlers in name order, each one's deliveries in lock order), with
+    /// no savepoint per delivery. `None` when a batch failed: the group is back at the
+    /// savepoint, the fallback is counted, and the deliveries go through
+    /// [`Core::handle_alone`] instead. Each answer comes with the handler's time for it.
+    async fn handle_batched(
+        &self,
+        tx: &mut Conn,
+        works: &[Work<'_>],
+    ) -> Result<Option<Vec<Handled>>, sqlx::Error> {
+        if works.is_empty() {
+            return Ok(Some(Vec::new()));
+        }
+        (&mut *tx).execute(AssertSqlSafe(GROUP_SAVEPOINT)).await?;
+        let mut by_handler: BTreeMap<&str, Vec<usize>> = BTreeMap::new();
+        for (n, work) in works.iter().enumerate() {
+            by_handler.entry(work.key.handler.as_str()).or_default().push(n);
+        }
+        let mut answers: Vec<Option<Handled>> = (0..works.len()).map(|_| None).collect();
+        for (name, members) in by_handler {
+            let handler =
+                self.handlers.get(name).expect("Gate::new checked that every route's handler exists");
+            let batch: Vec<Work<'_>> = members.iter().map(|&n| works[n]).collect();
+            let started = Instant::now();
+            let result = handler.handle_batch(&batch, tx).await;
+            let us = micros(started.elapsed()) / batch.len() as u64;
+            let why = match result {
+                Ok(batch_answers) if batch_answers.len() == batch.len() => {
+                    for (&n, answer) in members.iter().zip(batch_answers) {
+                        answers[n] = Some((answer, us));
+                    }
+                    continue;
+                }
+                Err(HandlerError::Database(e)) if is_transient(&e) => return Err(e),
+                Ok(batch_answers) => {
+                    format!("{} answers for {} deliveries", batch_answers.len(), batch.len())
+                }
+                Err(e) => e.to_string(),
+            };
+            tracing::warn!(
+                handler = name, size = batch.len(), error = %why,
+                "a handler's batch failed; the group runs again one delivery at a time"
+            );
+            (&mut *tx).execute(AssertSqlSafe(ROLLBACK_TO_GROUP_SAVEPOINT)).await?;
+            if let Some(observer) = &self.observer {
+                observer.group_fallback(name);
+            }
+            return Ok(None);
+        }
+        Ok(answers.into_iter().collect())
+    }
+
+    /// The per-delivery path: each delivery through its handler alone, in lock order, in a
+    /// savepoint of its own ([`handle_each`]), so that one failing delivery takes back only its
+    /// own work. Each answer comes with the handler's time for it.
+    async fn handle_alone(&self, tx: &mut Conn, works: &[Work<'_>]) -> Result<Vec<Handled>, sqlx::Error> {
+        let mut out = Vec::with_capacity(works.len());
+        for work in works {
+            let handler = self
+                .handlers
+                .get(&work.key.handler)
+                .expect("Gate::new checked that every route's handler exists");
+            let started = Instant::now();
+            let answer = match handle_each(handler.as_ref(), std::slice::from_ref(work), tx).await {
+                Ok(answers) => answers
+                    .into_iter()
+                    .next()
+                    .unwrap_or_else(|| Err(HandlerError::Retryable("the handler gave no answer".to_owned()))),
+                Err(HandlerError::Database(e)) => return Err(e),
+                Err(other) => Err(other),
+            };
+            out.push((answer, micros(started.elapsed())));
+        }
+        Ok(out)
+    }
+
+    /// The claims that deliveries outside the group hold: those the claim statement returned
+    /// (`held`, on PostgreSQL), and the others read in one statement per table. On MariaDB on a
+    /// connection of its own: a read inside the group's transaction could miss a claim committed
+    /// after the transaction's snapshot (repeatable read). PostgreSQL's read committed sees it
+    /// from inside, and SQLite's writer is the only one.
     async fn earlier_claims(
         &self,
         tx: &mut Conn,
         backend: Backend,
         slots: &[Slot<'_>],
         decided: &[Option<Decided>],
+        held: HashMap<usize, Claim>,
     ) -> HashMap<usize, Claim> {
-        let taken = (0..slots.len()).filter(|&i| matches!(decided[i], Some(Decided::Taken(_))));
+        let taken = (0..slots.len())
+            .filter(|&i| matches!(decided[i], Some(Decided::Taken(_))) && !held.contains_key(&i));
         let by_table = by_table(slots, taken);
-        let mut found = HashMap::new();
+        let mut found = held;
         if by_table.is_empty() {
             return found;
         }
@@ -502,16 +602,15 @@ fn rejected(d: &Delivery, rejection: Rejection) -> Before {
     Before::Rejected(r, key)
 }
 
-/// Rolls the running delivery back to its savepoint and deletes its claim: when the group
-/// commits, the key is free for a retry.
-async fn take_back(
+/// Deletes the claim of a delivery that applied nothing (refused, or found in the archive): when
+/// the group commits, the key is free for a retry.
+async fn release(
     tx: &mut Conn,
     backend: Backend,
     table: &ClaimTable,
     consumer_group: &str,
     key: &BizKey,
 ) -> Result<(), sqlx::Error> {
-    (&mut *tx).execute(AssertSqlSafe(ROLLBACK_TO_SAVEPOINT)).await?;
     key.bind_in(query(backend, &table.release), consumer_group).execute(&mut *tx).await?;
     Ok(())
 }

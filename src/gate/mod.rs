@@ -30,6 +30,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 pub use claim::ClaimPath;
+pub(crate) use committer::{Committer, GroupRunner};
 pub use disposition::Disposition;
 pub(crate) use disposition::Phases;
 pub(crate) use observer::{GroupEnd, GroupReport, Observer};
@@ -111,6 +112,7 @@ impl Gate {
             duplicate_warnings,
             observer: None,
             late_duplicate_guard: false,
+            batch_handlers: true,
             prefilter: None,
             layout: tokio::sync::OnceCell::new(),
         };
@@ -129,11 +131,12 @@ impl Gate {
         self
     }
 
-    /// Processes deliveries that arrive together in one transaction each group, with a
-    /// savepoint per delivery ([`group`]). `process` then queues the delivery and answers once
-    /// its group has committed.
+    /// Processes deliveries that arrive together in one transaction each group ([`group`]),
+    /// through the handlers' batch forms unless `settings.batch` is off. `process` then queues
+    /// the delivery and answers once its group has committed.
     /// Settings whose `enabled` is false leave each delivery its own transaction.
     pub fn with_group_commit(mut self, settings: GroupSettings) -> Self {
+        self.core_mut().batch_handlers = settings.batch;
         self.group = settings.enabled.then_some(settings);
         self
     }

@@ -117,8 +117,9 @@ impl ConsumerSettings {
 /// snapshots slow down until the group commits.
 pub(crate) const MAX_BATCH: usize = 64;
 
-/// `[group_commit]`: deliveries that arrive together share one transaction, each in its own
-/// savepoint. Off by default: one transaction per delivery.
+/// `[group_commit]`: deliveries that arrive together share one transaction, each handler
+/// taking its deliveries at once (or each delivery in its own savepoint). Off by default: one
+/// transaction per delivery.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct GroupSettings {
@@ -136,11 +137,16 @@ pub struct GroupSettings {
     /// `IDEMGATE_GROUP_COMMIT__QUEUE`: deliveries waiting for a group at most; the next caller
     /// waits for room.
     pub queue: usize,
+    /// `IDEMGATE_GROUP_COMMIT__BATCH`: the batch path. Each handler takes the group's fresh
+    /// deliveries at once ([`crate::handler::Handler::handle_batch`]) with no savepoint per
+    /// delivery; if a statement fails, the group goes back to just after its claims and runs
+    /// again with a savepoint per delivery. false: a savepoint per delivery always.
+    pub batch: bool,
 }
 
 impl Default for GroupSettings {
     fn default() -> Self {
-        Self { enabled: false, max_batch: 32, linger_ms: 2, in_flight: 2, queue: 256 }
+        Self { enabled: false, max_batch: 32, linger_ms: 2, in_flight: 2, queue: 256, batch: true }
     }
 }
 

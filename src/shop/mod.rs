@@ -26,7 +26,7 @@ use crate::delivery::Delivery;
 use crate::handler::{HandlerError, Handlers};
 use crate::route::RouteConfig;
 
-pub(crate) const ORDER_CREATE: &str = "order.create";
+pub const ORDER_CREATE: &str = "order.create";
 pub const PAYMENT_CONFIRM: &str = "payment.confirm";
 /// The SKUs the shop sells (and the example traffic deducts from).
 pub(crate) const SKUS: [&str; 5] = ["SKU-1", "SKU-2", "SKU-3", "SKU-4", "SKU-5"];

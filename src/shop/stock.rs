@@ -1,17 +1,27 @@
 //! `stock.deduct`: a plain decrement, not idempotent by itself. Only the gate keeps a
 //! redelivered deduction from taking stock twice; the ledger row per applied deduction (no
 //! unique key on purpose) makes any double application visible to the reconciler.
+//!
+//! Its batch form takes a group's deductions in three statements, however many there are: the
+//! levels of their SKUs, read and locked in SKU order; one update that takes each SKU's sum;
+//! one multi-row ledger insert. Whether there is enough stock is still decided per delivery,
+//! in the order the deductions would have run alone: each one is held against what the ones
+//! before it in the group left, and one that finds too little is refused with nothing written,
+//! exactly as it would have been alone.
 
 use std::borrow::Cow;
+use std::collections::{BTreeMap, HashMap};
 
 use async_trait::async_trait;
 use serde::{Deserialize, Serialize};
 use sqlx::Row;
 
-use crate::handler::{Effect, Fact, Handler, HandlerError, Work};
+use crate::handler::{Answers, Effect, Fact, Handler, HandlerError, Work};
 use crate::insert_if_absent;
 use crate::reconcile::check::{AnomalyKind, Check, CheckSql};
-use crate::store::{Conn, InsertIfAbsent, Sql, Store, query};
+use crate::store::{
+    Backend, Conn, InsertIfAbsent, Sql, Store, padded, placeholders, query, query_built, values_list,
+};
 
 /// The body of a `stock.deduct` message.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -39,13 +49,30 @@ static INSERT_SKU: Sql = Sql::new("INSERT INTO shop_stock (sku, quantity) VALUES
 
 pub(crate) struct StockDeduct;
 
+/// The deduction a delivery asks for; a body of the wrong shape or a quantity that is not
+/// positive makes it invalid.
+fn deduction(work: &Work<'_>) -> Result<DeductStock, HandlerError> {
+    let deduct: DeductStock = super::parse_body(&work.delivery.body)?;
+    if deduct.quantity <= 0 {
+        return Err(HandlerError::Invalid(format!("quantity {} is not positive", deduct.quantity)));
+    }
+    Ok(deduct)
+}
+
+/// The refusal of a deduction that finds `level` (`None`: no such SKU) below what it asks.
+fn refusal(deduct: &DeductStock, level: Option<i64>) -> HandlerError {
+    HandlerError::Permanent(match level {
+        None => format!("unknown sku {}", deduct.sku),
+        Some(level) => {
+            format!("insufficient stock of {}: {level} left, {} asked", deduct.sku, deduct.quantity)
+        }
+    })
+}
+
 #[async_trait]
 impl Handler for StockDeduct {
     async fn handle(&self, work: &Work<'_>, conn: &mut Conn) -> Result<Effect, HandlerError> {
-        let deduct: DeductStock = super::parse_body(&work.delivery.body)?;
-        if deduct.quantity <= 0 {
-            return Err(HandlerError::Invalid(format!("quantity {} is not positive", deduct.quantity)));
-        }
+        let deduct = deduction(work)?;
         let done = query(work.backend, &DEDUCT)
             .bind(deduct.quantity)
             .bind(deduct.sku.as_str())
@@ -55,15 +82,7 @@ impl Handler for StockDeduct {
         if done.rows_affected() == 0 {
             let level =
                 query(work.backend, &LEVEL).bind(deduct.sku.as_str()).fetch_optional(&mut *conn).await?;
-            return Err(HandlerError::Permanent(match level {
-                None => format!("unknown sku {}", deduct.sku),
-                Some(row) => format!(
-                    "insufficient stock of {}: {} left, {} asked",
-                    deduct.sku,
-                    row.try_get::<i64, _>(0)?,
-                    deduct.quantity
-                ),
-            }));
+            return Err(refusal(&deduct, level.map(|row| row.try_get::<i64, _>(0)).transpose()?));
         }
         query(work.backend, &LEDGER)
             .bind(work.key.biz_id.as_str())
@@ -73,6 +92,63 @@ impl Handler for StockDeduct {
             .execute(&mut *conn)
             .await?;
         Ok(Effect::Applied)
+    }
+
+    /// The group's deductions in three statements (see the module's comment). The gate hands
+    /// them over in lock order (by SKU, then as they came), which is also the order in which
+    /// each is held against the stock its SKU has left.
+    async fn handle_batch(&self, works: &[Work<'_>], conn: &mut Conn) -> Result<Answers, HandlerError> {
+        let Some(first) = works.first() else { return Ok(Vec::new()) };
+        let backend = first.backend;
+        let mut answers: Vec<Option<Result<Effect, HandlerError>>> = (0..works.len()).map(|_| None).collect();
+        let mut asked = Vec::with_capacity(works.len());
+        for (n, work) in works.iter().enumerate() {
+            match deduction(work) {
+                Ok(deduct) => asked.push((n, deduct)),
+                Err(why) => answers[n] = Some(Err(why)),
+            }
+        }
+        let skus: Vec<&str> = asked
+            .iter()
+            .map(|(_, d)| d.sku.as_str())
+            .collect::<std::collections::BTreeSet<_>>()
+            .into_iter()
+            .collect();
+        let mut left = lock_levels(conn, backend, &skus).await?;
+        let mut taken: BTreeMap<&str, i64> = BTreeMap::new();
+        let mut applied = Vec::with_capacity(asked.len());
+        for (n, deduct) in &asked {
+            match left.get_mut(deduct.sku.as_str()) {
+                Some(level) if *level >= deduct.quantity => {
+                    *level -= deduct.quantity;
+                    *taken.entry(deduct.sku.as_str()).or_default() += deduct.quantity;
+                    applied.push((*n, deduct));
+                    answers[*n] = Some(Ok(Effect::Applied));
+                }
+                level => answers[*n] = Some(Err(refusal(deduct, level.map(|l| *l)))),
+            }
+        }
+        take_sums(conn, backend, &taken).await?;
+        if !applied.is_empty() {
+            let sql = format!(
+                "INSERT INTO shop_stock_ledger (deduction_id, sku, quantity, applied_at_ms) VALUES {}",
+                values_list(4, applied.len())
+            );
+            let mut q = query_built(backend, sql);
+            for (n, deduct) in &applied {
+                let work = &works[*n];
+                q = q
+                    .bind(work.key.biz_id.as_str())
+                    .bind(deduct.sku.as_str())
+                    .bind(deduct.quantity)
+                    .bind(work.now_ms);
+            }
+            q.execute(&mut *conn).await?;
+        }
+        Ok(answers
+            .into_iter()
+            .map(|a| a.unwrap_or_else(|| Err(HandlerError::Retryable("not decided".to_owned()))))
+            .collect())
     }
 
     fn checks(&self) -> Vec<Check> {
@@ -112,6 +188,68 @@ impl Handler for StockDeduct {
         );
         Ok(facts)
     }
+}
+
+/// The stock levels of `skus` (sorted, distinct), read and locked in SKU order, so that two
+/// groups in flight lock the rows they share in one order and never deadlock each other. A
+/// locking read on PostgreSQL and MySQL/MariaDB; SQLite's writer already holds the database.
+/// The list is padded to a few fixed lengths (the last SKU repeated), so that the statement
+/// cache keeps one text per length, not one per count of SKUs.
+async fn lock_levels(
+    conn: &mut Conn,
+    backend: Backend,
+    skus: &[&str],
+) -> Result<HashMap<String, i64>, sqlx::Error> {
+    let Some(last) = skus.last() else { return Ok(HashMap::new()) };
+    let n = padded(skus.len());
+    let lock = match backend {
+        Backend::Postgres | Backend::MySql => " FOR UPDATE",
+        Backend::Sqlite => "",
+    };
+    let sql =
+        format!("SELECT sku, quantity FROM shop_stock WHERE sku IN ({}) ORDER BY sku{lock}", placeholders(n));
+    let mut q = query_built(backend, sql);
+    for sku in skus.iter().chain(std::iter::repeat(last)).take(n) {
+        q = q.bind(*sku);
+    }
+    let mut levels = HashMap::with_capacity(skus.len());
+    for row in q.fetch_all(&mut *conn).await? {
+        levels.insert(row.try_get(0)?, row.try_get(1)?);
+    }
+    Ok(levels)
+}
+
+/// Takes each SKU's sum in one update (`CASE sku WHEN … THEN …`), padded like
+/// [`lock_levels`]. The rows are locked and their levels were checked, so every SKU's row must
+/// change: any other count is an error, and the gate runs the group one delivery at a time.
+async fn take_sums(
+    conn: &mut Conn,
+    backend: Backend,
+    taken: &BTreeMap<&str, i64>,
+) -> Result<(), sqlx::Error> {
+    let Some((last_sku, last_sum)) = taken.iter().next_back() else { return Ok(()) };
+    let n = padded(taken.len());
+    let sql = format!(
+        "UPDATE shop_stock SET quantity = quantity - CASE sku {} ELSE 0 END WHERE sku IN ({})",
+        vec!["WHEN ? THEN ?"; n].join(" "),
+        placeholders(n)
+    );
+    let padding = || std::iter::repeat((last_sku, last_sum));
+    let mut q = query_built(backend, sql);
+    for (sku, sum) in taken.iter().chain(padding()).take(n) {
+        q = q.bind(*sku).bind(*sum);
+    }
+    for (sku, _) in taken.iter().chain(padding()).take(n) {
+        q = q.bind(*sku);
+    }
+    let changed = q.execute(&mut *conn).await?.rows_affected();
+    if changed != taken.len() as u64 {
+        return Err(sqlx::Error::Protocol(format!(
+            "the stock update changed {changed} rows for {} SKUs",
+            taken.len()
+        )));
+    }
+    Ok(())
 }
 
 /// Sets the stock level of `sku` (for the demo, benchmarks and tests).

@@ -6,7 +6,7 @@ use async_trait::async_trait;
 use serde::{Deserialize, Serialize};
 
 use super::{DefinitionError, Move, OnMissing, StateMachine, Transition, TransitionSpec, Value, wrong};
-use crate::handler::{Effect, Fact, Handler, HandlerError, Handlers, Work};
+use crate::handler::{Answers, Effect, Fact, Handler, HandlerError, Handlers, Work};
 use crate::route::{MAX_BIZ_ID_CHARS, MAX_BIZ_TYPE_CHARS, Source, check_key_text};
 use crate::store::{Conn, Store};
 
@@ -108,9 +108,9 @@ impl TransitionHandler {
     }
 }
 
-#[async_trait]
-impl Handler for TransitionHandler {
-    async fn handle(&self, work: &Work<'_>, conn: &mut Conn) -> Result<Effect, HandlerError> {
+impl TransitionHandler {
+    /// The key of the row a delivery moves (its bizId, or `row_key`), checked as a key.
+    fn row_of(&self, work: &Work<'_>) -> Result<String, HandlerError> {
         let key = match &self.row_key {
             None => work.key.biz_id.clone(),
             Some((source, _)) => {
@@ -119,12 +119,45 @@ impl Handler for TransitionHandler {
         };
         check_key_text(&key, MAX_BIZ_ID_CHARS)
             .map_err(|why| HandlerError::Invalid(format!("row_key {why}")))?;
-        let mut m = Move::of(key.as_str());
-        if !self.transition.set.is_empty() {
-            m = m.set(work.now_ms);
-        }
-        let answer = self.transition.apply(conn, work.backend, &m).await?;
+        Ok(key)
+    }
+
+    /// The move of the row `key`: its time column set to the gate's clock, when it has one.
+    fn move_of(&self, key: &str, now_ms: i64) -> Move {
+        let m = Move::of(key);
+        if self.transition.set.is_empty() { m } else { m.set(now_ms) }
+    }
+
+    fn result(&self, key: &str, answer: super::Answer) -> Result<Effect, HandlerError> {
         self.transition.result(answer, &format!("{} {key}", self.transition.machine.table), self.on_missing)
+    }
+}
+
+#[async_trait]
+impl Handler for TransitionHandler {
+    async fn handle(&self, work: &Work<'_>, conn: &mut Conn) -> Result<Effect, HandlerError> {
+        let key = self.row_of(work)?;
+        let answer = self.transition.apply(conn, work.backend, &self.move_of(&key, work.now_ms)).await?;
+        self.result(&key, answer)
+    }
+
+    /// The group's moves as one conditional update where the backend returns the rows it
+    /// changed ([`Transition::apply_many`]).
+    async fn handle_batch(&self, works: &[Work<'_>], conn: &mut Conn) -> Result<Answers, HandlerError> {
+        let Some(first) = works.first() else { return Ok(Vec::new()) };
+        let rows: Vec<Result<String, HandlerError>> = works.iter().map(|w| self.row_of(w)).collect();
+        let moves: Vec<Move> =
+            rows.iter().filter_map(|r| r.as_ref().ok()).map(|key| self.move_of(key, first.now_ms)).collect();
+        let mut answers = self.transition.apply_many(conn, first.backend, &moves).await?.into_iter();
+        Ok(rows
+            .into_iter()
+            .map(|row| {
+                let key = row?;
+                let answer =
+                    answers.next().unwrap_or(super::Answer::Contended { state: "unknown".to_owned() });
+                self.result(&key, answer)
+            })
+            .collect())
     }
 
     /// The row's state, what it means for the move, and the time column. Where rows are named

@@ -20,7 +20,7 @@ mod configured;
 
 pub use configured::{StateMachineConfig, TransitionHandler, handlers};
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeSet, HashSet};
 use std::fmt;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -30,7 +30,7 @@ use sqlx::{AssertSqlSafe, SqlSafeStr, SqlStr};
 
 use crate::handler::{Effect, HandlerError};
 use crate::outcome::Layer;
-use crate::store::{AnyQuery, Backend, Conn, Store, number_placeholders};
+use crate::store::{AnyQuery, Backend, Conn, Store, number_placeholders, padded, placeholders};
 
 /// The longest identifier: PostgreSQL's limit (63 bytes), which MySQL's 64 also admits.
 const MAX_IDENTIFIER_CHARS: usize = 63;
@@ -434,7 +434,6 @@ impl Transition {
         }
 
         let StateMachine { table, key_column: key, state_column: state } = &machine;
-        let placeholders = |n: usize| vec!["?"; n].join(", ");
         let mut assignments = format!("{state} = ?");
         for c in &set {
             assignments.push_str(&format!(", {c} = ?"));
@@ -498,6 +497,57 @@ impl Transition {
     /// statement when the row moves; a read besides when it does not, and one more
     /// update when a concurrent commit put the row into a from-state.
     pub async fn apply(&self, conn: &mut Conn, backend: Backend, m: &Move) -> Result<Answer, sqlx::Error> {
+        self.check(m)?;
+        if self.update(conn, backend, m).await? {
+            return Ok(Answer::Moved);
+        }
+        self.settle(conn, backend, m).await
+    }
+
+    /// Makes the moves of `moves` on `conn` (the gate's transaction, a group's deliveries) and
+    /// says where each ended, in their order, as if each had been applied alone in that order.
+    ///
+    /// On PostgreSQL and SQLite the first move of each row is made by **one conditional update
+    /// for all of them**, whose `RETURNING` names the rows that moved; only the rows that did
+    /// not are read back to say why, and a later move of a row already in the list is made
+    /// alone after it. MySQL/MariaDB cannot return rows from an update, and a count of changed
+    /// rows cannot say which ones moved: there each move is made as [`Transition::apply`]
+    /// makes it, one after the other on the same connection.
+    pub async fn apply_many(
+        &self,
+        conn: &mut Conn,
+        backend: Backend,
+        moves: &[Move],
+    ) -> Result<Vec<Answer>, sqlx::Error> {
+        let mut answers: Vec<Option<Answer>> = vec![None; moves.len()];
+        if backend != Backend::MySql && moves.len() > 1 {
+            let mut rows = HashSet::new();
+            let mut first = Vec::with_capacity(moves.len());
+            for m in moves {
+                self.check(m)?;
+                first.push(rows.insert(m.key.to_string()));
+            }
+            let firsts: Vec<&Move> = moves.iter().zip(&first).filter(|(_, f)| **f).map(|(m, _)| m).collect();
+            let moved = self.update_many(conn, backend, &firsts).await?;
+            for (i, m) in moves.iter().enumerate() {
+                if first[i] {
+                    answers[i] = Some(match moved.contains(&m.key.to_string()) {
+                        true => Answer::Moved,
+                        false => self.settle(conn, backend, m).await?,
+                    });
+                }
+            }
+        }
+        for (i, m) in moves.iter().enumerate() {
+            if answers[i].is_none() {
+                answers[i] = Some(self.apply(conn, backend, m).await?);
+            }
+        }
+        Ok(answers.into_iter().flatten().collect())
+    }
+
+    /// A move must bind as many set and guard values as the transition names.
+    fn check(&self, m: &Move) -> Result<(), sqlx::Error> {
         if m.set.len() != self.set.len() || m.guards.len() != self.guards.len() {
             return Err(sqlx::Error::InvalidArgument(format!(
                 "the move to {} on {} takes {} set and {} guard values, not {} and {}",
@@ -509,9 +559,12 @@ impl Transition {
                 m.guards.len()
             )));
         }
-        if self.update(conn, backend, m).await? {
-            return Ok(Answer::Moved);
-        }
+        Ok(())
+    }
+
+    /// After an update that did not move the row: reads it back to say why, and updates once
+    /// more when a concurrent commit put it into a from-state.
+    async fn settle(&self, conn: &mut Conn, backend: Backend, m: &Move) -> Result<Answer, sqlx::Error> {
         let mut updated_again = false;
         loop {
             let Some((state, found, guards_hold)) = self.read(conn, backend, m).await? else {
@@ -528,6 +581,68 @@ impl Transition {
                 }
             }
         }
+    }
+
+    /// The moves of `moves` (one per row) in one update: `SET col = CASE key WHEN ? THEN ? …
+    /// END … WHERE key IN (…) AND state IN (from…) AND CASE key WHEN ? THEN guards… END
+    /// RETURNING key`, the list padded to a few fixed lengths (the last move repeated) so that
+    /// the statement cache keeps one text per length. Returns the keys of the rows that moved,
+    /// as text. Built per call from the checked identifiers; every value is bound.
+    async fn update_many(
+        &self,
+        conn: &mut Conn,
+        backend: Backend,
+        moves: &[&Move],
+    ) -> Result<HashSet<String>, sqlx::Error> {
+        let Some(last) = moves.last() else { return Ok(HashSet::new()) };
+        let n = padded(moves.len());
+        let padded_moves: Vec<&Move> =
+            moves.iter().copied().chain(std::iter::repeat(*last)).take(n).collect();
+        let StateMachine { table, key_column: key, state_column: state } = &self.machine;
+        let whens = |then: &str| vec![format!("WHEN ? THEN {then}"); n].join(" ");
+        let mut sql = format!("UPDATE {table} SET {state} = ?");
+        for c in &self.set {
+            sql.push_str(&format!(", {c} = CASE {key} {} END", whens("?")));
+        }
+        sql.push_str(&format!(
+            " WHERE {key} IN ({}) AND {state} IN ({})",
+            placeholders(n),
+            placeholders(self.from.len())
+        ));
+        if !self.guards.is_empty() {
+            let all: Vec<String> =
+                self.guards.iter().map(|g| format!("{} {} ?", g.column, g.compare.sql())).collect();
+            sql.push_str(&format!(" AND CASE {key} {} END", whens(&format!("({})", all.join(" AND ")))));
+        }
+        sql.push_str(&format!(" RETURNING {key}"));
+        let mut q = crate::store::query_built(backend, sql).bind(self.to.as_str());
+        for j in 0..self.set.len() {
+            for m in &padded_moves {
+                q = m.set[j].bind(m.key.bind(q));
+            }
+        }
+        for m in &padded_moves {
+            q = m.key.bind(q);
+        }
+        for s in &self.from {
+            q = q.bind(s.as_str());
+        }
+        if !self.guards.is_empty() {
+            for m in &padded_moves {
+                q = m.key.bind(q);
+                for v in &m.guards {
+                    q = v.bind(q);
+                }
+            }
+        }
+        self.statements.fetch_add(1, Ordering::Relaxed);
+        let mut moved = HashSet::with_capacity(moves.len());
+        for row in q.fetch_all(&mut *conn).await? {
+            if let Some(k) = Value::read(&row, 0)? {
+                moved.insert(k.to_string());
+            }
+        }
+        Ok(moved)
     }
 
     async fn update(&self, conn: &mut Conn, backend: Backend, m: &Move) -> Result<bool, sqlx::Error> {

@@ -237,14 +237,38 @@ pub fn query_built(backend: Backend, portable: String) -> AnyQuery {
 
 /// `(?, ?, …)` with `columns` placeholders, repeated `rows` times and comma-separated: the
 /// VALUES list of a multi-row insert.
-pub(crate) fn values_list(columns: usize, rows: usize) -> String {
+pub fn values_list(columns: usize, rows: usize) -> String {
     let one = format!("({})", vec!["?"; columns].join(", "));
     vec![one; rows].join(", ")
+}
+
+/// The fixed lengths a statement's list of keys is padded to: a group of up to 64 deliveries
+/// makes at most seven texts of one statement, which every connection's statement cache keeps,
+/// instead of one text per count.
+const PADDED_LENGTHS: [usize; 7] = [1, 2, 4, 8, 16, 32, 64];
+
+/// The length a list of `n` keys is padded to: the next of [`PADDED_LENGTHS`], or `n` itself
+/// beyond them.
+pub(crate) fn padded(n: usize) -> usize {
+    PADDED_LENGTHS.into_iter().find(|&len| len >= n).unwrap_or(n)
+}
+
+/// `?, ?, …`: `n` placeholders, comma-separated, for an `IN (…)` list.
+pub(crate) fn placeholders(n: usize) -> String {
+    vec!["?"; n].join(", ")
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn lists_are_padded_to_a_few_fixed_lengths() {
+        let lengths: std::collections::BTreeSet<usize> = (1..=64).map(padded).collect();
+        assert_eq!(lengths.into_iter().collect::<Vec<_>>(), [1, 2, 4, 8, 16, 32, 64]);
+        assert_eq!((padded(3), padded(33), padded(65)), (4, 64, 65));
+        assert_eq!(placeholders(3), "?, ?, ?");
+    }
 
     #[test]
     fn a_values_list_has_one_group_per_row() {

@@ -4,6 +4,7 @@
 #[allow(dead_code)]
 #[macro_use]
 mod support;
+mod batch;
 mod dead_letters;
 mod key_text;
 mod sql_handler;

@@ -133,13 +133,9 @@ async fn seed_order(g: &Gate, no: &str, paid: bool) {
 
 /// The sum of a counter's series whose labels include every one of `labels`.
 async fn counter(metrics: &Metrics, name: &str, labels: &[&str]) -> f64 {
-    let text = metrics.render(None).await;
-    let series: Vec<&str> = text
-        .lines()
-        .filter(|l| l.starts_with(&format!("{name}{{")) && labels.iter().all(|label| l.contains(label)))
-        .collect();
-    assert!(!series.is_empty(), "no series of {name} with {labels:?} in:\n{text}");
-    series.iter().map(|l| l.rsplit(' ').next().and_then(|v| v.parse::<f64>().ok()).expect("a value")).sum()
+    let values = crate::support::series(metrics, name, labels).await;
+    assert!(!values.is_empty(), "no series of {name} with {labels:?}");
+    values.iter().sum()
 }
 
 fn outcome(d: &Disposition) -> (Outcome, Option<Layer>, Verdict) {

@@ -73,7 +73,7 @@ tokio::task_local! {
 /// The group commit of the grouped runs: small groups and a linger long enough for the cases'
 /// concurrent deliveries to meet in one group.
 pub fn test_group_settings() -> GroupSettings {
-    GroupSettings { enabled: true, max_batch: 8, linger_ms: 20, in_flight: 2, queue: 64 }
+    GroupSettings { enabled: true, max_batch: 8, linger_ms: 20, in_flight: 2, queue: 64, batch: true }
 }
 
 tokio::task_local! {
@@ -238,6 +238,16 @@ macro_rules! on_mariadb_claiming_as_on_mysql {
             })*
         }
     };
+}
+
+/// The values of a metric's series whose labels include every one of `labels`, from the
+/// metrics' own text exposition.
+pub async fn series(metrics: &idemgate::testing::metrics::Metrics, name: &str, labels: &[&str]) -> Vec<f64> {
+    let text = metrics.render(None).await;
+    text.lines()
+        .filter(|l| l.starts_with(&format!("{name}{{")) && labels.iter().all(|label| l.contains(label)))
+        .map(|l| l.rsplit(' ').next().and_then(|v| v.parse::<f64>().ok()).expect("a value"))
+        .collect()
 }
 
 static RACE_STOCK_OF: Sql = Sql::new("SELECT quantity FROM shop_stock WHERE sku = ?");
