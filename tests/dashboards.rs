@@ -391,6 +391,9 @@ fn the_panels_cover_every_metric_of_the_service() {
         "idemgate_reconcile_last_run_timestamp_seconds",
         "idemgate_duplicate_ratio",
         "idemgate_conflicts_per_second",
+        "idemgate_consumer_lag_messages",
+        "idemgate_consumer_lag_seconds",
+        "idemgate_consumer_lag_reads_total",
     ] {
         assert!(all.contains(metric), "no panel shows {metric}");
     }

@@ -6,6 +6,7 @@
 //! must not decide outcomes.
 
 pub mod consumer;
+pub mod lag;
 pub mod local;
 pub mod producer;
 mod runtime;

@@ -1,0 +1,254 @@
+//! Scenarios on a two-broker cluster (`LocalCluster`: one name server, masters `broker-a` and
+//! `broker-b`, the topic created on both with 4 queues each), each ending in exact books: every
+//! send logged, every key applied exactly once, every duplicate with its cause, and a reconcile
+//! run that finds nothing `lost` or `double_applied`. They take minutes, so they run only when
+//! `IDEMGATE_CLUSTER_SCENARIOS` is set, as `scripts/test.sh` does; each prints its wall time
+//! and its figures.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+use idemgate::broker::local::LocalCluster;
+use idemgate::config::Settings;
+use idemgate::produce::ProduceReport;
+use idemgate::store::{Backend, Store};
+
+use super::support::*;
+
+/// Set to run the scenarios.
+const FLAG: &str = "IDEMGATE_CLUSTER_SCENARIOS";
+
+/// Queues of the topic on each broker.
+const QUEUES_PER_BROKER: u32 = 4;
+
+fn wanted(scenario: &str) -> bool {
+    let on = std::env::var_os(FLAG).is_some_and(|v| !v.is_empty() && v != "0");
+    if !on {
+        eprintln!("{scenario}: not run; set {FLAG}=1 to run it (scripts/test.sh does)");
+    }
+    on
+}
+
+/// A started cluster with `topic` on both brokers.
+fn cluster_with(topic: &str) -> LocalCluster {
+    let cluster = LocalCluster::start().unwrap_or_else(|e| panic!("a RocketMQ cluster is required: {e:#}"));
+    cluster.create_topic(topic, QUEUES_PER_BROKER).unwrap_or_else(|e| panic!("creating {topic}: {e:#}"));
+    cluster
+}
+
+/// `serve`'s settings on the cluster, reading the lag every 2 s.
+fn on_cluster(cluster: &LocalCluster, db_url: &str, topic: &str, group: &str, instance: &str) -> Settings {
+    let mut s = settings_on(cluster.name_server(), db_url, topic, group, instance);
+    s.broker.lag_interval_seconds = 2;
+    s
+}
+
+/// The traffic of every scenario: 30% duplicates of every cause, no poison and no malformed
+/// message, so that every send carries a key that must be applied exactly once.
+const TRAFFIC: [&str; 6] = ["--duplicates", "0.3", "--poison", "0", "--malformed", "0"];
+
+/// Reads a service's lag (messages over every queue of `topic`) once a second until stopped:
+/// the largest seen, and when it was last above 0.
+struct LagWatch {
+    stop: Arc<AtomicBool>,
+    thread: std::thread::JoinHandle<(f64, Option<Instant>)>,
+}
+
+impl LagWatch {
+    fn start(addr: String, group: &str, topic: &str) -> Self {
+        let stop = Arc::new(AtomicBool::new(false));
+        let (group, topic) = (group.to_owned(), topic.to_owned());
+        let thread = std::thread::spawn({
+            let stop = stop.clone();
+            move || {
+                let (mut most, mut last_behind) = (0.0f64, None);
+                while !stop.load(Ordering::Relaxed) {
+                    if let Some(behind) = lag_of(&addr, &group, &topic) {
+                        most = most.max(behind);
+                        if behind > 0.0 {
+                            last_behind = Some(Instant::now());
+                        }
+                    }
+                    std::thread::sleep(Duration::from_secs(1));
+                }
+                (most, last_behind)
+            }
+        });
+        Self { stop, thread }
+    }
+
+    fn finish(self) -> (f64, Option<Instant>) {
+        self.stop.store(true, Ordering::Relaxed);
+        self.thread.join().expect("the lag watch")
+    }
+}
+
+/// The messages behind on every queue of `topic` a service's `/metrics` shows.
+fn lag_of(addr: &str, group: &str, topic: &str) -> Option<f64> {
+    let (_, text) = http_get(addr, "/metrics")?;
+    sample(&text, "idemgate_consumer_lag_messages", &[("consumer_group", group), ("topic", topic)])
+}
+
+/// Waits (up to `limit`) until a service reports no lag on `topic`; how long it took.
+fn wait_for_no_lag(addr: &str, group: &str, topic: &str, limit: Duration) -> Duration {
+    let started = Instant::now();
+    loop {
+        if lag_of(addr, group, topic) == Some(0.0) {
+            return started.elapsed();
+        }
+        assert!(started.elapsed() < limit, "the lag of {topic} is not 0 {limit:?} after the books converged");
+        std::thread::sleep(Duration::from_millis(500));
+    }
+}
+
+/// The books converge, every duplicate has a cause, each planted duplicate is among them, and a
+/// reconcile run finds nothing lost or applied twice. Returns the duplicates by cause.
+async fn assert_exact_books(
+    store: &Store,
+    db_url: &str,
+    run: &str,
+    group: &str,
+    report: &ProduceReport,
+    sends: &[SendLine],
+) -> BTreeMap<String, i64> {
+    assert_converges(store, run, group, report, sends).await;
+    let causes = duplicates_by_cause(store, group).await;
+    for unnamed in ["", "unknown"] {
+        assert!(!causes.contains_key(unnamed), "duplicates without a cause: {causes:?}");
+    }
+    let planted: u64 = ["redelivery", "producer_resend", "late_duplicate"]
+        .iter()
+        .map(|kind| report.tally.sends.get(*kind).copied().unwrap_or(0))
+        .sum();
+    let logged: i64 = causes.values().sum();
+    assert!(logged >= planted as i64, "{logged} duplicates logged, {planted} sent: {causes:?}");
+    let (code, text) = reconcile(db_url, group);
+    assert!(text.contains("lost 0") && text.contains("double_applied 0"), "reconcile ({code:?}):\n{text}");
+    causes
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn losing_a_broker_mid_stream_for_twenty_seconds_leaves_exact_books() {
+    if !wanted("broker loss") {
+        return;
+    }
+    const MESSAGES: u64 = 10_000;
+    const RATE: u32 = 250;
+    let began = Instant::now();
+    let (topic, group, run) = (unique("loss"), unique("group"), unique("K").replace('_', ""));
+    let mut cluster = cluster_with(&topic);
+    let db = database(Backend::Postgres).await;
+    let services: Vec<Service> = (1..=3)
+        .map(|i| Service::start(&on_cluster(&cluster, &db.url, &topic, &group, &format!("instance-{i}"))))
+        .collect();
+    let addr = service_addr(&services[0]);
+    // Let the three join the group and share the eight queues before the stream starts.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let watch = LagWatch::start(addr.clone(), &group, &topic);
+    let producer = {
+        let (name_server, topic, run) = (cluster.name_server().to_owned(), topic.clone(), run.clone());
+        std::thread::spawn(move || produce_on(&name_server, &topic, &run, MESSAGES, RATE, &TRAFFIC))
+    };
+    tokio::time::sleep(Duration::from_secs(8)).await;
+    tokio::task::block_in_place(|| cluster.kill("broker-b")).expect("SIGKILL broker-b");
+    let killed = Instant::now();
+    tokio::time::sleep(Duration::from_secs(20)).await;
+    tokio::task::block_in_place(|| cluster.restart("broker-b")).expect("broker-b starts again");
+    let back_after = killed.elapsed();
+    let (report, sends) = tokio::task::block_in_place(|| producer.join()).expect("the producer");
+    let streamed = began.elapsed();
+    let causes = assert_exact_books(&db.store, &db.url, &run, &group, &report, &sends).await;
+    let converged = began.elapsed();
+    let lag_zero_after =
+        tokio::task::block_in_place(|| wait_for_no_lag(&addr, &group, &topic, Duration::from_secs(60)));
+    let (most_behind, _) = watch.finish();
+    let by_instance = processed_by_instance(&db.store, &group).await;
+    println!(
+        "broker loss: {} sends ({:.0}/s) by kind {:?}; broker-b down {:.1} s; duplicates by cause {causes:?}, {} \
+         redeliveries caused by the cluster; processed by instance {by_instance:?}; lag at most {most_behind} messages, 0 {:.1} s after the books; \
+         stream ended {:.1} s, books exact {:.1} s, wall {:.1} s",
+        report.sent,
+        report.sends_per_second,
+        report.tally.sends,
+        back_after.as_secs_f64(),
+        caused_redeliveries(&causes, &report),
+        lag_zero_after.as_secs_f64(),
+        streamed.as_secs_f64(),
+        converged.as_secs_f64(),
+        began.elapsed().as_secs_f64()
+    );
+    assert_eq!(by_instance.len(), 3, "every instance processed part of the stream: {by_instance:?}");
+    for service in services {
+        assert_eq!(service.terminate().code(), Some(0));
+    }
+    db.drop_now().await;
+}
+
+/// Duplicates the cluster caused beyond the ones the producer planted: redelivery duplicates (the
+/// same UNIQ_KEY again) minus the planted copies that keep their UNIQ_KEY (`redelivery` and
+/// `late_duplicate` sends).
+fn caused_redeliveries(causes: &BTreeMap<String, i64>, report: &ProduceReport) -> i64 {
+    let planted: u64 = ["redelivery", "late_duplicate"]
+        .iter()
+        .map(|kind| report.tally.sends.get(*kind).copied().unwrap_or(0))
+        .sum();
+    causes.get("redelivery").copied().unwrap_or(0) - planted as i64
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rebalance_storm_of_one_three_one_and_two_instances_leaves_exact_books() {
+    if !wanted("rebalance storm") {
+        return;
+    }
+    const MESSAGES: u64 = 10_000;
+    const RATE: u32 = 250;
+    let began = Instant::now();
+    let (topic, group, run) = (unique("storm"), unique("group"), unique("Y").replace('_', ""));
+    let cluster = cluster_with(&topic);
+    let db = database(Backend::Postgres).await;
+    let start = |name: &str| Service::start(&on_cluster(&cluster, &db.url, &topic, &group, name));
+    let first = start("steady");
+    let addr = service_addr(&first);
+    let watch = LagWatch::start(addr.clone(), &group, &topic);
+    let producer = {
+        let (name_server, topic, run) = (cluster.name_server().to_owned(), topic.clone(), run.clone());
+        std::thread::spawn(move || produce_on(&name_server, &topic, &run, MESSAGES, RATE, &TRAFFIC))
+    };
+    // 1 → 3 → 1 → 2, ten seconds apart; leaving is SIGTERM.
+    tokio::time::sleep(Duration::from_secs(8)).await;
+    let joined: Vec<Service> = ["joiner-1", "joiner-2"].iter().map(|n| start(n)).collect();
+    tokio::time::sleep(Duration::from_secs(10)).await;
+    for service in joined {
+        let exit = tokio::task::block_in_place(|| service.terminate());
+        assert_eq!(exit.code(), Some(0), "a leaving instance exits 0");
+    }
+    tokio::time::sleep(Duration::from_secs(10)).await;
+    let last = start("late-joiner");
+    let (report, sends) = tokio::task::block_in_place(|| producer.join()).expect("the producer");
+    let streamed = began.elapsed();
+    let causes = assert_exact_books(&db.store, &db.url, &run, &group, &report, &sends).await;
+    let converged = began.elapsed();
+    let lag_zero_after =
+        tokio::task::block_in_place(|| wait_for_no_lag(&addr, &group, &topic, Duration::from_secs(60)));
+    let (most_behind, _) = watch.finish();
+    let by_instance = processed_by_instance(&db.store, &group).await;
+    println!(
+        "rebalance storm: {} sends ({:.0}/s) by kind {:?}; duplicates by cause {causes:?}, {} redeliveries caused by \
+         rebalancing; processed by instance {by_instance:?}; lag at most {most_behind} messages, 0 {:.1} s after the \
+         books; stream ended {:.1} s, books exact {:.1} s, wall {:.1} s",
+        report.sent,
+        report.sends_per_second,
+        report.tally.sends,
+        caused_redeliveries(&causes, &report),
+        lag_zero_after.as_secs_f64(),
+        streamed.as_secs_f64(),
+        converged.as_secs_f64(),
+        began.elapsed().as_secs_f64()
+    );
+    assert!(by_instance.len() >= 3, "the joiners processed part of the stream: {by_instance:?}");
+    assert_eq!(first.terminate().code(), Some(0));
+    assert_eq!(last.terminate().code(), Some(0));
+    db.drop_now().await;
+}
