@@ -13,6 +13,7 @@ use std::time::{Duration, Instant};
 use idemgate::broker::local::LocalCluster;
 use idemgate::config::Settings;
 use idemgate::produce::ProduceReport;
+use idemgate::scratch;
 use idemgate::store::{Backend, Store};
 
 use super::support::*;
@@ -129,61 +130,86 @@ async fn assert_exact_books(
     causes
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn losing_a_broker_mid_stream_for_twenty_seconds_leaves_exact_books() {
-    if !wanted("broker loss") {
-        return;
+/// One scenario: its cluster, database and names, the producer's stream and the watch on the lag
+/// of the instance whose address it was given.
+struct Scenario {
+    name: &'static str,
+    began: Instant,
+    cluster: LocalCluster,
+    db: scratch::ScratchDb,
+    topic: String,
+    group: String,
+    run: String,
+}
+
+/// A stream on its way.
+struct Stream {
+    producer: std::thread::JoinHandle<(ProduceReport, Vec<SendLine>)>,
+    watch: LagWatch,
+    addr: String,
+}
+
+impl Scenario {
+    async fn new(name: &'static str, prefix: &str) -> Self {
+        let began = Instant::now();
+        let (topic, group, run) = (unique(prefix), unique("group"), unique(prefix).replace('_', ""));
+        let cluster = cluster_with(&topic);
+        let db = database(Backend::Postgres).await;
+        Self { name, began, cluster, db, topic, group, run }
     }
-    const MESSAGES: u64 = 10_000;
-    const RATE: u32 = 250;
-    let began = Instant::now();
-    let (topic, group, run) = (unique("loss"), unique("group"), unique("K").replace('_', ""));
-    let mut cluster = cluster_with(&topic);
-    let db = database(Backend::Postgres).await;
-    let services: Vec<Service> = (1..=3)
-        .map(|i| Service::start(&on_cluster(&cluster, &db.url, &topic, &group, &format!("instance-{i}"))))
-        .collect();
-    let addr = service_addr(&services[0]);
-    // Let the three join the group and share the eight queues before the stream starts.
-    tokio::time::sleep(Duration::from_secs(3)).await;
-    let watch = LagWatch::start(addr.clone(), &group, &topic);
-    let producer = {
-        let (name_server, topic, run) = (cluster.name_server().to_owned(), topic.clone(), run.clone());
-        std::thread::spawn(move || produce_on(&name_server, &topic, &run, MESSAGES, RATE, &TRAFFIC))
-    };
-    tokio::time::sleep(Duration::from_secs(8)).await;
-    tokio::task::block_in_place(|| cluster.kill("broker-b")).expect("SIGKILL broker-b");
-    let killed = Instant::now();
-    tokio::time::sleep(Duration::from_secs(20)).await;
-    tokio::task::block_in_place(|| cluster.restart("broker-b")).expect("broker-b starts again");
-    let back_after = killed.elapsed();
-    let (report, sends) = tokio::task::block_in_place(|| producer.join()).expect("the producer");
-    let streamed = began.elapsed();
-    let causes = assert_exact_books(&db.store, &db.url, &run, &group, &report, &sends).await;
-    let converged = began.elapsed();
-    let lag_zero_after =
-        tokio::task::block_in_place(|| wait_for_no_lag(&addr, &group, &topic, Duration::from_secs(60)));
-    let (most_behind, _) = watch.finish();
-    let by_instance = processed_by_instance(&db.store, &group).await;
-    println!(
-        "broker loss: {} sends ({:.0}/s) by kind {:?}; broker-b down {:.1} s; duplicates by cause {causes:?}, {} \
-         redeliveries caused by the cluster; processed by instance {by_instance:?}; lag at most {most_behind} messages, 0 {:.1} s after the books; \
-         stream ended {:.1} s, books exact {:.1} s, wall {:.1} s",
-        report.sent,
-        report.sends_per_second,
-        report.tally.sends,
-        back_after.as_secs_f64(),
-        caused_redeliveries(&causes, &report),
-        lag_zero_after.as_secs_f64(),
-        streamed.as_secs_f64(),
-        converged.as_secs_f64(),
-        began.elapsed().as_secs_f64()
-    );
-    assert_eq!(by_instance.len(), 3, "every instance processed part of the stream: {by_instance:?}");
-    for service in services {
-        assert_eq!(service.terminate().code(), Some(0));
+
+    fn serve(&self, instance: &str) -> Service {
+        Service::start(&on_cluster(&self.cluster, &self.db.url, &self.topic, &self.group, instance))
     }
-    db.drop_now().await;
+
+    /// Starts sending `messages` at `rate`, watching the lag `watched` reports.
+    fn stream(&self, messages: u64, rate: u32, watched: &Service) -> Stream {
+        let addr = service_addr(watched);
+        let (name_server, topic, run) =
+            (self.cluster.name_server().to_owned(), self.topic.clone(), self.run.clone());
+        Stream {
+            producer: std::thread::spawn(move || {
+                produce_on(&name_server, &topic, &run, messages, rate, &TRAFFIC)
+            }),
+            watch: LagWatch::start(addr.clone(), &self.group, &self.topic),
+            addr,
+        }
+    }
+
+    /// Waits for the stream's end, checks the books, waits for the lag to drain, and prints the
+    /// figures, `events` first; the deliveries processed by each instance.
+    async fn finish(&self, stream: Stream, events: &str) -> BTreeMap<String, i64> {
+        let (report, sends) = tokio::task::block_in_place(|| stream.producer.join()).expect("the producer");
+        let streamed = self.began.elapsed();
+        let causes =
+            assert_exact_books(&self.db.store, &self.db.url, &self.run, &self.group, &report, &sends).await;
+        let converged = self.began.elapsed();
+        let drained = tokio::task::block_in_place(|| {
+            wait_for_no_lag(&stream.addr, &self.group, &self.topic, Duration::from_secs(60))
+        });
+        let (most_behind, _) = stream.watch.finish();
+        let by_instance = processed_by_instance(&self.db.store, &self.group).await;
+        println!(
+            "{}: {events}; {} sends ({:.0}/s) by kind {:?}; duplicates by cause {causes:?}, {} redeliveries beyond \
+             the planted ones; processed by instance {by_instance:?}; lag at most {most_behind} messages, 0 {:.1} s \
+             after the books; stream ended {:.1} s, books exact {:.1} s, wall {:.1} s",
+            self.name,
+            report.sent,
+            report.sends_per_second,
+            report.tally.sends,
+            caused_redeliveries(&causes, &report),
+            drained.as_secs_f64(),
+            streamed.as_secs_f64(),
+            converged.as_secs_f64(),
+            self.began.elapsed().as_secs_f64()
+        );
+        by_instance
+    }
+
+    /// Drops the database; the cluster stops when dropped.
+    async fn close(self) {
+        self.db.drop_now().await;
+    }
 }
 
 /// Duplicates the cluster caused beyond the ones the producer planted: redelivery duplicates (the
@@ -197,58 +223,55 @@ fn caused_redeliveries(causes: &BTreeMap<String, i64>, report: &ProduceReport) -
     causes.get("redelivery").copied().unwrap_or(0) - planted as i64
 }
 
+/// Messages per scenario, and their rate: a 40 s stream.
+const MESSAGES: u64 = 10_000;
+const RATE: u32 = 250;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn losing_a_broker_mid_stream_for_twenty_seconds_leaves_exact_books() {
+    if !wanted("broker loss") {
+        return;
+    }
+    let mut scenario = Scenario::new("broker loss", "loss").await;
+    let services: Vec<Service> = (1..=3).map(|i| scenario.serve(&format!("instance-{i}"))).collect();
+    // Let the three join the group and share the eight queues before the stream starts.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let stream = scenario.stream(MESSAGES, RATE, &services[0]);
+    tokio::time::sleep(Duration::from_secs(8)).await;
+    tokio::task::block_in_place(|| scenario.cluster.kill("broker-b")).expect("SIGKILL broker-b");
+    let killed = Instant::now();
+    tokio::time::sleep(Duration::from_secs(20)).await;
+    tokio::task::block_in_place(|| scenario.cluster.restart("broker-b")).expect("broker-b starts again");
+    let events = format!("broker-b SIGKILLed, back {:.1} s later", killed.elapsed().as_secs_f64());
+    let by_instance = scenario.finish(stream, &events).await;
+    assert_eq!(by_instance.len(), 3, "every instance processed part of the stream: {by_instance:?}");
+    for service in services {
+        assert_eq!(service.terminate().code(), Some(0));
+    }
+    scenario.close().await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_rebalance_storm_of_one_three_one_and_two_instances_leaves_exact_books() {
     if !wanted("rebalance storm") {
         return;
     }
-    const MESSAGES: u64 = 10_000;
-    const RATE: u32 = 250;
-    let began = Instant::now();
-    let (topic, group, run) = (unique("storm"), unique("group"), unique("Y").replace('_', ""));
-    let cluster = cluster_with(&topic);
-    let db = database(Backend::Postgres).await;
-    let start = |name: &str| Service::start(&on_cluster(&cluster, &db.url, &topic, &group, name));
-    let first = start("steady");
-    let addr = service_addr(&first);
-    let watch = LagWatch::start(addr.clone(), &group, &topic);
-    let producer = {
-        let (name_server, topic, run) = (cluster.name_server().to_owned(), topic.clone(), run.clone());
-        std::thread::spawn(move || produce_on(&name_server, &topic, &run, MESSAGES, RATE, &TRAFFIC))
-    };
+    let scenario = Scenario::new("rebalance storm", "storm").await;
+    let first = scenario.serve("steady");
+    let stream = scenario.stream(MESSAGES, RATE, &first);
     // 1 → 3 → 1 → 2, ten seconds apart; leaving is SIGTERM.
     tokio::time::sleep(Duration::from_secs(8)).await;
-    let joined: Vec<Service> = ["joiner-1", "joiner-2"].iter().map(|n| start(n)).collect();
+    let joined: Vec<Service> = ["joiner-1", "joiner-2"].iter().map(|n| scenario.serve(n)).collect();
     tokio::time::sleep(Duration::from_secs(10)).await;
     for service in joined {
         let exit = tokio::task::block_in_place(|| service.terminate());
         assert_eq!(exit.code(), Some(0), "a leaving instance exits 0");
     }
     tokio::time::sleep(Duration::from_secs(10)).await;
-    let last = start("late-joiner");
-    let (report, sends) = tokio::task::block_in_place(|| producer.join()).expect("the producer");
-    let streamed = began.elapsed();
-    let causes = assert_exact_books(&db.store, &db.url, &run, &group, &report, &sends).await;
-    let converged = began.elapsed();
-    let lag_zero_after =
-        tokio::task::block_in_place(|| wait_for_no_lag(&addr, &group, &topic, Duration::from_secs(60)));
-    let (most_behind, _) = watch.finish();
-    let by_instance = processed_by_instance(&db.store, &group).await;
-    println!(
-        "rebalance storm: {} sends ({:.0}/s) by kind {:?}; duplicates by cause {causes:?}, {} redeliveries caused by \
-         rebalancing; processed by instance {by_instance:?}; lag at most {most_behind} messages, 0 {:.1} s after the \
-         books; stream ended {:.1} s, books exact {:.1} s, wall {:.1} s",
-        report.sent,
-        report.sends_per_second,
-        report.tally.sends,
-        caused_redeliveries(&causes, &report),
-        lag_zero_after.as_secs_f64(),
-        streamed.as_secs_f64(),
-        converged.as_secs_f64(),
-        began.elapsed().as_secs_f64()
-    );
+    let last = scenario.serve("late-joiner");
+    let by_instance = scenario.finish(stream, "1 → 3 → 1 → 2 instances, 10 s apart").await;
     assert!(by_instance.len() >= 3, "the joiners processed part of the stream: {by_instance:?}");
     assert_eq!(first.terminate().code(), Some(0));
     assert_eq!(last.terminate().code(), Some(0));
-    db.drop_now().await;
+    scenario.close().await;
 }
