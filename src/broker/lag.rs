@@ -125,16 +125,17 @@ pub struct LagProbe {
     group: String,
     timeout: Duration,
     admin: DefaultMQAdminExt,
+    /// The one-message puller, or why it did not start.
     #[allow(deprecated)]
-    puller: DefaultMQPullConsumer,
+    puller: Result<DefaultMQPullConsumer, String>,
     host: ClientHost,
 }
 
 impl LagProbe {
     /// Starts the clients that read `group`'s lag through `name_server`; every request of a
     /// reading has `timeout`. The puller joins a group of its own (`<group>_lag_probe`), so it
-    /// never takes queues from the group it measures.
-    #[allow(deprecated)]
+    /// never takes queues from the group it measures; when it cannot start, the probe reads the
+    /// messages behind without their age (each reading `partial`, saying why).
     pub async fn start(name_server: &str, group: &str, timeout: Duration) -> anyhow::Result<Self> {
         let host = ClientHost::new("lag", 1)?;
         let mut admin = DefaultMQAdminExt::with_admin_ext_group_and_timeout(
@@ -144,16 +145,10 @@ impl LagProbe {
         );
         admin.set_namesrv_addr(name_server.to_owned());
         admin.start().await.with_context(|| format!("starting the lag reader against {name_server}"))?;
-        let puller = DefaultMQPullConsumer::builder(host.client_runtime())
-            .consumer_group(format!("{group}_lag_probe"))
-            .name_server_addr(name_server.to_owned())
-            .consumer_pull_timeout(timeout)
-            .build()
-            .context("building the lag reader's puller")?;
-        puller
-            .start()
-            .await
-            .with_context(|| format!("starting the lag reader's puller against {name_server}"))?;
+        let puller = start_puller(&host, name_server, group, timeout).await.map_err(|e| {
+            tracing::warn!(error = %format!("{e:#}"), "the consumer lag is read without the age of the oldest message");
+            format!("{e:#}")
+        });
         Ok(Self { group: group.to_owned(), timeout, admin, puller, host })
     }
 
@@ -246,7 +241,8 @@ impl LagProbe {
     /// The store time of the message at `offset` of `mq`.
     #[allow(deprecated)]
     async fn store_time_at(&self, mq: &MessageQueue, offset: i64) -> anyhow::Result<i64> {
-        let pulled = self.puller.pull(mq, "*", offset, 1).await.context("pulling the oldest message")?;
+        let puller = self.puller.as_ref().map_err(|why| anyhow::anyhow!("no puller: {why}"))?;
+        let pulled = puller.pull(mq, "*", offset, 1).await.context("pulling the oldest message")?;
         pulled
             .msg_found_list()
             .and_then(|found| found.first())
@@ -257,10 +253,33 @@ impl LagProbe {
     /// Stops both clients and their runtime.
     #[allow(deprecated)]
     pub async fn shutdown(mut self) {
-        if let Err(e) = self.puller.shutdown().await {
+        if let Ok(puller) = &self.puller
+            && let Err(e) = puller.shutdown().await
+        {
             tracing::debug!(error = %e, "the lag reader's puller did not shut down cleanly");
         }
         self.admin.shutdown().await;
         self.host.shutdown().await;
     }
+}
+
+/// The puller that dates the oldest unconsumed message of a queue, in a group of its own.
+#[allow(deprecated)]
+async fn start_puller(
+    host: &ClientHost,
+    name_server: &str,
+    group: &str,
+    timeout: Duration,
+) -> anyhow::Result<DefaultMQPullConsumer> {
+    let puller = DefaultMQPullConsumer::builder(host.client_runtime())
+        .consumer_group(format!("{group}_lag_probe"))
+        .name_server_addr(name_server.to_owned())
+        .consumer_pull_timeout(timeout)
+        .build()
+        .context("building the lag reader's puller")?;
+    puller
+        .start()
+        .await
+        .with_context(|| format!("starting the lag reader's puller against {name_server}"))?;
+    Ok(puller)
 }
