@@ -9,4 +9,7 @@ scripts/services.sh
 scripts/install-prometheus.sh >/dev/null
 scripts/install-rocketmq.sh >/dev/null
 scripts/install-chromium.sh >/dev/null
+# The scenarios on a two-broker cluster (tests/broker/cluster.rs) take minutes; they run here and
+# when this is set by hand.
+export IDEMGATE_CLUSTER_SCENARIOS=1
 cargo test --locked --all-targets "$@"

@@ -387,6 +387,7 @@ mod tests {
             ),
             ("[broker]\nbuffered_messages = 0", "configuration key broker.buffered_messages"),
             ("[broker]\nbuffered_mib = 0", "configuration key broker.buffered_mib"),
+            ("[broker]\nlag_interval_seconds = 3601", "configuration key broker.lag_interval_seconds"),
             ("this is not toml", "configuration"),
         ];
         for (text, expected) in cases {

@@ -17,6 +17,7 @@ use prometheus::{
 };
 use sqlx::Row;
 
+use crate::broker::lag::{LagReading, ReadResult};
 use crate::clock::now_ms;
 use crate::delivery::Delivery;
 use crate::gate::{Disposition, GroupEnd, GroupReport, Observer};
@@ -70,6 +71,11 @@ pub struct Metrics {
     group_queue_full: IntCounterVec,
     group_fallbacks: IntCounterVec,
     http_shed: IntCounterVec,
+    lag_messages: IntGaugeVec,
+    lag_seconds: GaugeVec,
+    lag_reads: IntCounterVec,
+    /// The latest consumer-lag reading, and the queues its gauges were set for.
+    lag: Mutex<Option<(LagReading, BTreeSet<[String; 3]>)>>,
     windows: Mutex<BTreeMap<String, Window>>,
     from_database: tokio::sync::Mutex<Option<(Instant, FromDatabase)>>,
 }
@@ -273,6 +279,22 @@ impl Metrics {
                 "Pages and API calls answered 503 at once because http.max_concurrent_requests were already in flight.",
                 &[],
             ),
+            lag_messages: int_gauge(
+                "idemgate_consumer_lag_messages",
+                "Messages stored in a queue and not yet consumed by the group: the broker's max offset minus the group's committed offset, read through the admin API every broker.lag_interval_seconds.",
+                &["consumer_group", "topic", "broker", "queue"],
+            ),
+            lag_seconds: gauge(
+                "idemgate_consumer_lag_seconds",
+                "Age of the oldest message of the topic not yet consumed by the group (0 when nothing lags), from its store time at the broker.",
+                &["consumer_group", "topic"],
+            ),
+            lag_reads: counter(
+                "idemgate_consumer_lag_reads_total",
+                "Consumer-lag readings of a topic by result: complete, partial (a broker or an oldest message unread), failed (no figure).",
+                &["consumer_group", "topic", "result"],
+            ),
+            lag: Mutex::new(None),
             windows: Mutex::new(BTreeMap::new()),
             from_database: tokio::sync::Mutex::new(None),
             group: info.consumer_group.clone(),
@@ -322,6 +344,9 @@ impl Metrics {
         for topic in topics {
             // Deliveries that matched no route have no biz_type.
             self.deliveries.with_label_values(&["", topic, g, Outcome::Invalid.as_str()]);
+            for result in ReadResult::ALL {
+                self.lag_reads.with_label_values(&[g, topic, result.as_str()]);
+            }
         }
         self.unlogged.with_label_values(&[g]);
         for cause in FallbackCause::ALL {
@@ -353,6 +378,39 @@ impl Metrics {
     /// Counts a page or API call turned away because too many were in flight.
     pub fn observe_http_shed(&self) {
         self.http_shed.with_label_values(NO_LABELS).inc();
+    }
+
+    /// Sets the lag gauges from a reading: a queue no longer read loses its series, a topic whose
+    /// oldest message could not be dated loses its age.
+    pub fn observe_consumer_lag(&self, reading: &LagReading) {
+        let g = self.group.as_str();
+        let mut latest = self.lag.lock().unwrap_or_else(|p| p.into_inner());
+        let mut queues = BTreeSet::new();
+        for t in &reading.topics {
+            self.lag_reads.with_label_values(&[g, &t.topic, t.result.as_str()]).inc();
+            for q in &t.queues {
+                let queue = q.queue.to_string();
+                self.lag_messages.with_label_values(&[g, &t.topic, &q.broker, &queue]).set(q.messages());
+                queues.insert([t.topic.clone(), q.broker.clone(), queue]);
+            }
+            match t.age_seconds(reading.read_at_ms) {
+                Some(age) => self.lag_seconds.with_label_values(&[g, &t.topic]).set(age),
+                None => {
+                    let _ = self.lag_seconds.remove_label_values(&[g, &t.topic]);
+                }
+            }
+        }
+        if let Some((_, before)) = latest.as_ref() {
+            for [topic, broker, queue] in before.difference(&queues) {
+                let _ = self.lag_messages.remove_label_values(&[g, topic, broker, queue]);
+            }
+        }
+        *latest = Some((reading.clone(), queues));
+    }
+
+    /// The latest consumer-lag reading of this process, if it reads lag.
+    pub fn consumer_lag(&self) -> Option<LagReading> {
+        self.lag.lock().unwrap_or_else(|p| p.into_inner()).as_ref().map(|(r, _)| r.clone())
     }
 
     /// The text exposition, with the scrape-time values filled in first.

@@ -31,8 +31,11 @@ pub mod bench {
 }
 pub mod broker {
     pub use crate::broker::Producer;
+    pub mod lag {
+        pub use crate::broker::lag::{LagProbe, ReadResult, TopicLag};
+    }
     pub mod local {
-        pub use crate::broker::local::LocalBroker;
+        pub use crate::broker::local::{LocalBroker, LocalCluster};
     }
 }
 pub mod clock {

@@ -14,13 +14,16 @@
 
 pub(crate) mod tasks;
 
+use std::collections::BTreeSet;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
 
 use anyhow::Context;
 
 use crate::archive::ArchiveScheduler;
 use crate::broker::Consumer;
+use crate::broker::lag::LagProbe;
 use crate::config::Settings;
 use crate::gate::Gate;
 use crate::handler::Handlers;
@@ -30,7 +33,7 @@ use crate::prefilter::Prefilter;
 use crate::reconcile::{Check, ReconcileScheduler};
 use crate::replay::Replayer;
 use crate::store::{Backend, Store, redact_url};
-use tasks::Tasks;
+use tasks::{Stop, Tasks};
 
 /// Where the gate's deliveries come from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -153,13 +156,15 @@ impl Application {
 
     /// Starts every part: the HTTP server, the archive and reconcile schedules when enabled,
     /// and, fed by the broker, the consumer last, so that deliveries begin only once the rest
-    /// runs. They stop in the reverse order.
+    /// runs, then the reading of its lag (`broker.lag_interval_seconds`). They stop in the
+    /// reverse order.
     pub async fn start(self) -> anyhow::Result<Running> {
         let Self { settings, feed, store, ui_store, gate, state, server, url, checks } = self;
         let ready = state.consumer_ready.clone();
         let mut tasks = Tasks::default();
+        let metrics = state.metrics.clone();
         tasks.spawn("http server", |stop| server.run(state, stop));
-        let started = start_parts(&settings, feed, &store, &gate, checks, &mut tasks).await;
+        let started = start_parts(&settings, feed, &store, &gate, checks, metrics, &mut tasks).await;
         let running = Running { gate, url, store, ui_store, ready, tasks };
         if let Err(e) = started {
             let _ = running.stop().await;
@@ -170,13 +175,14 @@ impl Application {
     }
 }
 
-/// The schedules and the consumer, each as a task of `tasks`.
+/// The schedules, the consumer and, after it, the reading of its lag, each as a task of `tasks`.
 async fn start_parts(
     settings: &Settings,
     feed: Feed,
     store: &Store,
     gate: &Arc<Gate>,
     checks: Vec<Check>,
+    metrics: Arc<Metrics>,
     tasks: &mut Tasks,
 ) -> anyhow::Result<()> {
     let identity = gate.identity();
@@ -238,7 +244,52 @@ async fn start_parts(
                 }
             }
         });
+        if let Some((every, timeout)) = settings.broker.lag_schedule() {
+            let probe =
+                LagProbe::start(&settings.broker.name_server, &identity.consumer_group, timeout).await?;
+            let topics = gate.routes().topics().into_iter().map(|(topic, _)| topic).collect();
+            tasks.spawn("consumer lag", move |stop| read_lag_every(probe, topics, every, metrics, stop));
+        }
     }
+    Ok(())
+}
+
+/// Reads the consumer lag of `topics` every `every` until `stop`, and hands each reading to the
+/// metrics (which the overview page reads too). A topic whose reading goes wrong, or right again,
+/// is logged once at the change.
+async fn read_lag_every(
+    probe: LagProbe,
+    topics: Vec<String>,
+    every: Duration,
+    metrics: Arc<Metrics>,
+    mut stop: Stop,
+) -> anyhow::Result<()> {
+    let mut ticks = tokio::time::interval(every);
+    ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut troubled = BTreeSet::new();
+    loop {
+        tokio::select! {
+            () = &mut stop => break,
+            _ = ticks.tick() => {}
+        }
+        let reading = tokio::select! {
+            () = &mut stop => break,
+            reading = probe.read(&topics) => reading,
+        };
+        for t in &reading.topics {
+            match &t.problem {
+                Some(problem) if troubled.insert(t.topic.clone()) => {
+                    tracing::warn!(topic = %t.topic, result = t.result.as_str(), %problem, "the consumer lag could not be read in full");
+                }
+                None if troubled.remove(&t.topic) => {
+                    tracing::info!(topic = %t.topic, "the consumer lag is read in full again");
+                }
+                _ => {}
+            }
+        }
+        metrics.observe_consumer_lag(&reading);
+    }
+    probe.shutdown().await;
     Ok(())
 }
 

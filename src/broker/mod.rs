@@ -6,6 +6,7 @@
 //! must not decide outcomes.
 
 pub(crate) mod consumer;
+pub(crate) mod lag;
 pub(crate) mod local;
 pub(crate) mod producer;
 mod runtime;

@@ -17,6 +17,8 @@ use crate::delivery::{Delivery, UNIQ_KEY_PROPERTY};
 /// RocketMQ's response code for a topic the broker does not (yet) have.
 const TOPIC_NOT_EXIST: i32 = 17;
 const TOPIC_WAIT: Duration = Duration::from_secs(10);
+/// How long a send goes on trying while no broker answers.
+const BROKER_GONE_WAIT: Duration = Duration::from_secs(30);
 
 /// A started producer. Call [`Producer::shutdown`] when done.
 pub struct Producer {
@@ -67,11 +69,21 @@ impl Producer {
             );
         }
         // A topic the broker creates on first use can answer "topic not exist" (code 17) for a
-        // moment: nothing was stored, so the send is retried for up to ten seconds.
+        // moment: nothing was stored, so the send is retried for up to ten seconds. A broker
+        // that is gone (killed, unreachable) fails the send with a transport error and no
+        // response code, and the client does not try another broker after a response timeout:
+        // the send is tried again, for up to thirty seconds, on the queue the client picks next,
+        // so the producer moves to the brokers still up. A copy the lost broker had stored
+        // before it went is a producer resend, which the gate recognises.
         let mut waited = Duration::ZERO;
         let result = loop {
             match self.producer.send(message.clone()).await {
                 Err(e) if e.broker_response_code() == Some(TOPIC_NOT_EXIST) && waited < TOPIC_WAIT => {
+                    tokio::time::sleep(Duration::from_millis(250)).await;
+                    waited += Duration::from_millis(250);
+                }
+                Err(e) if e.broker_response_code().is_none() && waited < BROKER_GONE_WAIT => {
+                    tracing::debug!(error = %e, "a send failed without a broker's answer; trying again");
                     tokio::time::sleep(Duration::from_millis(250)).await;
                     waited += Duration::from_millis(250);
                 }

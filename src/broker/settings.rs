@@ -1,9 +1,15 @@
-//! `[broker]`: where the name server is, and how hard the consumer pulls.
+//! `[broker]`: where the name server is, how hard the consumer pulls, and how often its lag is
+//! read.
+
+use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
 use crate::route::{MAX_ID_CHARS, check_key_text};
 use crate::setting::{Invalid, invalid};
+
+/// The longest one consumer-lag reading may take.
+const MAX_LAG_READ: Duration = Duration::from_secs(10);
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -30,6 +36,10 @@ pub struct BrokerSettings {
     pub start_from: StartFrom,
     /// `IDEMGATE_BROKER__PRODUCER_GROUP`: the producer group of `produce` and replay.
     pub producer_group: String,
+    /// `IDEMGATE_BROKER__LAG_INTERVAL_SECONDS`: how often `serve` reads the group's consumer lag
+    /// from the brokers (0: never). A reading that takes longer than the interval, or than 10 s,
+    /// is abandoned and counted failed.
+    pub lag_interval_seconds: u32,
 }
 
 impl Default for BrokerSettings {
@@ -43,6 +53,7 @@ impl Default for BrokerSettings {
             buffered_mib: 64,
             start_from: StartFrom::First,
             producer_group: "idemgate_producer".to_owned(),
+            lag_interval_seconds: 15,
         }
     }
 }
@@ -69,7 +80,16 @@ impl BrokerSettings {
         }
         check_key_text(&self.producer_group, MAX_ID_CHARS)
             .map_err(|m| invalid("broker.producer_group", m))?;
+        if self.lag_interval_seconds > 3600 {
+            return Err(invalid("broker.lag_interval_seconds", "must be between 0 (off) and 3600"));
+        }
         Ok(())
+    }
+
+    /// How often the consumer lag is read, and how long one reading may take; `None` when off.
+    pub(crate) fn lag_schedule(&self) -> Option<(Duration, Duration)> {
+        let every = Duration::from_secs(u64::from(self.lag_interval_seconds));
+        (!every.is_zero()).then(|| (every, every.min(MAX_LAG_READ)))
     }
 }
 

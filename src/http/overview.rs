@@ -9,6 +9,7 @@ use super::problem::Problem;
 use super::state::AppState;
 use super::view::json;
 use super::view::{RowView, RunView, href, render};
+use crate::broker::lag::TopicLag;
 use crate::clock::format_ms;
 use crate::inspect::overview::{self, Minute, Overview, Window};
 use crate::inspect::{InspectError, LogRow};
@@ -68,6 +69,37 @@ fn span(seconds: f64) -> String {
         (m, 0) => format!("{m} min"),
         (m, s) if m < 10 => format!("{m} min {s} s"),
         (m, _) => format!("{m} min"),
+    }
+}
+
+/// One topic's consumer lag, as the latest reading found it.
+struct LagView {
+    topic: String,
+    messages: i64,
+    /// The oldest unconsumed message's age, or why it is not known.
+    age: String,
+    /// Queues that lag, of the queues read, and on how many brokers.
+    queues: String,
+    result: &'static str,
+    problem: String,
+}
+
+impl LagView {
+    fn new(t: &TopicLag, read_at_ms: i64) -> Self {
+        let lagging = t.queues.iter().filter(|q| q.messages() > 0).count();
+        let brokers: std::collections::BTreeSet<&str> = t.queues.iter().map(|q| q.broker.as_str()).collect();
+        Self {
+            topic: t.topic.clone(),
+            messages: t.messages(),
+            age: match t.age_seconds(read_at_ms) {
+                Some(s) if s < 1.0 && t.messages() == 0 => "nothing waiting".to_owned(),
+                Some(s) => span(s),
+                None => "unknown".to_owned(),
+            },
+            queues: format!("{lagging} of {} on {} brokers", t.queues.len(), brokers.len()),
+            result: t.result.as_str(),
+            problem: t.problem.clone().unwrap_or_default(),
+        }
     }
 }
 
@@ -141,12 +173,17 @@ struct OverviewPage<'a> {
     /// The latest reconcile run: when, and (kind, count, link) per kind; empty before any run.
     reconcile_when: String,
     reconcile_counts: Vec<(String, i64, String)>,
+    /// When this instance last read the consumer lag; empty when it has not (no broker, or
+    /// `broker.lag_interval_seconds` 0, or not yet).
+    lag_when: String,
+    lag: Vec<LagView>,
 }
 
 pub(super) async fn overview_page(State(state): State<AppState>) -> Result<Response, Problem> {
     let o = read_overview(&state).await?;
     let (bars, peak) = bars(&o.minutes);
     let rows = |rows: &[LogRow]| rows.iter().map(RowView::new).collect::<Vec<_>>();
+    let lag = state.metrics.consumer_lag();
     let page = OverviewPage {
         title: "Overview".to_owned(),
         search: "",
@@ -185,6 +222,8 @@ pub(super) async fn overview_page(State(state): State<AppState>) -> Result<Respo
                     .collect()
             })
             .unwrap_or_default(),
+        lag_when: lag.as_ref().map(|r| format_ms(r.read_at_ms)).unwrap_or_default(),
+        lag: lag.iter().flat_map(|r| r.topics.iter().map(|t| LagView::new(t, r.read_at_ms))).collect(),
     };
     Ok(render(&page))
 }

@@ -1,6 +1,8 @@
 //! `idemgate serve` and `idemgate produce` against a real RocketMQ broker and real databases.
 
 mod browser;
+mod cluster;
+mod lag;
 mod lifecycle;
 mod prometheus;
 mod replay;

@@ -162,20 +162,8 @@ async fn a_real_prometheus_gets_data_for_every_dashboard_and_rule_expression_and
     assert!(archive.status.success(), "archive: {}", String::from_utf8_lossy(&archive.stderr));
     // A reconcile run of the service's group, so that the reconciler's panels have data. The
     // traffic's poison payments are dead-lettered, so it finds `lost` keys and exits 2.
-    let reconcile = Command::new(BIN)
-        .args(["reconcile", "--since", "1h"])
-        .env("IDEMGATE_DATABASE__URL", &db.url)
-        .env("IDEMGATE_CONSUMER__GROUP", &group)
-        .env_remove("RUST_LOG")
-        .output()
-        .expect("run idemgate reconcile");
-    let reconcile_out = String::from_utf8_lossy(&reconcile.stdout);
-    assert_eq!(
-        reconcile.status.code(),
-        Some(2),
-        "reconcile: {reconcile_out}{}",
-        String::from_utf8_lossy(&reconcile.stderr)
-    );
+    let (code, reconcile_out) = reconcile(&db.url, &group);
+    assert_eq!(code, Some(2), "reconcile: {reconcile_out}");
     assert!(
         reconcile_out.contains("double_applied 0") && !reconcile_out.contains("lost 0"),
         "{reconcile_out}"

@@ -40,7 +40,7 @@ pub async fn database(backend: Backend) -> ScratchDb {
         .unwrap_or_else(|e| panic!("{e}"))
 }
 
-/// The settings of one `serve` process.
+/// The settings of one `serve` process on the shared broker.
 pub fn settings(
     db_url: &str,
     topic: &str,
@@ -48,13 +48,20 @@ pub fn settings(
     instance: &str,
     max_reconsume_times: i32,
 ) -> Settings {
+    let mut s = settings_on(broker().name_server(), db_url, topic, group, instance);
+    s.consumer.max_reconsume_times = max_reconsume_times;
+    s
+}
+
+/// The settings of one `serve` process consuming through `name_server`, with the default retry
+/// budget.
+pub fn settings_on(name_server: &str, db_url: &str, topic: &str, group: &str, instance: &str) -> Settings {
     let mut s = Settings::default();
     s.database.url = db_url.to_owned();
     s.database.max_connections = 16;
     s.consumer.group = group.to_owned();
     s.consumer.instance = instance.to_owned();
-    s.consumer.max_reconsume_times = max_reconsume_times;
-    s.broker.name_server = broker().name_server().to_owned();
+    s.broker.name_server = name_server.to_owned();
     s.broker.consume_threads = 8;
     s.http.bind = "127.0.0.1:0".to_owned();
     s.routes = shop::routes(topic);
@@ -192,8 +199,20 @@ pub struct SendLine {
     pub uniq_key: String,
 }
 
-/// Runs `idemgate produce` to `topic` and returns its report and its sends.
+/// Runs `idemgate produce` to `topic` on the shared broker and returns its report and its sends.
 pub fn produce(
+    topic: &str,
+    run: &str,
+    count: u64,
+    rate: u32,
+    extra: &[&str],
+) -> (ProduceReport, Vec<SendLine>) {
+    produce_on(broker().name_server(), topic, run, count, rate, extra)
+}
+
+/// Runs `idemgate produce` to `topic` through `name_server`.
+pub fn produce_on(
+    name_server: &str,
     topic: &str,
     run: &str,
     count: u64,
@@ -216,7 +235,7 @@ pub fn produce(
         ])
         .args(["--sends", &sends.to_string_lossy()])
         .args(extra)
-        .env("IDEMGATE_BROKER__NAME_SERVER", broker().name_server())
+        .env("IDEMGATE_BROKER__NAME_SERVER", name_server)
         .env_remove("RUST_LOG")
         .stdin(Stdio::null())
         .output()
@@ -390,10 +409,48 @@ pub async fn assert_every_send_is_logged(store: &Store, group: &str, sends: &[Se
     );
 }
 
+static DUPLICATES_BY_CAUSE: Sql = Sql::new(
+    "SELECT COALESCE(cause, ''), COUNT(*) FROM delivery_log WHERE outcome = 'duplicate' AND consumer_group = ? GROUP BY cause",
+);
+
+/// The group's duplicate deliveries by cause (`""` for none).
+pub async fn duplicates_by_cause(store: &Store, group: &str) -> BTreeMap<String, i64> {
+    let rows = store.query(&DUPLICATES_BY_CAUSE).bind(group).fetch_all(store.pool()).await.expect("causes");
+    rows.iter().map(|r| (r.get(0), r.get(1))).collect()
+}
+
+/// Runs `idemgate reconcile --since 1h` for `group`: its exit code and its report.
+pub fn reconcile(db_url: &str, group: &str) -> (Option<i32>, String) {
+    let out = Command::new(BIN)
+        .args(["reconcile", "--since", "1h"])
+        .env("IDEMGATE_DATABASE__URL", db_url)
+        .env("IDEMGATE_CONSUMER__GROUP", group)
+        .env_remove("RUST_LOG")
+        .output()
+        .expect("run idemgate reconcile");
+    let text = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    (out.status.code(), text)
+}
+
 /// Processed deliveries per instance.
 pub async fn processed_by_instance(store: &Store, group: &str) -> BTreeMap<String, i64> {
     let rows = store.query(&PROCESSED_BY).bind(group).fetch_all(store.pool()).await.expect("by instance");
     rows.iter().map(|r| (r.get(0), r.get(1))).collect()
+}
+
+/// The values of the series of `name` in a `/metrics` text that carry every label of `labels`.
+pub fn series(text: &str, name: &str, labels: &[(&str, &str)]) -> Vec<f64> {
+    text.lines()
+        .filter_map(|l| l.strip_prefix(name)?.strip_prefix('{'))
+        .filter(|l| labels.iter().all(|(k, v)| l.contains(&format!("{k}=\"{v}\""))))
+        .filter_map(|l| l.rsplit(' ').next()?.parse().ok())
+        .collect()
+}
+
+/// The sum of [`series`], or `None` when there is none.
+pub fn sample(text: &str, name: &str, labels: &[(&str, &str)]) -> Option<f64> {
+    let values = series(text, name, labels);
+    (!values.is_empty()).then(|| values.iter().sum())
 }
 
 /// `host:port` of a running service, from its start-up line.

@@ -1,0 +1,285 @@
+//! Consumer lag: how far the consumer group's committed offsets trail the brokers' queues, and
+//! how old the oldest message not yet consumed is, read through the RocketMQ admin API.
+//!
+//! One reading of a topic costs one route lookup at the name server, one consume-stats request
+//! per broker of the route (each queue's max offset and the group's committed offset), and, for
+//! each queue that lags, one pull of a single message at the committed offset: its store time
+//! is the age of the oldest message not yet consumed. The broker's consume stats carry only the
+//! store time of the last message *consumed* (`lastTimestamp`), which says nothing about how long
+//! the next one has waited, hence the pull. Every request has the reading's timeout.
+//!
+//! The committed offsets are what the brokers hold: the client commits them every few seconds,
+//! so a queue consumed to its end shows its last few messages as lag until the next commit.
+//!
+//! This module reads; the schedule that calls [`LagProbe::read`] lives with the service's other
+//! parts (`app`), the figures go to `metrics`. It must not change any offset.
+
+use std::time::Duration;
+
+use anyhow::Context;
+use cheetah_string::CheetahString;
+#[allow(deprecated)]
+use rocketmq_client_rust::DefaultMQPullConsumer;
+use rocketmq_client_rust::{DefaultMQAdminExt, MQAdminReadExt};
+use rocketmq_model::common::message::message_queue::MessageQueue;
+
+use super::ClientHost;
+use crate::clock::now_ms;
+
+/// RocketMQ's response code for a topic the name server has no route for.
+const TOPIC_NOT_EXIST: i32 = 17;
+
+/// One queue's lag.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct QueueLag {
+    pub broker: String,
+    pub queue: i32,
+    /// The queue's max offset: the offset the next message stored will get.
+    pub broker_offset: i64,
+    /// The group's committed offset (0 when the group has none yet).
+    pub consumer_offset: i64,
+}
+
+impl QueueLag {
+    /// Messages stored in the queue and not yet consumed by the group.
+    pub fn messages(&self) -> i64 {
+        (self.broker_offset - self.consumer_offset).max(0)
+    }
+}
+
+/// How a topic's reading went.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ReadResult {
+    /// Every broker of the route answered, and every lagging queue's oldest message was read;
+    /// also a topic with no route yet (nothing stored, nothing to lag).
+    Complete,
+    /// Some brokers did not answer, or some oldest message could not be read: the figures cover
+    /// the rest.
+    Partial,
+    /// No figure: the route lookup failed or the reading ran out of time.
+    Failed,
+}
+
+impl ReadResult {
+    pub const ALL: [Self; 3] = [Self::Complete, Self::Partial, Self::Failed];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Complete => "complete",
+            Self::Partial => "partial",
+            Self::Failed => "failed",
+        }
+    }
+}
+
+/// One topic's lag, as one reading found it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct TopicLag {
+    pub topic: String,
+    /// By broker, then queue.
+    pub queues: Vec<QueueLag>,
+    /// The store time (Unix ms) of the oldest message not yet consumed, over every queue that
+    /// lags; `None` when none lags or its message could not be read.
+    pub oldest_unconsumed_ms: Option<i64>,
+    pub result: ReadResult,
+    /// What went wrong, when the result is not complete.
+    pub problem: Option<String>,
+}
+
+impl TopicLag {
+    /// Messages not yet consumed, over every queue read.
+    pub fn messages(&self) -> i64 {
+        self.queues.iter().map(QueueLag::messages).sum()
+    }
+
+    /// How long the oldest message not yet consumed has waited at `now_ms`: 0 when nothing lags,
+    /// `None` when something lags but its age could not be read.
+    pub fn age_seconds(&self, now_ms: i64) -> Option<f64> {
+        match self.oldest_unconsumed_ms {
+            Some(stored) => Some((now_ms - stored).max(0) as f64 / 1e3),
+            None if self.messages() == 0 && self.result != ReadResult::Failed => Some(0.0),
+            None => None,
+        }
+    }
+
+    fn failed(topic: &str, problem: String) -> Self {
+        Self {
+            topic: topic.to_owned(),
+            queues: Vec::new(),
+            oldest_unconsumed_ms: None,
+            result: ReadResult::Failed,
+            problem: Some(problem),
+        }
+    }
+}
+
+/// One reading of every topic the group consumes.
+#[derive(Debug, Clone, PartialEq)]
+pub struct LagReading {
+    pub read_at_ms: i64,
+    pub topics: Vec<TopicLag>,
+}
+
+/// The admin client and the one-message puller that read a group's lag.
+pub struct LagProbe {
+    group: String,
+    timeout: Duration,
+    admin: DefaultMQAdminExt,
+    /// The one-message puller, or why it did not start.
+    #[allow(deprecated)]
+    puller: Result<DefaultMQPullConsumer, String>,
+    host: ClientHost,
+}
+
+impl LagProbe {
+    /// Starts the clients that read `group`'s lag through `name_server`; every request of a
+    /// reading has `timeout`. The puller joins a group of its own (`<group>_lag_probe`), so it
+    /// never takes queues from the group it measures; when it cannot start, the probe reads the
+    /// messages behind without their age (each reading `partial`, saying why).
+    pub async fn start(name_server: &str, group: &str, timeout: Duration) -> anyhow::Result<Self> {
+        let host = ClientHost::new("lag", 1)?;
+        let mut admin = DefaultMQAdminExt::with_admin_ext_group_and_timeout(
+            host.client_runtime(),
+            format!("{group}_lag_admin"),
+            timeout,
+        );
+        admin.set_namesrv_addr(name_server.to_owned());
+        admin.start().await.with_context(|| format!("starting the lag reader against {name_server}"))?;
+        let puller = start_puller(&host, name_server, group, timeout).await.map_err(|e| {
+            tracing::warn!(error = %format!("{e:#}"), "the consumer lag is read without the age of the oldest message");
+            format!("{e:#}")
+        });
+        Ok(Self { group: group.to_owned(), timeout, admin, puller, host })
+    }
+
+    /// Reads the lag of every topic in `topics`, each within the probe's timeout.
+    pub async fn read(&self, topics: &[String]) -> LagReading {
+        let mut out = Vec::with_capacity(topics.len());
+        for topic in topics {
+            let lag = match tokio::time::timeout(self.timeout, self.read_topic(topic)).await {
+                Ok(Ok(lag)) => lag,
+                Ok(Err(e)) => TopicLag::failed(topic, format!("{e:#}")),
+                Err(_) => TopicLag::failed(topic, format!("no answer within {:?}", self.timeout)),
+            };
+            out.push(lag);
+        }
+        LagReading { read_at_ms: now_ms(), topics: out }
+    }
+
+    async fn read_topic(&self, topic: &str) -> anyhow::Result<TopicLag> {
+        let timeout_ms = self.timeout.as_millis() as u64;
+        let route = match self.admin.examine_topic_route_info(CheetahString::from(topic)).await {
+            Ok(route) => route,
+            Err(e) if e.broker_response_code() == Some(TOPIC_NOT_EXIST) => None,
+            Err(e) => return Err(e).context("looking up the topic's route"),
+        };
+        let mut lag = TopicLag {
+            topic: topic.to_owned(),
+            queues: Vec::new(),
+            oldest_unconsumed_ms: None,
+            result: ReadResult::Complete,
+            problem: None,
+        };
+        let Some(route) = route else { return Ok(lag) };
+        let mut problems = Vec::new();
+        let mut lagging = Vec::new();
+        for broker in &route.broker_datas {
+            let name = broker.broker_name().to_string();
+            let Some(addr) = broker.broker_addrs().get(&rocketmq_model::common::mix_all::MASTER_ID) else {
+                problems.push(format!("{name} has no master"));
+                continue;
+            };
+            let stats = MQAdminReadExt::examine_consume_stats(
+                &self.admin,
+                CheetahString::from(self.group.as_str()),
+                Some(CheetahString::from(topic)),
+                None,
+                Some(addr.clone()),
+                Some(timeout_ms),
+            )
+            .await;
+            let stats = match stats {
+                Ok(stats) => stats,
+                Err(e) => {
+                    problems.push(format!("{name}: {e}"));
+                    continue;
+                }
+            };
+            for (mq, offsets) in stats.get_offset_table() {
+                if mq.topic_str() != topic {
+                    continue;
+                }
+                let queue = QueueLag {
+                    broker: mq.broker_name().to_string(),
+                    queue: mq.queue_id(),
+                    broker_offset: offsets.get_broker_offset(),
+                    consumer_offset: offsets.get_consumer_offset().max(0),
+                };
+                if queue.messages() > 0 {
+                    lagging.push((mq.clone(), queue.consumer_offset));
+                }
+                lag.queues.push(queue);
+            }
+        }
+        lag.queues.sort_by(|a, b| (&a.broker, a.queue).cmp(&(&b.broker, b.queue)));
+        for (mq, offset) in lagging {
+            match self.store_time_at(&mq, offset).await {
+                Ok(stored) => {
+                    lag.oldest_unconsumed_ms =
+                        Some(lag.oldest_unconsumed_ms.map_or(stored, |o| o.min(stored)));
+                }
+                Err(e) => problems.push(format!("{} queue {}: {e:#}", mq.broker_name(), mq.queue_id())),
+            }
+        }
+        if !problems.is_empty() {
+            lag.result = ReadResult::Partial;
+            lag.problem = Some(problems.join("; "));
+        }
+        Ok(lag)
+    }
+
+    /// The store time of the message at `offset` of `mq`.
+    #[allow(deprecated)]
+    async fn store_time_at(&self, mq: &MessageQueue, offset: i64) -> anyhow::Result<i64> {
+        let puller = self.puller.as_ref().map_err(|why| anyhow::anyhow!("no puller: {why}"))?;
+        let pulled = puller.pull(mq, "*", offset, 1).await.context("pulling the oldest message")?;
+        pulled
+            .msg_found_list()
+            .and_then(|found| found.first())
+            .map(|m| m.store_timestamp())
+            .with_context(|| format!("no message at offset {offset} ({:?})", pulled.pull_status()))
+    }
+
+    /// Stops both clients and their runtime.
+    #[allow(deprecated)]
+    pub async fn shutdown(mut self) {
+        if let Ok(puller) = &self.puller
+            && let Err(e) = puller.shutdown().await
+        {
+            tracing::debug!(error = %e, "the lag reader's puller did not shut down cleanly");
+        }
+        self.admin.shutdown().await;
+        self.host.shutdown().await;
+    }
+}
+
+/// The puller that dates the oldest unconsumed message of a queue, in a group of its own.
+#[allow(deprecated)]
+async fn start_puller(
+    host: &ClientHost,
+    name_server: &str,
+    group: &str,
+    timeout: Duration,
+) -> anyhow::Result<DefaultMQPullConsumer> {
+    let puller = DefaultMQPullConsumer::builder(host.client_runtime())
+        .consumer_group(format!("{group}_lag_probe"))
+        .name_server_addr(name_server.to_owned())
+        .consumer_pull_timeout(timeout)
+        .build()
+        .context("building the lag reader's puller")?;
+    puller
+        .start()
+        .await
+        .with_context(|| format!("starting the lag reader's puller against {name_server}"))?;
+    Ok(puller)
+}
