@@ -57,7 +57,7 @@ pub mod gate {
     pub use crate::gate::{ClaimPath, Disposition, Gate, GroupSettings, Identity, Policy};
 }
 pub mod handler {
-    pub use crate::handler::{Answers, Effect, Fact, Handler, HandlerError, Handlers, Work};
+    pub use crate::handler::{Answers, Effect, Fact, Handler, HandlerError, Handlers, Work, handle_each};
 }
 pub mod http {
     pub use crate::http::Web;

@@ -78,6 +78,7 @@ settings_table! {
         "group_commit.linger_ms" => group_commit_linger_ms,
         "group_commit.in_flight" => group_commit_in_flight,
         "group_commit.queue" => group_commit_queue,
+        "group_commit.batch" => group_commit_batch,
         "reconcile.enabled" => reconcile_enabled,
         "reconcile.schedule" => reconcile_schedule,
         "reconcile.window_hours" => reconcile_window_hours,
@@ -581,6 +582,23 @@ async fn group_commit_in_flight(b: Backend) {
         took >= Duration::from_millis(1_100),
         "four 300 ms groups one at a time took {took:?} (the default runs two at once)"
     );
+    app.stop().await;
+}
+
+async fn group_commit_batch(b: Backend) {
+    let calls = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let app = spawn_app_with(
+        b,
+        |s| {
+            s.group_commit.enabled = true;
+            s.group_commit.batch = false;
+        },
+        Handlers::new().with("counted", BatchCounting(calls.clone())),
+    )
+    .await;
+    all_at_once(&app, (0..4).map(|i| for_handler("counted", &format!("bt-{i}"))).collect()).await;
+    let calls = calls.load(std::sync::atomic::Ordering::SeqCst);
+    assert_eq!(calls, 0, "the batch form ran {calls} times (by default every group runs it)");
     app.stop().await;
 }
 

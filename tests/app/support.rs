@@ -10,7 +10,7 @@ use idemgate::testing::app::{Application, Feed, Running};
 use idemgate::testing::config::Settings;
 use idemgate::testing::delivery::Delivery;
 use idemgate::testing::gate::Gate;
-use idemgate::testing::handler::{Effect, Handler, HandlerError, Handlers, Work};
+use idemgate::testing::handler::{Answers, Effect, Handler, HandlerError, Handlers, Work, handle_each};
 use idemgate::testing::route::RouteConfig;
 use idemgate::testing::scratch::ScratchDb;
 use idemgate::testing::shop;
@@ -231,6 +231,22 @@ impl Handler for Sleepy {
     async fn handle(&self, _: &Work<'_>, _: &mut Conn) -> Result<Effect, HandlerError> {
         tokio::time::sleep(self.0).await;
         Ok(Effect::Applied)
+    }
+}
+
+/// A handler that counts the calls of its batch form, then takes the batch one delivery at a
+/// time as a handler without a batch form does.
+pub struct BatchCounting(pub Arc<std::sync::atomic::AtomicUsize>);
+
+#[async_trait]
+impl Handler for BatchCounting {
+    async fn handle(&self, _: &Work<'_>, _: &mut Conn) -> Result<Effect, HandlerError> {
+        Ok(Effect::Applied)
+    }
+
+    async fn handle_batch(&self, works: &[Work<'_>], conn: &mut Conn) -> Result<Answers, HandlerError> {
+        self.0.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        handle_each(self, works, conn).await
     }
 }
 
