@@ -317,6 +317,14 @@ impl Metrics {
         m
     }
 
+    /// Starts `idemgate_group_fallbacks_total` at 0 for each of `handlers`, when groups run
+    /// their batch forms: a panel or an alert on it then has a series before the first fallback.
+    pub(crate) fn start_group_fallbacks_at_zero<'a>(&self, handlers: impl Iterator<Item = &'a str>) {
+        for handler in handlers {
+            self.group_fallbacks.with_label_values(&[self.group.as_str(), handler]);
+        }
+    }
+
     fn start_at_zero(&self, biz_types: &BTreeSet<String>, topics: &BTreeSet<String>) {
         let g = self.group.as_str();
         for biz_type in biz_types {

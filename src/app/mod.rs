@@ -395,6 +395,11 @@ pub fn assemble_gate(
 ) -> anyhow::Result<Gate> {
     let server = store.mysql_flavour().map_or(store.backend().name(), |f| f.name());
     let claim_path = crate::gate::ClaimPath::of(&store).describe();
+    if let Some(metrics) =
+        metrics.as_ref().filter(|_| settings.group_commit.enabled && settings.group_commit.batch)
+    {
+        metrics.start_group_fallbacks_at_zero(handlers.names());
+    }
     let mut gate = Gate::new(store, settings.routes(), handlers, settings.identity(), settings.policy())?
         .with_late_duplicate_guard(settings.archive.late_duplicate_guard);
     if settings.archive.late_duplicate_guard {

@@ -244,9 +244,43 @@ struct Server {
     child: Option<Child>,
 }
 
+/// The share of the disk's space in use from which the broker's store refuses every write:
+/// its warning ratio, which the store caps at 0.90 whatever the configuration asks.
+const DISK_FULL_RATIO: f64 = 0.90;
+
+/// Refuses to start a broker whose store would sit on a disk that is (almost) as full as the
+/// store's own limit: its sends would fail with nothing but "Broker operation failed". A margin
+/// of two points leaves room for the test's own writes.
+fn check_disk(dir: &Path) -> anyhow::Result<()> {
+    let out = Command::new("df").arg("-Pk").arg(dir).output().context("running df")?;
+    let text = String::from_utf8_lossy(&out.stdout);
+    let Some(used) = used_ratio(&text) else {
+        anyhow::bail!("df -Pk {} printed no size: {text}", dir.display());
+    };
+    anyhow::ensure!(
+        used < DISK_FULL_RATIO - 0.02,
+        "the disk holding {} is {:.1}% used; a RocketMQ broker refuses every write from {:.0}% \
+         (its store caps the warning ratio there), so free some space first",
+        dir.display(),
+        used * 100.0,
+        DISK_FULL_RATIO * 100.0
+    );
+    Ok(())
+}
+
+/// The used share of a disk as the store counts it, `(size − available) / size`, from the
+/// second line of `df -Pk` (filesystem, size, used, available, …, in KiB).
+fn used_ratio(df: &str) -> Option<f64> {
+    let fields: Vec<&str> = df.lines().nth(1)?.split_whitespace().collect();
+    let size: f64 = fields.get(1)?.parse().ok()?;
+    let available: f64 = fields.get(3)?.parse().ok()?;
+    (size > 0.0).then(|| (size - available) / size)
+}
+
 impl Server {
     /// A broker of [`CLUSTER`] on free ports, with its configuration written under `dir`.
     fn broker(dir: &Path, name: &str, name_server: &str, auto_create_topics: bool) -> anyhow::Result<Self> {
+        check_disk(dir)?;
         // The broker listens on its port, on port − 2 (its fast port) and on the HA port.
         let base = free_port_run(4)?;
         let (port, ha_port) = (base + 2, base + 3);
@@ -273,7 +307,8 @@ flushDiskType = "ASYNC_FLUSH"
 haListenPort = {ha_port}
 storePathRootDir = "{store}"
 # The defaults refuse writes once the disk is 75% full, which a build machine reaches easily;
-# this broker only ever holds a test's or a benchmark's messages.
+# this broker only ever holds a test's or a benchmark's messages. The store caps what it takes:
+# the warning ratio at 90% (from there every write is refused) and the forcible clean at 85%.
 diskMaxUsedSpaceRatio = 95
 diskSpaceWarningLevelRatio = 98
 diskSpaceCleanForciblyRatio = 97
@@ -415,4 +450,20 @@ fn free_port_run(n: u16) -> anyhow::Result<u16> {
         }
     }
     bail!("found no {n} consecutive free ports")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_used_share_counts_what_is_not_available_as_the_broker_store_does() {
+        let df = "Filesystem     1024-blocks      Used Available Capacity Mounted on\n\
+                  /dev/vda         264241152  70254592  26214400      73% /\n";
+        let used = used_ratio(df).unwrap();
+        assert!((used - 0.9008).abs() < 0.001, "{used}");
+        assert!(used >= DISK_FULL_RATIO - 0.02);
+        assert_eq!(used_ratio("Filesystem 1024-blocks\n"), None);
+        assert_eq!(used_ratio(""), None);
+    }
 }
