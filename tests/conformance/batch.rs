@@ -15,7 +15,7 @@ use idemgate::testing::shop;
 use idemgate::testing::store::{Backend, Conn, Sql, query, query_built, values_list};
 
 use super::support::{TestDb, gate, identity, order, payment, series, stock_deduct};
-use super::{CLAIMS_OF, LEDGER_ROWS_OF, ORDER_STATUS, STOCK_OF, only_log_row};
+use super::{ADD_ORDER, CLAIMS_OF, LEDGER_ROWS_OF, ORDER_STATUS, STOCK_OF, only_log_row};
 
 const GROUP: &str = "batch-service";
 const TOPIC: &str = "batch";
@@ -121,10 +121,6 @@ static LEDGERED_ROWS_OF: Sql =
 static LEDGER_ROWS_OF_SKU: Sql = Sql::new("SELECT COUNT(*) FROM shop_stock_ledger WHERE sku = ?");
 static ORDERS_NUMBERED: Sql = Sql::new("SELECT COUNT(*) FROM shop_order WHERE order_no = ?");
 static PAYMENT_OF: Sql = Sql::new("SELECT payment_no FROM shop_order WHERE order_no = ?");
-static ADD_ORDER: Sql = Sql::new(
-    "INSERT INTO shop_order (order_no, user_id, sku, quantity, amount_cents, status, created_at_ms) \
-     VALUES (?, 'u', 'SKU', 1, ?, ?, 0)",
-);
 
 pub mod cases {
     use super::*;

@@ -28,6 +28,11 @@ static CLAIMS_OF: Sql = Sql::new("SELECT COUNT(*) FROM idempotent_record WHERE b
 static LEDGER_ROWS_OF: Sql = Sql::new("SELECT COUNT(*) FROM shop_stock_ledger WHERE deduction_id = ?");
 static STOCK_OF: Sql = Sql::new("SELECT quantity FROM shop_stock WHERE sku = ?");
 static ORDER_STATUS: Sql = Sql::new("SELECT status FROM shop_order WHERE order_no = ?");
+/// An order put in place by hand, in a given status.
+static ADD_ORDER: Sql = Sql::new(
+    "INSERT INTO shop_order (order_no, user_id, sku, quantity, amount_cents, status, created_at_ms) \
+     VALUES (?, 'u', 'SKU', 1, ?, ?, 0)",
+);
 static LOG_ROW_OF_MSG: Sql = Sql::new(
     "SELECT outcome, cause, layer, payload_match, error, biz_type, biz_id, payload, consumer_group, instance_id \
      FROM delivery_log WHERE msg_id = ? ORDER BY id",

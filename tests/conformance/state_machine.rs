@@ -20,7 +20,7 @@ use idemgate::testing::store::{Backend, Sql};
 use sqlx::Row;
 
 use super::support::{TestDb, gate, identity, order, payment};
-use super::{CLAIMS_OF, ORDER_STATUS, only_log_row};
+use super::{ADD_ORDER, CLAIMS_OF, ORDER_STATUS, only_log_row};
 
 const GROUP: &str = "logistics";
 const TOPIC: &str = "logistics";
@@ -150,10 +150,6 @@ static ADD_PARCEL: Sql = Sql::new("INSERT INTO test_parcel (parcel_no, state) VA
 static PARCEL: Sql = Sql::new("SELECT state, delivered_at_ms FROM test_parcel WHERE parcel_no = ?");
 static SET_ORDER_STATUS: Sql = Sql::new("UPDATE shop_order SET status = ? WHERE order_no = ?");
 static ORDER_ROWS: Sql = Sql::new("SELECT COUNT(*) FROM shop_order");
-static ADD_ORDER: Sql = Sql::new(
-    "INSERT INTO shop_order (order_no, user_id, sku, quantity, amount_cents, status, created_at_ms) \
-     VALUES (?, 'u', 'SKU', 1, ?, ?, 0)",
-);
 
 pub mod cases {
     use super::*;
