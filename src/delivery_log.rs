@@ -10,7 +10,7 @@ use crate::outcome::{DuplicateCause, Layer, Outcome};
 use crate::route::{
     MAX_BIZ_ID_CHARS, MAX_BIZ_TYPE_CHARS, MAX_ID_CHARS, MAX_TOPIC_CHARS, excerpt, stored_key,
 };
-use crate::store::{AnyQuery, Backend, Conn, Sql, query};
+use crate::store::{AnyQuery, Backend, Conn, Pad, Sql, bind_rows, filtered_insert, query, query_built};
 
 /// The longest error text kept, in characters.
 pub(crate) const MAX_ERROR_CHARS: usize = 2_000;
@@ -19,19 +19,39 @@ pub(crate) const MAX_ERROR_CHARS: usize = 2_000;
 /// reads it and refuses the row) and its error ends with a note for the reader.
 pub const MAX_KEPT_PAYLOAD: usize = 4 * 1024 * 1024;
 
-const INSERT_INTO: &str = "INSERT INTO delivery_log (logged_at_ms, instance_id, consumer_group, msg_id, uniq_key, \
-     topic, tags, queue_id, queue_offset, reconsume_times, biz_type, biz_id, execute_time, \
-     outcome, cause, layer, payload_match, payload_hash, error, latency_us, payload, payload_truncated) VALUES ";
-/// The columns of one row.
-const COLUMNS: usize = 22;
+/// The columns of one row, in the order [`bind`] binds them.
+pub(crate) const COLUMNS: [&str; 22] = [
+    "logged_at_ms",
+    "instance_id",
+    "consumer_group",
+    "msg_id",
+    "uniq_key",
+    "topic",
+    "tags",
+    "queue_id",
+    "queue_offset",
+    "reconsume_times",
+    "biz_type",
+    "biz_id",
+    "execute_time",
+    "outcome",
+    "cause",
+    "layer",
+    "payload_match",
+    "payload_hash",
+    "error",
+    "latency_us",
+    "payload",
+    "payload_truncated",
+];
 static APPEND: Sql = Sql::new(
     "INSERT INTO delivery_log (logged_at_ms, instance_id, consumer_group, msg_id, uniq_key, \
      topic, tags, queue_id, queue_offset, reconsume_times, biz_type, biz_id, execute_time, \
      outcome, cause, layer, payload_match, payload_hash, error, latency_us, payload, payload_truncated) \
      VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
 );
-/// The most rows one multi-row append carries (22 values each, far below every backend's
-/// limit on bound values).
+/// The most rows one multi-row append carries (23 values each with its `keep_row`, far below
+/// every backend's limit on bound values).
 pub(crate) const MAX_ROWS_PER_STATEMENT: usize = 64;
 
 /// One row of the log, borrowed from the delivery it describes.
@@ -68,19 +88,20 @@ pub(crate) async fn append(conn: &mut Conn, backend: Backend, entry: &Entry<'_>)
 }
 
 /// Appends `entries` in as few statements as possible (one per [`MAX_ROWS_PER_STATEMENT`]
-/// rows): a group commit's log rows cost one round trip, not one each.
+/// rows): a group commit's log rows cost one round trip, not one each. The rows are padded to
+/// a few fixed counts ([`crate::store::Pad::Filter`]), so that each connection prepares this
+/// statement a few times, not once per group size; a padding row is the last entry without its
+/// body or error, so padding costs no copy of a kept body.
 pub(crate) async fn append_many(
     conn: &mut Conn,
     backend: Backend,
     entries: &[Entry<'_>],
 ) -> Result<(), sqlx::Error> {
     for chunk in entries.chunks(MAX_ROWS_PER_STATEMENT) {
-        let sql = format!("{INSERT_INTO}{}", crate::store::values_list(COLUMNS, chunk.len()));
-        let mut q = crate::store::query_built(backend, sql);
-        for entry in chunk {
-            q = bind(q, entry);
-        }
-        q.execute(&mut *conn).await?;
+        let Some(last) = chunk.last() else { continue };
+        let pad = Entry { keep_payload: false, error: None, ..last.clone() };
+        let sql = filtered_insert("delivery_log", &COLUMNS, chunk.len());
+        bind_rows(query_built(backend, sql), chunk, &pad, Pad::Filter, bind).execute(&mut *conn).await?;
     }
     Ok(())
 }

@@ -100,7 +100,8 @@ static BY_KEY: Sql = Sql::new(
 );
 static SINCE: Sql = Sql::new(
     "SELECT consumer_group, biz_type, biz_id, execute_time, msg_id, logged_at_ms, topic, tags, payload, payload_truncated \
-     FROM delivery_log WHERE outcome = 'dead_lettered' AND consumer_group = ? AND logged_at_ms >= ? \
+     FROM delivery_log WHERE outcome = 'dead_lettered' AND outcome <> 'processed' AND consumer_group = ? \
+     AND logged_at_ms >= ? \
      ORDER BY logged_at_ms DESC, id DESC LIMIT 10000",
 );
 /// A dead letter chosen for replay.

@@ -32,8 +32,10 @@ pub(crate) use settings::DatabaseSettings;
 pub use sql::values_list;
 pub(crate) use sql::{AnyQuery, bind_all};
 pub(crate) use sql::{Arg, Bound, InsertIfAbsent, Written};
+pub(crate) use sql::{
+    Pad, bind_rows, filtered_insert, number_placeholders, padded, padded_values, placeholders,
+};
 pub use sql::{Sql, query, query_built};
-pub(crate) use sql::{number_placeholders, padded, placeholders};
 
 static POSTGRES_MIGRATIONS: Migrator = sqlx::migrate!("migrations/postgres");
 static MYSQL_MIGRATIONS: Migrator = sqlx::migrate!("migrations/mysql");

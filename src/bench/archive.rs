@@ -319,7 +319,12 @@ static LOAD_CONCAT: Sql = Sql::new(
 );
 /// `rows` claims of keys `EXP-{prefix}-{n}`, claimed 100 days before `now`, in one statement:
 /// a thousand digits crossed with themselves.
-async fn load_expired(store: &Store, prefix: &str, rows: usize, now: i64) -> Result<(), sqlx::Error> {
+pub(crate) async fn load_expired(
+    store: &Store,
+    prefix: &str,
+    rows: usize,
+    now: i64,
+) -> Result<(), sqlx::Error> {
     let load = match store.backend() {
         Backend::MySql => &LOAD_CONCAT,
         Backend::Postgres | Backend::Sqlite => &LOAD_PIPES,

@@ -347,7 +347,7 @@ pub(crate) async fn run(options: &Options, mut report: impl FnMut(&Run)) -> anyh
     let db = ScratchDb::create(backend, &StoreOptions { max_connections: threads + 4, ..Default::default() })
         .await?;
     let topic = format!("bench_{}", crate::traffic::run_id());
-    let (mut stream, _) = super::gate::stream(options.messages, options.duplicates, 7);
+    let (mut stream, distinct) = super::gate::stream(options.messages, options.duplicates, 7);
     for (i, d) in stream.iter_mut().enumerate() {
         d.topic = topic.clone();
         d.properties.insert(SEQ.to_owned(), i.to_string());
@@ -405,9 +405,11 @@ pub(crate) async fn run(options: &Options, mut report: impl FnMut(&Run)) -> anyh
         let timed: Arc<Timed<Arc<dyn Sink>>> = Arc::new(Timed::new(match mode {
             Mode::AckOnly => Arc::new(AckOnly) as Arc<dyn Sink>,
             Mode::Naive => Arc::new(Naive(db.store.clone())),
-            Mode::HandlerAlone => {
-                Arc::new(Alone(super::gate::HandlerAlone::committer(db.store.clone(), &options.group())?))
-            }
+            Mode::HandlerAlone => Arc::new(Alone(super::gate::HandlerAlone::committer(
+                db.store.clone(),
+                &topic,
+                &options.group(),
+            )?)),
             Mode::Gate | Mode::GroupCommitPerDelivery | Mode::GroupCommit | Mode::GateClientDefaults => {
                 profiled.clone()
             }
@@ -441,6 +443,13 @@ pub(crate) async fn run(options: &Options, mut report: impl FnMut(&Run)) -> anyh
         let last = timed.last_new.lock().unwrap_or_else(|p| p.into_inner()).context("a last delivery")?;
         let (effects, double_applied) =
             if mode == Mode::AckOnly { (0, 0) } else { super::gate::books(&db.store).await? };
+        // A mode that applied less than every key did not do the work its rate claims (the
+        // handler alone applies every copy, so at least as many).
+        anyhow::ensure!(
+            mode == Mode::AckOnly || effects >= distinct as i64,
+            "{}: {effects} effects for {distinct} keys; its rate would not be the rate of this work",
+            mode.name()
+        );
         let r = Run {
             mode: mode.name(),
             consume_threads,

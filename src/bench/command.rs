@@ -1,7 +1,10 @@
 //! `idemgate bench <benchmark>`: the subcommands, one per benchmark module, each carrying that
 //! module's `Options` as its flags, and the dispatch to the module's `command`.
 
-use super::{archive, broker, gate, layers, metrics, reconcile, sql_handler, state_machine, trace, ui_flood};
+use super::{
+    archive, broker, driver, gate, layers, metrics, reconcile, soak, sql_handler, state_machine, trace,
+    ui_flood,
+};
 
 /// `idemgate bench <benchmark>`.
 #[derive(Debug, clap::Subcommand)]
@@ -34,6 +37,12 @@ pub enum BenchCommand {
     /// The consumer's msg/s and p99 while 200 loops flood the overview API and the collisions
     /// page, for the shipped UI limits, wide limits and the pages on the consumer's own pool.
     UiFlood(ui_flood::Options),
+    /// The group path's multi-row statements on PostgreSQL through sqlx's Any driver and the
+    /// native driver, one text per group size against padded texts and arrays.
+    Driver(driver::Options),
+    /// `serve` under a steady stream for minutes with the archive and the reconciler on short
+    /// schedules: resident memory, open files and database connections once a minute.
+    Soak(soak::Options),
     /// What the metrics cost: one observe call, the gate with and without metrics, one scrape
     /// of 10 biz_types × 5 outcomes × 4 causes.
     Metrics(metrics::Options),
@@ -54,6 +63,8 @@ impl BenchCommand {
             Self::SqlHandler(options) => sql_handler::command(options).await,
             Self::UiFlood(options) => ui_flood::command(options).await,
             Self::Metrics(options) => metrics::command(options).await,
+            Self::Driver(options) => driver::command(options).await,
+            Self::Soak(options) => soak::command(options).await,
         }
     }
 }

@@ -186,7 +186,7 @@ pub(crate) async fn run(
             ))
         };
         let (per_delivery, batched) = (grouped(false)?, grouped(true)?);
-        let alone = Arc::new(HandlerAlone::committer(db.store.clone(), &options.group())?);
+        let alone = Arc::new(HandlerAlone::committer(db.store.clone(), shop::TOPIC, &options.group())?);
         for &concurrency in &options.concurrency {
             for pattern in Pattern::ALL {
                 reset(&db.store).await?;
@@ -392,9 +392,14 @@ pub(crate) struct HandlerAlone {
 }
 
 impl HandlerAlone {
-    /// The committer that batches deliveries for the handler alone, as group commit would.
-    pub(crate) fn committer(store: Store, settings: &GroupSettings) -> anyhow::Result<Committer> {
-        let routes = Routes::new(&shop::routes(shop::TOPIC))?;
+    /// The committer that batches deliveries of `topic` for the handler alone, as group commit
+    /// would.
+    pub(crate) fn committer(
+        store: Store,
+        topic: &str,
+        settings: &GroupSettings,
+    ) -> anyhow::Result<Committer> {
+        let routes = Routes::new(&shop::routes(topic))?;
         Ok(Committer::start_with(Arc::new(Self { store, routes }), None, settings))
     }
 

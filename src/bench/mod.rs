@@ -11,10 +11,12 @@
 pub(crate) mod archive;
 pub(crate) mod broker;
 pub(crate) mod command;
+pub(crate) mod driver;
 pub(crate) mod gate;
 pub(crate) mod layers;
 pub(crate) mod metrics;
 pub(crate) mod reconcile;
+pub(crate) mod soak;
 pub(crate) mod sql_handler;
 pub(crate) mod state_machine;
 pub(crate) mod trace;

@@ -15,7 +15,7 @@ use crate::delivery::Delivery;
 use crate::layout::ClaimTable;
 use crate::outcome::Claim;
 use crate::route::BizKey;
-use crate::store::{Backend, Conn, query, query_built, values_list};
+use crate::store::{Backend, Conn, Pad, bind_rows, padded, padded_values, query, query_built};
 
 /// Who is claiming, and when: the consumer group is part of the key (see
 /// [`crate::gate::Identity`]).
@@ -131,7 +131,9 @@ pub(super) async fn claim_many(
     });
     let mut claimed = HashSet::new();
     for chunk in ordered.chunks(MAX_BATCH) {
-        let values = values_list(9, chunk.len());
+        // The last key repeated up to a fixed count of rows: the copy is skipped like any taken
+        // key, and each connection prepares a few texts of this statement, not one per count.
+        let values = padded_values(9, chunk.len());
         // The route checked every value against its column, so IGNORE can only skip a taken
         // key here, never cut a value (and the read-back would notice if it did).
         let sql = match (backend, path) {
@@ -161,17 +163,16 @@ pub(super) async fn claim_many(
                 format!("INSERT IGNORE INTO {} {CLAIM_COLUMNS} VALUES {values}", table.name)
             }
         };
-        let mut q = query_built(backend, sql);
-        for m in chunk {
-            q = m
-                .key
+        let last = chunk[chunk.len() - 1];
+        let q = bind_rows(query_built(backend, sql), chunk, &last, Pad::Repeat, |q, m| {
+            m.key
                 .bind_in(q, who.consumer_group)
                 .bind(m.delivery.msg_id.as_str())
                 .bind(m.delivery.uniq_key.as_str())
                 .bind(m.hash)
                 .bind(who.instance_id)
-                .bind(who.now_ms);
-        }
+                .bind(who.now_ms)
+        });
         let inserted = match (backend, path) {
             (Backend::MySql, ClaimPath::ReadBack) => {
                 let count = q.execute(&mut *tx).await?.rows_affected();
@@ -239,9 +240,10 @@ async fn read_back(
     who: &Claimant<'_>,
     chunk: &[&Member<'_>],
 ) -> Result<HashSet<(String, String, i64)>, sqlx::Error> {
+    // Padded like the insert, the last key repeated.
     let any_of = vec![
         "(biz_type = ? AND biz_id = ? AND execute_time = ? AND msg_id = ? AND uniq_key = ? AND payload_hash = ?)";
-        chunk.len()
+        padded(chunk.len())
     ]
     .join(" OR ");
     let sql = format!(
@@ -249,15 +251,11 @@ async fn read_back(
          WHERE consumer_group = ? AND instance_id = ? AND claimed_at_ms = ? AND ({any_of})",
         table.name
     );
-    let mut q = query_built(backend, sql).bind(who.consumer_group).bind(who.instance_id).bind(who.now_ms);
-    for m in chunk {
-        q = m
-            .key
-            .bind_parts(q)
-            .bind(m.delivery.msg_id.as_str())
-            .bind(m.delivery.uniq_key.as_str())
-            .bind(m.hash);
-    }
+    let q = query_built(backend, sql).bind(who.consumer_group).bind(who.instance_id).bind(who.now_ms);
+    let last = chunk[chunk.len() - 1];
+    let q = bind_rows(q, chunk, &last, Pad::Repeat, |q, m| {
+        m.key.bind_parts(q).bind(m.delivery.msg_id.as_str()).bind(m.delivery.uniq_key.as_str()).bind(m.hash)
+    });
     let mut ours = HashSet::with_capacity(chunk.len());
     for row in q.fetch_all(&mut *tx).await? {
         ours.insert((row.try_get(0)?, row.try_get(1)?, row.try_get(2)?));

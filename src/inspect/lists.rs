@@ -183,13 +183,16 @@ macro_rules! claimed_now {
 }
 
 // `? = ''` switches the biz_type filter off; the cursor condition is a row comparison written
-// out, since MySQL does not use an index for `(a, b) < (?, ?)`.
+// out, since MySQL does not use an index for `(a, b) < (?, ?)`. `outcome <> 'processed'` and
+// `payload_match = 0` are the conditions of the partial indexes these lists read
+// (`migrations/*/0009_lighter_log_indexes.sql`), written out so that a planner can match them
+// whatever outcome is bound.
 static BY_OUTCOME: Sql = Sql::new(concat!(
     "SELECT ",
     log_columns!(),
     ", ",
     claimed_now!(),
-    " FROM delivery_log WHERE outcome = ? AND logged_at_ms >= ? AND logged_at_ms <= ? \
+    " FROM delivery_log WHERE outcome = ? AND outcome <> 'processed' AND logged_at_ms >= ? AND logged_at_ms <= ? \
      AND (? = '' OR biz_type = ?) AND (logged_at_ms < ? OR (logged_at_ms = ? AND id < ?)) \
      ORDER BY logged_at_ms DESC, id DESC LIMIT ?"
 ));

@@ -176,7 +176,8 @@ static BY_MINUTE: Sql = Sql::new(
      GROUP BY logged_at_ms - logged_at_ms % 60000, outcome",
 );
 static TOP_CONFLICTS: Sql = Sql::new(
-    "SELECT biz_type, COUNT(*) FROM delivery_log WHERE outcome = 'duplicate' AND logged_at_ms >= ? \
+    "SELECT biz_type, COUNT(*) FROM delivery_log WHERE outcome = 'duplicate' AND outcome <> 'processed' \
+     AND logged_at_ms >= ? \
      AND logged_at_ms < ? GROUP BY biz_type ORDER BY COUNT(*) DESC, biz_type LIMIT 10",
 );
 /// Where the log's data begins: the windows' rates are over the time since, when that is

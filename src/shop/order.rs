@@ -17,7 +17,9 @@ use sqlx::Row;
 use crate::handler::{Answers, Effect, Fact, Handler, HandlerError, Work};
 use crate::insert_if_absent;
 use crate::outcome::Layer;
-use crate::store::{Backend, Conn, InsertIfAbsent, Store, query_built};
+use crate::store::{
+    Backend, Conn, InsertIfAbsent, Pad, Store, bind_rows, filtered_insert, padded_values, query_built,
+};
 
 /// The body of an `order.create` message.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -31,7 +33,7 @@ pub struct CreateOrder {
 
 static INSERT_ORDER: InsertIfAbsent = insert_if_absent!(
     "INSERT INTO shop_order (order_no, user_id, sku, quantity, amount_cents, status, created_at_ms) \
-     VALUES (?, ?, ?, ?, ?, 'UNPAID', ?)",
+     VALUES (?, ?, ?, ?, ?, ?, ?)",
     conflict = "(order_no)",
     index = "PRIMARY"
 );
@@ -64,14 +66,18 @@ fn created(order: &CreateOrder, inserted: bool) -> Effect {
 }
 
 /// The columns of a new order, in the order [`bind_order`] binds them.
-const ORDER_VALUES: &str = "(?, ?, ?, ?, ?, 'UNPAID', ?)";
+/// The columns of a new order, in the order [`bind_order`] binds them.
+const ORDER_COLUMNS: [&str; 7] =
+    ["order_no", "user_id", "sku", "quantity", "amount_cents", "status", "created_at_ms"];
 
+/// Binds a new order's values: it starts `UNPAID`.
 fn bind_order(q: crate::store::AnyQuery, order: &CreateOrder, now_ms: i64) -> crate::store::AnyQuery {
     q.bind(order.order_no.as_str())
         .bind(order.user_id.as_str())
         .bind(order.sku.as_str())
         .bind(order.quantity)
         .bind(order.amount_cents)
+        .bind("UNPAID")
         .bind(now_ms)
 }
 
@@ -94,24 +100,26 @@ impl Handler for OrderCreate {
         if valid.is_empty() {
             return Ok(orders.into_iter().map(|o| o.map(|_| Effect::Applied)).collect());
         }
-        let values = vec![ORDER_VALUES; valid.len()].join(", ");
-        let columns =
-            "INSERT INTO shop_order (order_no, user_id, sku, quantity, amount_cents, status, created_at_ms)";
+        // Padded to a few fixed counts of rows: the last order repeated where a taken order
+        // number is skipped, rows a filter drops where it fails the insert.
+        let last = valid[valid.len() - 1];
+        let bind = |q, o: &&CreateOrder| bind_order(q, o, now_ms);
         let mut inserted: HashSet<String> = HashSet::with_capacity(valid.len());
         match backend {
             Backend::Postgres | Backend::Sqlite => {
-                let sql =
-                    format!("{columns} VALUES {values} ON CONFLICT (order_no) DO NOTHING RETURNING order_no");
-                let q = valid.iter().fold(query_built(backend, sql), |q, o| bind_order(q, o, now_ms));
+                let sql = format!(
+                    "INSERT INTO shop_order ({}) VALUES {} ON CONFLICT (order_no) DO NOTHING RETURNING order_no",
+                    ORDER_COLUMNS.join(", "),
+                    padded_values(ORDER_COLUMNS.len(), valid.len())
+                );
+                let q = bind_rows(query_built(backend, sql), &valid, &last, Pad::Repeat, bind);
                 for row in q.fetch_all(&mut *conn).await? {
                     inserted.insert(row.try_get(0)?);
                 }
             }
             Backend::MySql => {
-                let q =
-                    valid.iter().fold(query_built(backend, format!("{columns} VALUES {values}")), |q, o| {
-                        bind_order(q, o, now_ms)
-                    });
+                let sql = filtered_insert("shop_order", &ORDER_COLUMNS, valid.len());
+                let q = bind_rows(query_built(backend, sql), &valid, &last, Pad::Filter, bind);
                 match q.execute(&mut *conn).await {
                     Ok(_) => inserted.extend(valid.iter().map(|o| o.order_no.clone())),
                     Err(sqlx::Error::Database(db)) if db.is_unique_violation() => {

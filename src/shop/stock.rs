@@ -20,7 +20,8 @@ use crate::handler::{Answers, Effect, Fact, Handler, HandlerError, Work};
 use crate::insert_if_absent;
 use crate::reconcile::check::{AnomalyKind, Check, CheckSql};
 use crate::store::{
-    Backend, Conn, InsertIfAbsent, Sql, Store, padded, placeholders, query, query_built, values_list,
+    Backend, Conn, InsertIfAbsent, Pad, Sql, Store, bind_rows, filtered_insert, padded, placeholders, query,
+    query_built,
 };
 
 /// The body of a `stock.deduct` message.
@@ -130,19 +131,20 @@ impl Handler for StockDeduct {
         }
         take_sums(conn, backend, &taken).await?;
         if !applied.is_empty() {
-            let sql = format!(
-                "INSERT INTO shop_stock_ledger (deduction_id, sku, quantity, applied_at_ms) VALUES {}",
-                values_list(4, applied.len())
+            // Padded to a few fixed counts of rows with rows a filter drops.
+            let sql = filtered_insert(
+                "shop_stock_ledger",
+                &["deduction_id", "sku", "quantity", "applied_at_ms"],
+                applied.len(),
             );
-            let mut q = query_built(backend, sql);
-            for (n, deduct) in &applied {
+            let last = applied[applied.len() - 1];
+            let q = bind_rows(query_built(backend, sql), &applied, &last, Pad::Filter, |q, (n, deduct)| {
                 let work = &works[*n];
-                q = q
-                    .bind(work.key.biz_id.as_str())
+                q.bind(work.key.biz_id.as_str())
                     .bind(deduct.sku.as_str())
                     .bind(deduct.quantity)
-                    .bind(work.now_ms);
-            }
+                    .bind(work.now_ms)
+            });
             q.execute(&mut *conn).await?;
         }
         Ok(answers

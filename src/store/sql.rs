@@ -253,6 +253,59 @@ pub(crate) fn padded(n: usize) -> usize {
     PADDED_LENGTHS.into_iter().find(|&len| len >= n).unwrap_or(n)
 }
 
+/// How a multi-row insert is padded to a length of [`PADDED_LENGTHS`], so that the statement
+/// cache keeps a few texts of it, not one per count of rows.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Pad {
+    /// A `VALUES` list with the last row repeated: for an insert that skips a key already there
+    /// (`ON CONFLICT DO NOTHING`, `INSERT IGNORE`), which skips the copy like any taken key.
+    Repeat,
+    /// Rows that a filter drops ([`filtered_insert`]): for a plain insert, where a repeated row
+    /// would be written twice or fail.
+    Filter,
+}
+
+/// `VALUES` rows for a [`Pad::Repeat`] insert of `rows` rows of `columns` values.
+pub(crate) fn padded_values(columns: usize, rows: usize) -> String {
+    values_list(columns, padded(rows))
+}
+
+/// `INSERT INTO table (a, b) SELECT a, b FROM (SELECT ? AS a, ? AS b, ? AS keep_row UNION ALL
+/// SELECT ?, ?, ? …) AS padded_rows WHERE keep_row = 1`: a [`Pad::Filter`] insert of `rows`
+/// rows, padded; [`bind_rows`] binds each row's values and its `keep_row`. Every backend runs
+/// this form (MariaDB names the columns of a bare `VALUES` list after its first row, so the
+/// rows are `SELECT`s).
+pub(crate) fn filtered_insert(table: &str, columns: &[&str], rows: usize) -> String {
+    let names = columns.join(", ");
+    let first = columns.iter().map(|c| format!("? AS {c}")).collect::<Vec<_>>().join(", ");
+    let other = format!("SELECT {}", vec!["?"; columns.len() + 1].join(", "));
+    let mut selects = vec![format!("SELECT {first}, ? AS keep_row")];
+    selects.extend(std::iter::repeat_n(other, padded(rows) - 1));
+    format!(
+        "INSERT INTO {table} ({names}) SELECT {names} FROM ({}) AS padded_rows WHERE keep_row = 1",
+        selects.join(" UNION ALL ")
+    )
+}
+
+/// Binds `rows` with `bind`, then `pad` until the padded length; under [`Pad::Filter`] each row
+/// is followed by its `keep_row` (1 for a row, 0 for padding). `pad` is a real row (the last,
+/// for [`Pad::Repeat`]) or a cheaper row of the same types.
+pub(crate) fn bind_rows<T>(
+    mut q: AnyQuery,
+    rows: &[T],
+    pad: &T,
+    style: Pad,
+    bind: impl Fn(AnyQuery, &T) -> AnyQuery,
+) -> AnyQuery {
+    for (i, row) in rows.iter().chain(std::iter::repeat(pad)).take(padded(rows.len())).enumerate() {
+        q = bind(q, row);
+        if style == Pad::Filter {
+            q = q.bind(i64::from(i < rows.len()));
+        }
+    }
+    q
+}
+
 /// `?, ?, …`: `n` placeholders, comma-separated, for an `IN (…)` list.
 pub(crate) fn placeholders(n: usize) -> String {
     vec!["?"; n].join(", ")
@@ -268,6 +321,16 @@ mod tests {
         assert_eq!(lengths.into_iter().collect::<Vec<_>>(), [1, 2, 4, 8, 16, 32, 64]);
         assert_eq!((padded(3), padded(33), padded(65)), (4, 64, 65));
         assert_eq!(placeholders(3), "?, ?, ?");
+    }
+
+    #[test]
+    fn a_filtered_insert_pads_with_rows_it_drops() {
+        assert_eq!(
+            filtered_insert("t", &["a", "b"], 3),
+            "INSERT INTO t (a, b) SELECT a, b FROM (SELECT ? AS a, ? AS b, ? AS keep_row UNION ALL \
+             SELECT ?, ?, ? UNION ALL SELECT ?, ?, ? UNION ALL SELECT ?, ?, ?) AS padded_rows WHERE keep_row = 1"
+        );
+        assert_eq!(padded_values(2, 3), "(?, ?), (?, ?), (?, ?), (?, ?)");
     }
 
     #[test]
