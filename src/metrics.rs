@@ -69,6 +69,7 @@ pub struct Metrics {
     group_retries: IntCounterVec,
     group_wait_seconds: HistogramVec,
     group_queue_full: IntCounterVec,
+    group_deferred: IntCounterVec,
     group_fallbacks: IntCounterVec,
     http_shed: IntCounterVec,
     lag_messages: IntGaugeVec,
@@ -274,6 +275,11 @@ impl Metrics {
                 "Deliveries that found the group-commit queue (group_commit.queue) full and waited for room before queueing: the database is not keeping up.",
                 &["consumer_group"],
             ),
+            group_deferred: counter(
+                "idemgate_group_deferrals_total",
+                "Deliveries set aside while a group formed because a group in flight in this instance claims their key: they join the first group formed after it commits, instead of waiting inside the database for its uncommitted claim. High under close duplicates; not an error.",
+                &["consumer_group"],
+            ),
             http_shed: counter(
                 "idemgate_http_requests_shed_total",
                 "Pages and API calls answered 503 at once because http.max_concurrent_requests were already in flight.",
@@ -378,6 +384,7 @@ impl Metrics {
         self.group_wait_seconds.with_label_values(&[g]);
         self.http_shed.with_label_values(NO_LABELS);
         self.group_queue_full.with_label_values(&[g]);
+        self.group_deferred.with_label_values(&[g]);
         for kind in AnomalyKind::ALL {
             self.reconcile_anomalies.with_label_values(&[g, kind.as_str()]);
         }
@@ -561,6 +568,11 @@ impl Observer for Metrics {
     /// Counts a delivery that found the group-commit queue full.
     fn group_queue_full(&self) {
         self.group_queue_full.with_label_values(&[self.group.as_str()]).inc();
+    }
+
+    /// Counts deliveries set aside because a group in flight claims their key.
+    fn group_deferred(&self, count: u64) {
+        self.group_deferred.with_label_values(&[self.group.as_str()]).inc_by(count);
     }
 }
 

@@ -392,6 +392,7 @@ fn the_panels_cover_every_metric_of_the_service() {
         "idemgate_duplicate_ratio",
         "idemgate_conflicts_per_second",
         "idemgate_group_fallbacks_total",
+        "idemgate_group_deferrals_total",
         "idemgate_consumer_lag_messages",
         "idemgate_consumer_lag_seconds",
         "idemgate_consumer_lag_reads_total",

@@ -309,6 +309,8 @@ enum Mode {
     GroupCommitPerDelivery,
     /// Group commit on the batch path.
     GroupCommit,
+    /// The batch path with a key allowed in two groups in flight at once.
+    GroupCommitUndeferred,
     HandlerAlone,
     GateClientDefaults,
 }
@@ -321,6 +323,7 @@ impl Mode {
             Self::Gate => "idemgate, one transaction per message",
             Self::GroupCommitPerDelivery => super::gate::GROUP_COMMIT_PER_DELIVERY,
             Self::GroupCommit => super::gate::GROUP_COMMIT_BATCHED,
+            Self::GroupCommitUndeferred => super::gate::GROUP_COMMIT_UNDEFERRED,
             Self::HandlerAlone => super::gate::HANDLER_ALONE,
             Self::GateClientDefaults => "idemgate, client's default runtime",
         }
@@ -328,7 +331,13 @@ impl Mode {
 
     /// Whether the mode hands a listener call's messages over at once, to be grouped.
     fn grouped(self) -> bool {
-        matches!(self, Self::GroupCommitPerDelivery | Self::GroupCommit | Self::HandlerAlone)
+        matches!(
+            self,
+            Self::GroupCommitPerDelivery
+                | Self::GroupCommit
+                | Self::GroupCommitUndeferred
+                | Self::HandlerAlone
+        )
     }
 }
 
@@ -371,6 +380,7 @@ pub(crate) async fn run(options: &Options, mut report: impl FnMut(&Run)) -> anyh
         Mode::Naive,
         Mode::Gate,
         Mode::GroupCommitPerDelivery,
+        Mode::GroupCommitUndeferred,
         Mode::GroupCommit,
         Mode::HandlerAlone,
     ];
@@ -396,6 +406,9 @@ pub(crate) async fn run(options: &Options, mut report: impl FnMut(&Run)) -> anyh
         )?;
         match mode {
             Mode::GroupCommit => gate = gate.with_group_commit(options.group()),
+            Mode::GroupCommitUndeferred => {
+                gate = gate.with_group_commit(options.group()).without_key_deferral()
+            }
             Mode::GroupCommitPerDelivery => {
                 gate = gate.with_group_commit(GroupSettings { batch: false, ..options.group() })
             }
@@ -410,9 +423,11 @@ pub(crate) async fn run(options: &Options, mut report: impl FnMut(&Run)) -> anyh
                 &topic,
                 &options.group(),
             )?)),
-            Mode::Gate | Mode::GroupCommitPerDelivery | Mode::GroupCommit | Mode::GateClientDefaults => {
-                profiled.clone()
-            }
+            Mode::Gate
+            | Mode::GroupCommitPerDelivery
+            | Mode::GroupCommit
+            | Mode::GroupCommitUndeferred
+            | Mode::GateClientDefaults => profiled.clone(),
         }));
         let host = match mode {
             Mode::GateClientDefaults => ClientHost::with_client_defaults("bench")?,
@@ -465,7 +480,11 @@ pub(crate) async fn run(options: &Options, mut report: impl FnMut(&Run)) -> anyh
             peak_rss_mib: peak_rss_mib(),
             profile: matches!(
                 mode,
-                Mode::Gate | Mode::GroupCommitPerDelivery | Mode::GroupCommit | Mode::GateClientDefaults
+                Mode::Gate
+                    | Mode::GroupCommitPerDelivery
+                    | Mode::GroupCommit
+                    | Mode::GroupCommitUndeferred
+                    | Mode::GateClientDefaults
             )
             .then(|| profiled.profile()),
         };

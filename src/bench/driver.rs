@@ -14,6 +14,9 @@
 //! - **native, padded**: the same texts on `sqlx::PgConnection`;
 //! - **native, arrays**: one text per statement, `INSERT … SELECT * FROM UNNEST($1::text[], …)`,
 //!   which the `Any` driver cannot bind.
+//! - **Any, JSON**: one text and one parameter per statement through the `Any` driver, the rows
+//!   as one JSON text unpacked by `json_to_recordset`: what arrays would give without leaving
+//!   the `Any` driver.
 //!
 //! A second table weighs the log row's shape, on the gate's own path (Any, padded): the log with
 //! the indexes it had before `0009_lighter_log_indexes` (a primary key and six full indexes),
@@ -102,10 +105,12 @@ enum Mode {
     AnyPadded,
     NativePadded,
     NativeArrays,
+    AnyJson,
 }
 
 impl Mode {
-    const ALL: [Self; 4] = [Self::AnyPerSize, Self::AnyPadded, Self::NativePadded, Self::NativeArrays];
+    const ALL: [Self; 5] =
+        [Self::AnyPerSize, Self::AnyPadded, Self::NativePadded, Self::NativeArrays, Self::AnyJson];
 
     fn name(self) -> &'static str {
         match self {
@@ -113,6 +118,7 @@ impl Mode {
             Self::AnyPadded => "Any driver, padded to 7 sizes (the gate)",
             Self::NativePadded => "native PostgreSQL driver, padded to 7 sizes",
             Self::NativeArrays => "native PostgreSQL driver, arrays (UNNEST), one text",
+            Self::AnyJson => "Any driver, the rows as one JSON parameter (json_to_recordset), one text",
         }
     }
 }
@@ -322,7 +328,7 @@ fn shape_table(shapes: &[(Shape, Report)]) -> String {
 async fn run(url: &str, mode: Mode, prefix: &str, sizes: &[usize]) -> anyhow::Result<Report> {
     let warm = self::sizes(200);
     let mut any = match mode {
-        Mode::AnyPerSize | Mode::AnyPadded => Some(AnyConnection::connect(url).await?),
+        Mode::AnyPerSize | Mode::AnyPadded | Mode::AnyJson => Some(AnyConnection::connect(url).await?),
         _ => None,
     };
     let mut native = match mode {
@@ -333,6 +339,7 @@ async fn run(url: &str, mode: Mode, prefix: &str, sizes: &[usize]) -> anyhow::Re
     let mut group = |n: usize| fresh_rows(prefix, &mut next, n);
     let mut one = async |rows: Vec<Row9>| -> anyhow::Result<usize> {
         match (any.as_mut(), native.as_mut()) {
+            (Some(c), _) if mode == Mode::AnyJson => json_group(c, &rows).await,
             (Some(c), _) => any_group(c, mode == Mode::AnyPadded, &rows).await,
             (_, Some(c)) => native_group(c, mode == Mode::NativeArrays, &rows).await,
             _ => unreachable!("one connection is open"),
@@ -395,6 +402,51 @@ async fn any_group(conn: &mut AnyConnection, pad: bool, rows: &[Row9]) -> anyhow
         rows.iter().fold(log, |q, r| bind_log!(q, r))
     };
     log.execute(&mut *tx).await?;
+    tx.commit().await?;
+    Ok(claimed)
+}
+
+/// One group through the `Any` driver with each statement's rows in one JSON text, which
+/// PostgreSQL unpacks with `json_to_recordset`: one text and one parameter for every group size.
+async fn json_group(conn: &mut AnyConnection, rows: &[Row9]) -> anyhow::Result<usize> {
+    let claims: Vec<serde_json::Value> = rows
+        .iter()
+        .map(|r| {
+            serde_json::json!({"a": "bench", "b": "stock.deduct", "c": r.biz_id, "d": 0, "e": r.msg_id,
+                "f": r.msg_id, "g": r.hash, "h": "bench-1", "i": r.now_ms})
+        })
+        .collect();
+    let logs: Vec<serde_json::Value> = rows
+        .iter()
+        .map(|r| {
+            serde_json::json!({"a": r.now_ms, "b": "bench-1", "c": "bench", "d": r.msg_id, "e": r.msg_id,
+                "f": "stock", "g": "", "h": 3, "i": 42, "j": 0, "k": "stock.deduct", "l": r.biz_id, "m": 0,
+                "n": "processed", "o": null, "p": null, "q": null, "r": r.hash, "s": null, "t": 700,
+                "u": null, "v": 0})
+        })
+        .collect();
+    let claim = format!(
+        "INSERT INTO idempotent_record ({}) SELECT a, b, c, d, e, f, g, h, i FROM json_to_recordset(?::json) \
+         AS r(a text, b text, c text, d bigint, e text, f text, g text, h text, i bigint){CLAIM_TAIL}",
+        CLAIM_COLUMNS.join(", ")
+    );
+    let log = format!(
+        "INSERT INTO delivery_log ({}) SELECT a, b, c, d, e, f, g, h, i, j, k, l, m, n, o, p, q, r, s, t, \
+         decode(u, 'base64'), v FROM json_to_recordset(?::json) AS x(a bigint, b text, c text, d text, e text, \
+         f text, g text, h int, i bigint, j int, k text, l text, m bigint, n text, o text, p text, q smallint, \
+         r text, s text, t bigint, u text, v smallint)",
+        log_columns().join(", ")
+    );
+    let mut tx = conn.begin().await?;
+    let claimed = crate::store::query_built(Backend::Postgres, claim)
+        .bind(serde_json::Value::Array(claims).to_string())
+        .fetch_all(&mut *tx)
+        .await?
+        .len();
+    crate::store::query_built(Backend::Postgres, log)
+        .bind(serde_json::Value::Array(logs).to_string())
+        .execute(&mut *tx)
+        .await?;
     tx.commit().await?;
     Ok(claimed)
 }

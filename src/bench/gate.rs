@@ -173,19 +173,19 @@ pub(crate) async fn run(
             Identity { consumer_group: GROUP.to_owned(), instance_id: "bench".to_owned() },
             Policy { duplicate_warnings_per_second: 0, ..Policy::default() },
         )?);
-        let grouped = |batch: bool| -> anyhow::Result<Arc<Gate>> {
-            Ok(Arc::new(
-                Gate::new(
-                    db.store.clone(),
-                    Routes::new(&shop::routes(shop::TOPIC))?,
-                    shop::handlers(),
-                    Identity { consumer_group: GROUP.to_owned(), instance_id: "bench".to_owned() },
-                    Policy { duplicate_warnings_per_second: 0, ..Policy::default() },
-                )?
-                .with_group_commit(GroupSettings { batch, ..options.group() }),
-            ))
+        let grouped = |batch: bool, defer: bool| -> anyhow::Result<Arc<Gate>> {
+            let gate = Gate::new(
+                db.store.clone(),
+                Routes::new(&shop::routes(shop::TOPIC))?,
+                shop::handlers(),
+                Identity { consumer_group: GROUP.to_owned(), instance_id: "bench".to_owned() },
+                Policy { duplicate_warnings_per_second: 0, ..Policy::default() },
+            )?
+            .with_group_commit(GroupSettings { batch, ..options.group() });
+            Ok(Arc::new(if defer { gate } else { gate.without_key_deferral() }))
         };
-        let (per_delivery, batched) = (grouped(false)?, grouped(true)?);
+        let (per_delivery, batched, undeferred) =
+            (grouped(false, true)?, grouped(true, true)?, grouped(true, false)?);
         let alone = Arc::new(HandlerAlone::committer(db.store.clone(), shop::TOPIC, &options.group())?);
         for &concurrency in &options.concurrency {
             for pattern in Pattern::ALL {
@@ -193,6 +193,7 @@ pub(crate) async fn run(
                 let gate = match pattern {
                     Pattern::GroupCommitPerDelivery => &per_delivery,
                     Pattern::GroupCommit => &batched,
+                    Pattern::GroupCommitUndeferred => &undeferred,
                     Pattern::Naive | Pattern::Gate | Pattern::HandlerAlone => &gate,
                 };
                 let r = run_one(gate, &alone, &db.store, pattern, &stream, concurrency).await?;
@@ -233,12 +234,20 @@ enum Pattern {
     GroupCommitPerDelivery,
     /// Group commit on the batch path.
     GroupCommit,
+    /// The batch path with a key allowed in two groups in flight at once.
+    GroupCommitUndeferred,
     HandlerAlone,
 }
 
 impl Pattern {
-    const ALL: [Pattern; 5] =
-        [Self::Naive, Self::Gate, Self::GroupCommitPerDelivery, Self::GroupCommit, Self::HandlerAlone];
+    const ALL: [Pattern; 6] = [
+        Self::Naive,
+        Self::Gate,
+        Self::GroupCommitPerDelivery,
+        Self::GroupCommitUndeferred,
+        Self::GroupCommit,
+        Self::HandlerAlone,
+    ];
 
     fn name(self) -> &'static str {
         match self {
@@ -246,6 +255,7 @@ impl Pattern {
             Self::Gate => "idemgate",
             Self::GroupCommitPerDelivery => GROUP_COMMIT_PER_DELIVERY,
             Self::GroupCommit => GROUP_COMMIT_BATCHED,
+            Self::GroupCommitUndeferred => GROUP_COMMIT_UNDEFERRED,
             Self::HandlerAlone => HANDLER_ALONE,
         }
     }
@@ -253,6 +263,8 @@ impl Pattern {
 
 pub(crate) const GROUP_COMMIT_PER_DELIVERY: &str = "idemgate, group commit, a savepoint per delivery";
 pub(crate) const GROUP_COMMIT_BATCHED: &str = "idemgate, group commit, batch path";
+pub(crate) const GROUP_COMMIT_UNDEFERRED: &str =
+    "idemgate, group commit, batch path, a key in two groups in flight";
 pub(crate) const HANDLER_ALONE: &str = "handler alone, same batching, no claim, no log (unsafe)";
 
 struct Timing {
@@ -284,7 +296,10 @@ async fn run_one(
                 let Some(d) = stream.get(i) else { break };
                 let t = Instant::now();
                 let ok = match pattern {
-                    Pattern::Gate | Pattern::GroupCommitPerDelivery | Pattern::GroupCommit => {
+                    Pattern::Gate
+                    | Pattern::GroupCommitPerDelivery
+                    | Pattern::GroupCommit
+                    | Pattern::GroupCommitUndeferred => {
                         let r = gate.process(d).await;
                         phases.add(&r.phases.per_delivery());
                         matches!(r.outcome, Outcome::Processed | Outcome::Duplicate)

@@ -73,9 +73,17 @@ pub(crate) fn peak_rss_mib() -> f64 {
     proc_status_kib("VmHWM:") as f64 / 1024.0
 }
 
-/// Starts the peak resident memory (VmHWM) again from the current RSS, so that the next
-/// measurement's peak is its own. Linux only; elsewhere the peak stays the process's.
+/// Starts the peak resident memory (VmHWM) again from the current RSS, with the allocator's
+/// free pages given back first, so that the next measurement's peak is its own. Linux only; elsewhere the peak stays the process's.
 pub(crate) fn reset_peak_rss() {
+    // Memory the allocator still keeps from the runs before (freed, not yet given back) would
+    // count in the next run's peak; it goes back to the system first.
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    // SAFETY: malloc_trim only returns free heap pages to the system; it touches no live
+    // allocation and is safe to call from any thread at any time.
+    unsafe {
+        libc::malloc_trim(0);
+    }
     let _ = std::fs::write("/proc/self/clear_refs", "5");
 }
 

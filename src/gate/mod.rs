@@ -67,6 +67,8 @@ pub struct Gate {
     group: Option<GroupSettings>,
     /// The group committer, started by the first delivery.
     committer: std::sync::OnceLock<committer::Committer>,
+    /// The committer keeps a key out of two groups in flight ([`committer`]).
+    defer_held_keys: bool,
 }
 
 impl std::fmt::Debug for Gate {
@@ -116,7 +118,12 @@ impl Gate {
             prefilter: None,
             layout: tokio::sync::OnceCell::new(),
         };
-        Ok(Self { core: Arc::new(core), group: None, committer: std::sync::OnceLock::new() })
+        Ok(Self {
+            core: Arc::new(core),
+            group: None,
+            committer: std::sync::OnceLock::new(),
+            defer_held_keys: true,
+        })
     }
 
     /// The gate's parts, while it is being configured: the committer's tasks share them only
@@ -138,6 +145,13 @@ impl Gate {
     pub fn with_group_commit(mut self, settings: GroupSettings) -> Self {
         self.core_mut().batch_handlers = settings.batch;
         self.group = settings.enabled.then_some(settings);
+        self
+    }
+
+    /// Lets the committer put one key in two groups in flight, which then wait for each other in
+    /// the database: what the benchmarks compare the committer's deferral against.
+    pub(crate) fn without_key_deferral(mut self) -> Self {
+        self.defer_held_keys = false;
         self
     }
 
@@ -196,8 +210,9 @@ impl Gate {
         match &self.group {
             None => self.core.process(d).await,
             Some(settings) => {
-                let committer =
-                    self.committer.get_or_init(|| committer::Committer::start(self.core.clone(), settings));
+                let committer = self.committer.get_or_init(|| {
+                    committer::Committer::start(self.core.clone(), settings, self.defer_held_keys)
+                });
                 committer.submit(d.clone()).await
             }
         }
