@@ -151,3 +151,19 @@ fn clip(text: &str, max: usize) -> String {
         None => text.to_owned(),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_single_row_append_names_the_columns_in_the_order_bind_binds_them() {
+        let expected = format!(
+            "INSERT INTO delivery_log ({}) VALUES ({})",
+            COLUMNS.join(", "),
+            vec!["?"; COLUMNS.len()].join(", ")
+        );
+        let spelled = APPEND.portable().split_whitespace().collect::<Vec<_>>().join(" ");
+        assert_eq!(spelled, expected.split_whitespace().collect::<Vec<_>>().join(" "));
+    }
+}

@@ -210,10 +210,7 @@ async fn lock_levels(
     };
     let sql =
         format!("SELECT sku, quantity FROM shop_stock WHERE sku IN ({}) ORDER BY sku{lock}", placeholders(n));
-    let mut q = query_built(backend, sql);
-    for sku in skus.iter().chain(std::iter::repeat(last)).take(n) {
-        q = q.bind(*sku);
-    }
+    let q = bind_rows(query_built(backend, sql), skus, last, Pad::Repeat, |q, sku| q.bind(*sku));
     let mut levels = HashMap::with_capacity(skus.len());
     for row in q.fetch_all(&mut *conn).await? {
         levels.insert(row.try_get(0)?, row.try_get(1)?);
@@ -236,14 +233,12 @@ async fn take_sums(
         vec!["WHEN ? THEN ?"; n].join(" "),
         placeholders(n)
     );
-    let padding = || std::iter::repeat((last_sku, last_sum));
-    let mut q = query_built(backend, sql);
-    for (sku, sum) in taken.iter().chain(padding()).take(n) {
-        q = q.bind(*sku).bind(*sum);
-    }
-    for (sku, _) in taken.iter().chain(padding()).take(n) {
-        q = q.bind(*sku);
-    }
+    let sums: Vec<(&str, i64)> = taken.iter().map(|(sku, sum)| (*sku, *sum)).collect();
+    let last = (*last_sku, *last_sum);
+    let q = bind_rows(query_built(backend, sql), &sums, &last, Pad::Repeat, |q, (sku, sum)| {
+        q.bind(*sku).bind(*sum)
+    });
+    let q = bind_rows(q, &sums, &last, Pad::Repeat, |q, (sku, _)| q.bind(*sku));
     let changed = q.execute(&mut *conn).await?.rows_affected();
     if changed != taken.len() as u64 {
         return Err(sqlx::Error::Protocol(format!(
