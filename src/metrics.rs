@@ -277,7 +277,7 @@ impl Metrics {
             ),
             group_deferred: counter(
                 "idemgate_group_deferrals_total",
-                "Deliveries set aside while a group formed because a group in flight in this instance claims their key: they join the first group formed after it commits, instead of waiting inside the database for its uncommitted claim. High under close duplicates; not an error.",
+                "Times a delivery was set aside while a group formed because a group in flight in this instance claims its key: it joins the first group formed after that one commits, instead of waiting inside the database for the uncommitted claim. High under close duplicates; not an error.",
                 &["consumer_group"],
             ),
             http_shed: counter(

@@ -74,7 +74,8 @@ pub(crate) fn peak_rss_mib() -> f64 {
 }
 
 /// Starts the peak resident memory (VmHWM) again from the current RSS, with the allocator's
-/// free pages given back first, so that the next measurement's peak is its own. Linux only; elsewhere the peak stays the process's.
+/// free pages given back first, so that the next measurement's peak is its own. Linux only;
+/// elsewhere the peak stays the process's.
 pub(crate) fn reset_peak_rss() {
     // Memory the allocator still keeps from the runs before (freed, not yet given back) would
     // count in the next run's peak; it goes back to the system first.

@@ -16,8 +16,8 @@ pub trait Observer: Send + Sync {
     fn group_wait(&self, _waited: Duration) {}
     /// A delivery found the group queue full and had to wait for room.
     fn group_queue_full(&self) {}
-    /// `count` deliveries were set aside while a group formed: a group in flight holds their
-    /// key, and they go into the first group formed after it ends.
+    /// Deliveries were set aside `count` times while a group formed: a group in flight holds
+    /// their key, and they go into the first group formed after it ends.
     fn group_deferred(&self, _count: u64) {}
     /// A handler's batch form failed in a group: the group was rolled back to just after its
     /// claims and ran again one delivery at a time.
