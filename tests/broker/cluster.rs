@@ -151,10 +151,14 @@ struct Stream {
 
 impl Scenario {
     async fn new(name: &'static str, prefix: &str) -> Self {
+        Self::on(name, prefix, Backend::Postgres).await
+    }
+
+    async fn on(name: &'static str, prefix: &str, backend: Backend) -> Self {
         let began = Instant::now();
         let (topic, group, run) = (unique(prefix), unique("group"), unique(prefix).replace('_', ""));
         let cluster = cluster_with(&topic);
-        let db = database(Backend::Postgres).await;
+        let db = database(backend).await;
         Self { name, began, cluster, db, topic, group, run }
     }
 
@@ -275,4 +279,52 @@ async fn a_rebalance_storm_of_one_three_one_and_two_instances_leaves_exact_books
     assert_eq!(first.terminate().code(), Some(0));
     assert_eq!(last.terminate().code(), Some(0));
     scenario.close().await;
+}
+
+/// Three instances; a fourth joins, and while the group rebalances one of the three is SIGKILLed
+/// (its offsets not yet committed come back to the others as `redelivery` duplicates); a
+/// replacement joins 15 s later.
+async fn killed_during_a_rebalance(backend: Backend, name: &'static str) {
+    if !wanted(name) {
+        return;
+    }
+    let scenario = Scenario::on(name, "rebkill", backend).await;
+    let steady = scenario.serve("steady");
+    let others: Vec<Service> = ["second", "victim"].iter().map(|n| scenario.serve(n)).collect();
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let stream = scenario.stream(MESSAGES, RATE, &steady);
+    tokio::time::sleep(Duration::from_secs(8)).await;
+    let joiner = scenario.serve("joiner");
+    // The joiner's arrival starts a rebalance of every instance; the victim dies inside it.
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let mut others = others.into_iter();
+    let second = others.next().expect("the second instance");
+    let victim = others.next().expect("the victim");
+    tokio::task::block_in_place(|| victim.kill_hard());
+    let killed = Instant::now();
+    tokio::time::sleep(Duration::from_secs(15)).await;
+    let replacement = scenario.serve("replacement");
+    let events = format!(
+        "an instance SIGKILLed 1.5 s after a fourth joined, a replacement {:.1} s later",
+        killed.elapsed().as_secs_f64()
+    );
+    let by_instance = scenario.finish(stream, &events).await;
+    assert!(
+        by_instance.contains_key("victim"),
+        "the victim processed part of the stream first: {by_instance:?}"
+    );
+    for service in [steady, second, joiner, replacement] {
+        assert_eq!(tokio::task::block_in_place(|| service.terminate()).code(), Some(0));
+    }
+    scenario.close().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_instance_killed_during_a_rebalance_leaves_exact_books_on_postgres() {
+    killed_during_a_rebalance(Backend::Postgres, "kill -9 during a rebalance, PostgreSQL").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_instance_killed_during_a_rebalance_leaves_exact_books_on_mariadb() {
+    killed_during_a_rebalance(Backend::MySql, "kill -9 during a rebalance, MariaDB").await;
 }
