@@ -15,6 +15,7 @@ use idemgate::testing::config::Settings;
 use idemgate::testing::produce::ProduceReport;
 use idemgate::testing::scratch;
 use idemgate::testing::store::{Backend, Store};
+use sqlx::Row;
 
 use super::support::*;
 
@@ -327,4 +328,72 @@ async fn an_instance_killed_during_a_rebalance_leaves_exact_books_on_postgres() 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_instance_killed_during_a_rebalance_leaves_exact_books_on_mariadb() {
     killed_during_a_rebalance(Backend::MySql, "kill -9 during a rebalance, MariaDB").await;
+}
+
+static LOCK_CLAIMS: idemgate::testing::store::Sql =
+    idemgate::testing::store::Sql::new("LOCK TABLE idempotent_record IN EXCLUSIVE MODE");
+static FAILED: idemgate::testing::store::Sql = idemgate::testing::store::Sql::new(
+    "SELECT COALESCE(error, ''), COUNT(*) FROM delivery_log WHERE consumer_group = ? AND outcome = 'failed' \
+     GROUP BY error",
+);
+
+/// Two instances take the stream; 8 s in, a transaction takes `LOCK TABLE idempotent_record IN
+/// EXCLUSIVE MODE` and holds it 15 s, so that every claim waits. The consumers must wait with it:
+/// no delivery fails on the database, nothing is lost, and their memory stays bounded while the
+/// broker client holds what it has pulled (`broker.buffered_messages`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_database_stalled_for_fifteen_seconds_slows_the_consumers_and_loses_nothing() {
+    if !wanted("slow database") {
+        return;
+    }
+    let scenario = Scenario::new("slow database", "stall").await;
+    let services: Vec<Service> = ["first", "second"].iter().map(|n| scenario.serve(n)).collect();
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let stream = scenario.stream(MESSAGES, RATE, &services[0]);
+    tokio::time::sleep(Duration::from_secs(8)).await;
+    let mut lock = scenario.db.store.begin().await.expect("a transaction");
+    scenario.db.store.query(&LOCK_CLAIMS).execute(&mut *lock).await.expect("the claims locked");
+    let stalled = Instant::now();
+    let mut most_rss: f64 = 0.0;
+    while stalled.elapsed() < Duration::from_secs(15) {
+        for service in &services {
+            most_rss = most_rss.max(service.rss_mib().expect("serve runs through the stall"));
+        }
+        tokio::time::sleep(Duration::from_secs(1)).await;
+    }
+    lock.rollback().await.expect("the lock released");
+    let events = format!(
+        "the claim table locked {:.1} s, serve's RSS at most {most_rss:.0} MiB meanwhile",
+        stalled.elapsed().as_secs_f64()
+    );
+    let by_instance = scenario.finish(stream, &events).await;
+    assert_eq!(by_instance.len(), 2, "both instances processed part of the stream: {by_instance:?}");
+    let failed: Vec<(String, i64)> = scenario
+        .db
+        .store
+        .query(&FAILED)
+        .bind(scenario.group.as_str())
+        .fetch_all(scenario.db.store.pool())
+        .await
+        .expect("failed deliveries")
+        .iter()
+        .map(|r| (r.get(0), r.get(1)))
+        .collect();
+    // The stall holds orders back while payments on other queues go on arriving: those are
+    // refused and retried by the example shop itself. No delivery may fail on the database.
+    let on_the_database: Vec<&(String, i64)> = failed
+        .iter()
+        .filter(|(error, _)| !error.ends_with("its order.create may still be on the way"))
+        .collect();
+    assert!(
+        on_the_database.is_empty(),
+        "deliveries failed during the stall instead of waiting: {on_the_database:?}"
+    );
+    let early_payments: i64 = failed.iter().map(|(_, n)| n).sum();
+    println!("slow database: {early_payments} payments retried because the stall held their order back");
+    assert!(most_rss < 200.0, "serve grew to {most_rss:.0} MiB while the database was stalled");
+    for service in services {
+        assert_eq!(tokio::task::block_in_place(|| service.terminate()).code(), Some(0));
+    }
+    scenario.close().await;
 }

@@ -137,6 +137,14 @@ impl Service {
         service
     }
 
+    /// Its resident memory now, in MiB (`/proc/<pid>/status`); `None` once it has exited.
+    pub fn rss_mib(&self) -> Option<f64> {
+        let status = std::fs::read_to_string(format!("/proc/{}/status", self.child.id())).ok()?;
+        let kib: f64 =
+            status.lines().find(|l| l.starts_with("VmRSS:"))?.split_whitespace().nth(1)?.parse().ok()?;
+        Some(kib / 1024.0)
+    }
+
     pub fn wait_for_line(&self, needle: &str, limit: Duration) {
         let started = Instant::now();
         while started.elapsed() < limit {
