@@ -75,6 +75,9 @@ pub struct Metrics {
     lag_messages: IntGaugeVec,
     lag_seconds: GaugeVec,
     lag_reads: IntCounterVec,
+    buffered: IntGaugeVec,
+    /// The topics the buffered gauge was last set for.
+    buffered_topics: Mutex<BTreeSet<String>>,
     /// The latest consumer-lag reading, and the queues its gauges were set for.
     lag: Mutex<Option<(LagReading, BTreeSet<[String; 3]>)>>,
     windows: Mutex<BTreeMap<String, Window>>,
@@ -300,6 +303,12 @@ impl Metrics {
                 "Consumer-lag readings of a topic by result: complete, partial (a broker or an oldest message unread), failed (no figure).",
                 &["consumer_group", "topic", "result"],
             ),
+            buffered: int_gauge(
+                "idemgate_consumer_buffered_messages",
+                "Messages this instance's broker client has pulled and not yet consumed (those in the gate included), per topic, read every second. The client stops pulling a queue past its share of broker.buffered_messages, so this stays near that bound while the database is slow, and near 0 when the consumer keeps up.",
+                &["consumer_group", "topic"],
+            ),
+            buffered_topics: Mutex::new(BTreeSet::new()),
             lag: Mutex::new(None),
             windows: Mutex::new(BTreeMap::new()),
             from_database: tokio::sync::Mutex::new(None),
@@ -421,6 +430,20 @@ impl Metrics {
             }
         }
         *latest = Some((reading.clone(), queues));
+    }
+
+    /// Sets the buffered-messages gauge of every topic the client holds queues of.
+    /// A topic the client no longer holds any queue of (after a rebalance) goes to 0.
+    pub(crate) fn observe_buffered_messages(&self, by_topic: &BTreeMap<String, u64>) {
+        let g = self.group.as_str();
+        let mut before = self.buffered_topics.lock().unwrap_or_else(|p| p.into_inner());
+        for gone in before.iter().filter(|t| !by_topic.contains_key(*t)) {
+            self.buffered.with_label_values(&[g, gone]).set(0);
+        }
+        for (topic, held) in by_topic {
+            self.buffered.with_label_values(&[g, topic]).set(i64::try_from(*held).unwrap_or(i64::MAX));
+            before.insert(topic.clone());
+        }
     }
 
     /// The latest consumer-lag reading of this process, if it reads lag.

@@ -396,6 +396,7 @@ fn the_panels_cover_every_metric_of_the_service() {
         "idemgate_consumer_lag_messages",
         "idemgate_consumer_lag_seconds",
         "idemgate_consumer_lag_reads_total",
+        "idemgate_consumer_buffered_messages",
     ] {
         assert!(all.contains(metric), "no panel shows {metric}");
     }

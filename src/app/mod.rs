@@ -175,6 +175,9 @@ impl Application {
     }
 }
 
+/// How often the consumer task reads what the broker client holds pulled.
+const BUFFERED_READ_EVERY: Duration = Duration::from_secs(1);
+
 /// The schedules, the consumer and, after it, the reading of its lag, each as a task of `tasks`.
 async fn start_parts(
     settings: &Settings,
@@ -232,15 +235,26 @@ async fn start_parts(
     }
     if feed == Feed::Broker {
         let mut consumer = Consumer::start(gate.clone(), &settings.broker).await?;
-        tasks.spawn("consumer", |stop| async move {
-            tokio::select! {
-                () = stop => {
-                    consumer.shutdown().await;
-                    Ok(())
-                }
-                what = consumer.fault() => {
-                    consumer.shutdown().await;
-                    anyhow::bail!("a listener call panicked: {what}")
+        let buffered_metrics = metrics.clone();
+        tasks.spawn("consumer", |mut stop| async move {
+            // What the client holds pulled is read once a second, for the gauge.
+            let mut ticks = tokio::time::interval(BUFFERED_READ_EVERY);
+            ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            loop {
+                tokio::select! {
+                    () = &mut stop => {
+                        consumer.shutdown().await;
+                        return Ok(());
+                    }
+                    what = consumer.fault() => {
+                        consumer.shutdown().await;
+                        anyhow::bail!("a listener call panicked: {what}")
+                    }
+                    _ = ticks.tick() => {
+                        if let Some(held) = consumer.buffered_messages().await {
+                            buffered_metrics.observe_buffered_messages(&held.by_topic);
+                        }
+                    }
                 }
             }
         });

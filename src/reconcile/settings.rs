@@ -25,6 +25,11 @@ pub struct ReconcileSettings {
     pub stuck_after_minutes: u32,
     /// `IDEMGATE_RECONCILE__MAX_PER_KIND`: the most anomalies one run reports per kind.
     pub max_per_kind: u32,
+    /// `IDEMGATE_RECONCILE__LEASE_SECONDS`: how long the group's lease lasts. It is given back
+    /// when a run ends; a run whose instance died leaves it until it expires, and the group is
+    /// not reconciled before then. It must exceed the longest run, or a later tick's run on
+    /// another instance may start beside a slow one.
+    pub lease_seconds: u64,
 }
 
 /// Every 15 minutes.
@@ -38,6 +43,7 @@ impl Default for ReconcileSettings {
             window_hours: 24,
             stuck_after_minutes: 30,
             max_per_kind: 1_000,
+            lease_seconds: 600,
         }
     }
 }
@@ -67,6 +73,9 @@ impl ReconcileSettings {
         if !(1..=100_000).contains(&self.max_per_kind) {
             return bad("reconcile.max_per_kind", "must be from 1 to 100000");
         }
+        if !(10..=86_400).contains(&self.lease_seconds) {
+            return bad("reconcile.lease_seconds", "must be between 10 and 86400");
+        }
         Ok(())
     }
 
@@ -90,6 +99,11 @@ impl ReconcileSettings {
             instance_id: who.instance_id.to_owned(),
             started_by: who.started_by.to_owned(),
         }
+    }
+
+    /// How long the group's lease lasts, in milliseconds.
+    pub(crate) fn lease_ttl_ms(&self) -> i64 {
+        i64::try_from(self.lease_seconds.saturating_mul(1_000)).unwrap_or(i64::MAX / 4)
     }
 
     pub fn window(&self) -> Duration {

@@ -102,6 +102,7 @@ settings_table! {
     servers: [
         "http.query_timeout_ms" => http_query_timeout_ms,
         "http.max_connections" => http_max_connections,
+        "reconcile.lease_seconds" => reconcile_lease_seconds,
     ],
 }
 
@@ -719,6 +720,31 @@ async fn reconcile_max_per_kind(b: Backend) {
         .scalar("SELECT MAX(n) FROM (SELECT COUNT(*) AS n FROM reconcile_anomaly WHERE kind = 'lost' GROUP BY run_id) per_run", &[])
         .await;
     assert_eq!(most, 1, "three lost keys, at most one reported per run (the default reports all three)");
+    app.stop().await;
+}
+
+async fn reconcile_lease_seconds(b: Backend) {
+    let app = spawn_app(b, |s| {
+        s.reconcile.schedule = EVERY_SECOND.to_owned();
+        s.reconcile.lease_seconds = 3_600;
+    })
+    .await;
+    // A run held up on the log holds the group's lease meanwhile: for an hour past its taking
+    // here; the default, 10 minutes.
+    let lock = LogLock::take(&app).await;
+    let held = app
+        .eventually(PATIENCE, async |a| {
+            a.scalar(
+                "SELECT COUNT(*) FROM archive_lease WHERE name LIKE 'reconcile:%' \
+                 AND expires_at_ms - acquired_at_ms > 3000000",
+                &[],
+            )
+            .await
+                > 0
+        })
+        .await;
+    lock.release().await;
+    assert!(held, "a reconcile lease of an hour was taken");
     app.stop().await;
 }
 

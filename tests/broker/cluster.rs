@@ -337,33 +337,75 @@ static FAILED: idemgate::testing::store::Sql = idemgate::testing::store::Sql::ne
      GROUP BY error",
 );
 
+/// The pull bound of the slow-database scenario, per instance: small enough that 15 s of the
+/// stream pass it many times over.
+const BUFFERED: u32 = 200;
+/// The most queues one instance of the slow-database scenario consumes: half of the topic's 8,
+/// or all of them while the other instance has not joined yet, and one `%RETRY%` queue per broker.
+const MOST_QUEUES: u32 = 2 * QUEUES_PER_BROKER + 2;
+
 /// Two instances take the stream; 8 s in, a transaction takes `LOCK TABLE idempotent_record IN
 /// EXCLUSIVE MODE` and holds it 15 s, so that every claim waits. The consumers must wait with it:
-/// no delivery fails on the database, nothing is lost, and their memory stays bounded while the
-/// broker client holds what it has pulled (`broker.buffered_messages`).
+/// no delivery fails on the database, nothing is lost, and what each broker client holds pulled
+/// stays within `broker.buffered_messages` (plus at most one pull per queue, since the client
+/// checks the bound before each pull), read from each instance's
+/// `idemgate_consumer_buffered_messages` every second; their memory stays bounded with it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_database_stalled_for_fifteen_seconds_slows_the_consumers_and_loses_nothing() {
     if !wanted("slow database") {
         return;
     }
     let scenario = Scenario::new("slow database", "stall").await;
-    let services: Vec<Service> = ["first", "second"].iter().map(|n| scenario.serve(n)).collect();
+    let services: Vec<Service> = ["first", "second"]
+        .iter()
+        .map(|n| {
+            let mut s = on_cluster(&scenario.cluster, &scenario.db.url, &scenario.topic, &scenario.group, n);
+            s.broker.buffered_messages = BUFFERED;
+            Service::start(&s)
+        })
+        .collect();
+    let addrs: Vec<String> = services.iter().map(service_addr).collect();
     tokio::time::sleep(Duration::from_secs(3)).await;
     let stream = scenario.stream(MESSAGES, RATE, &services[0]);
     tokio::time::sleep(Duration::from_secs(8)).await;
     let mut lock = scenario.db.store.begin().await.expect("a transaction");
     scenario.db.store.query(&LOCK_CLAIMS).execute(&mut *lock).await.expect("the claims locked");
     let stalled = Instant::now();
-    let mut most_rss: f64 = 0.0;
+    let (mut most_rss, mut most_held): (f64, f64) = (0.0, 0.0);
+    let held = |addr: &str| {
+        let (_, text) = http_get(addr, "/metrics")?;
+        sample(
+            &text,
+            "idemgate_consumer_buffered_messages",
+            &[("consumer_group", scenario.group.as_str()), ("topic", scenario.topic.as_str())],
+        )
+    };
     while stalled.elapsed() < Duration::from_secs(15) {
-        for service in &services {
+        for (service, addr) in services.iter().zip(&addrs) {
             most_rss = most_rss.max(service.rss_mib().expect("serve runs through the stall"));
+            let now_held =
+                tokio::task::block_in_place(|| held(addr)).expect("serve reports what it holds pulled");
+            most_held = most_held.max(now_held);
         }
         tokio::time::sleep(Duration::from_secs(1)).await;
     }
     lock.rollback().await.expect("the lock released");
+    let pull = Settings::default().broker.pull_batch_size;
+    let bound = f64::from(BUFFERED + MOST_QUEUES * pull);
+    assert!(
+        most_held <= bound,
+        "an instance held {most_held} messages pulled, over broker.buffered_messages {BUFFERED} plus one pull of \
+         {pull} per queue ({bound})"
+    );
+    assert!(
+        // 15 s of the stream is many times the bound; a quarter of it held shows the client
+        // stopped on the bound rather than on an empty topic.
+        most_held >= f64::from(BUFFERED) / 4.0,
+        "the stall never filled the client's buffer (at most {most_held} held): the bound was not exercised"
+    );
     let events = format!(
-        "the claim table locked {:.1} s, serve's RSS at most {most_rss:.0} MiB meanwhile",
+        "the claim table locked {:.1} s, at most {most_held} messages held pulled by one instance \
+         (broker.buffered_messages {BUFFERED}), serve's RSS at most {most_rss:.0} MiB meanwhile",
         stalled.elapsed().as_secs_f64()
     );
     let by_instance = scenario.finish(stream, &events).await;
@@ -393,6 +435,206 @@ async fn a_database_stalled_for_fifteen_seconds_slows_the_consumers_and_loses_no
     println!("slow database: {early_payments} payments retried because the stall held their order back");
     assert!(most_rss < 200.0, "serve grew to {most_rss:.0} MiB while the database was stalled");
     for service in services {
+        assert_eq!(tokio::task::block_in_place(|| service.terminate()).code(), Some(0));
+    }
+    scenario.close().await;
+}
+
+/// Claims seeded 100 days old, for the archive to move while the stream runs.
+const EXPIRED_CLAIMS: i64 = 20_000;
+
+static SEED_EXPIRED: idemgate::testing::store::Sql = idemgate::testing::store::Sql::new(
+    "INSERT INTO idempotent_record (consumer_group, biz_type, biz_id, execute_time, msg_id, uniq_key, payload_hash, \
+     instance_id, claimed_at_ms) \
+     SELECT ?, 'stock.deduct', 'expired-' || g, 0, 'M-expired-' || g, 'U-expired-' || g, 'hash', 'seed', ? \
+     FROM generate_series(1, ?) AS g",
+);
+static ARCHIVED_EXPIRED: idemgate::testing::store::Sql = idemgate::testing::store::Sql::new(
+    "SELECT COUNT(*), COUNT(DISTINCT biz_id) FROM idempotent_record_archive \
+     WHERE consumer_group = ? AND biz_id LIKE 'expired-%'",
+);
+static LIVE_EXPIRED: idemgate::testing::store::Sql = idemgate::testing::store::Sql::new(
+    "SELECT COUNT(*) FROM idempotent_record WHERE consumer_group = ? AND biz_id LIKE 'expired-%'",
+);
+/// Every archive pass that ran (not skipped): its kind, status, instance and times.
+static ARCHIVE_RUNS: idemgate::testing::store::Sql = idemgate::testing::store::Sql::new(
+    "SELECT kind, status, instance_id, started_at_ms, COALESCE(finished_at_ms, 0), rows_moved \
+     FROM archive_run WHERE status <> 'skipped' AND started_by = 'schedule' ORDER BY started_at_ms",
+);
+static ARCHIVE_SKIPS: idemgate::testing::store::Sql =
+    idemgate::testing::store::Sql::new("SELECT COUNT(*) FROM archive_run WHERE status = 'skipped'");
+static RECONCILE_RUNS: idemgate::testing::store::Sql = idemgate::testing::store::Sql::new(
+    "SELECT status, instance_id, started_at_ms, COALESCE(finished_at_ms, 0) FROM reconcile_run \
+     WHERE consumer_group = ? AND started_by = 'schedule' ORDER BY started_at_ms",
+);
+
+/// One run of a scheduled job, as its table recorded it.
+#[derive(Debug)]
+struct JobRun {
+    kind: String,
+    status: String,
+    instance: String,
+    started_ms: i64,
+    finished_ms: i64,
+}
+
+/// The schedule of both jobs in the single-runner scenario: every 5 s.
+const TICK_MS: i64 = 5_000;
+
+/// At most one run per tick (ticks fall every `TICK_MS`), and no two finished runs of a kind
+/// overlap in time. A run's tick is that of its first row (the reconcile run; the archive's
+/// `dedup` pass, which starts as soon as the lease is taken: its `log` pass follows later and may
+/// start in the next tick's window). A run abandoned by a killed instance is counted for its
+/// tick; its finish is when the next run marked it failed, so it is left out of the overlap check.
+fn assert_one_runner(job: &str, runs: &[JobRun]) {
+    let mut per_tick: BTreeMap<i64, Vec<&JobRun>> = BTreeMap::new();
+    for run in runs.iter().filter(|r| r.kind != "log") {
+        per_tick.entry(run.started_ms.div_euclid(TICK_MS)).or_default().push(run);
+    }
+    let doubled: Vec<_> = per_tick.values().filter(|runs| runs.len() > 1).collect();
+    assert!(doubled.is_empty(), "{job}: ticks run by more than one instance: {doubled:#?}");
+    let mut finished: Vec<&JobRun> = runs.iter().filter(|r| r.status == "success").collect();
+    finished.sort_by_key(|r| (r.kind.clone(), r.started_ms));
+    for pair in finished.windows(2) {
+        if pair[0].kind == pair[1].kind {
+            assert!(
+                pair[1].started_ms >= pair[0].finished_ms,
+                "{job}: two runs at once: {:?} and {:?}",
+                pair[0],
+                pair[1]
+            );
+        }
+    }
+}
+
+/// Three instances archive and reconcile every 5 s while they take the stream; two of them are
+/// SIGKILLed at moments drawn at random. Every tick of either job is run by one instance at
+/// most, both jobs go on running after the kills, and the 20,000 expired claims are archived
+/// exactly once, in batches small enough that a kill can land in the middle of a run.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_archive_and_reconcile_jobs_run_once_per_tick_while_instances_are_killed() {
+    if !wanted("single runner") {
+        return;
+    }
+    let scenario = Scenario::new("single runner", "single").await;
+    let store = &scenario.db.store;
+    let old = idemgate::testing::clock::now_ms() - 100 * 86_400_000;
+    store
+        .query(&SEED_EXPIRED)
+        .bind(scenario.group.as_str())
+        .bind(old)
+        .bind(EXPIRED_CLAIMS)
+        .execute(store.pool())
+        .await
+        .expect("expired claims seeded");
+    let serve = |instance: &str| {
+        let mut s =
+            on_cluster(&scenario.cluster, &scenario.db.url, &scenario.topic, &scenario.group, instance);
+        s.archive.schedule = "*/5 * * * * *".to_owned();
+        s.archive.batch_size = 500;
+        s.archive.pause_ms = 200;
+        s.archive.lease_seconds = 10;
+        s.reconcile.schedule = "*/5 * * * * *".to_owned();
+        s.reconcile.lease_seconds = 10;
+        Service::start(&s)
+    };
+    let mut services: Vec<(String, Service)> =
+        ["alpha", "beta", "gamma"].iter().map(|n| (n.to_string(), serve(n))).collect();
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let stream = scenario.stream(MESSAGES, RATE, &services[0].1);
+    let streaming = Instant::now();
+    // Two of the three, drawn at random, each at a moment drawn between 5 s and 30 s into the
+    // stream; the watched first instance is never one of them.
+    let mut moments: Vec<u64> = (0..2).map(|_| rand::random_range(5_000..30_000)).collect();
+    moments.sort_unstable();
+    let mut killed = Vec::new();
+    for at in moments {
+        let wait = Duration::from_millis(at).saturating_sub(streaming.elapsed());
+        tokio::time::sleep(wait).await;
+        let victim = rand::random_range(1..services.len());
+        let (name, service) = services.remove(victim);
+        tokio::task::block_in_place(|| service.kill_hard());
+        killed.push((name, idemgate::testing::clock::now_ms(), at));
+    }
+    let last_kill_ms = killed.iter().map(|k| k.1).max().expect("two kills");
+    let events = format!(
+        "SIGKILLed (instance, ms into the stream): {:?}",
+        killed.iter().map(|k| (&k.0, k.2)).collect::<Vec<_>>()
+    );
+    scenario.finish(stream, &events).await;
+
+    // Both jobs must run again after the kills (a dead holder's lease lasts 10 s), and the
+    // archive must finish the expired claims.
+    let group = scenario.group.as_str();
+    let deadline = Instant::now() + Duration::from_secs(90);
+    let (archive_runs, reconcile_runs) = loop {
+        let archive_runs: Vec<JobRun> = store
+            .query(&ARCHIVE_RUNS)
+            .fetch_all(store.pool())
+            .await
+            .expect("archive runs")
+            .iter()
+            .map(|r| JobRun {
+                kind: r.get(0),
+                status: r.get(1),
+                instance: r.get(2),
+                started_ms: r.get(3),
+                finished_ms: r.get(4),
+            })
+            .collect();
+        let reconcile_runs: Vec<JobRun> = store
+            .query(&RECONCILE_RUNS)
+            .bind(group)
+            .fetch_all(store.pool())
+            .await
+            .expect("reconcile runs")
+            .iter()
+            .map(|r| JobRun {
+                kind: "reconcile".to_owned(),
+                status: r.get(0),
+                instance: r.get(1),
+                started_ms: r.get(2),
+                finished_ms: r.get(3),
+            })
+            .collect();
+        let live: i64 =
+            store.query(&LIVE_EXPIRED).bind(group).fetch_one(store.pool()).await.expect("live").get(0);
+        let after =
+            |runs: &[JobRun]| runs.iter().any(|r| r.status == "success" && r.started_ms > last_kill_ms);
+        if live == 0 && after(&archive_runs) && after(&reconcile_runs) {
+            break (archive_runs, reconcile_runs);
+        }
+        assert!(
+            Instant::now() < deadline,
+            "90 s after the stream: {live} expired claims left, archive runs {archive_runs:#?}, reconcile runs \
+             {reconcile_runs:#?}"
+        );
+        tokio::time::sleep(Duration::from_secs(1)).await;
+    };
+    assert_one_runner("archive", &archive_runs);
+    assert_one_runner("reconcile", &reconcile_runs);
+    let row = store.query(&ARCHIVED_EXPIRED).bind(group).fetch_one(store.pool()).await.expect("archived");
+    let (archived, distinct): (i64, i64) = (row.get(0), row.get(1));
+    assert_eq!((archived, distinct), (EXPIRED_CLAIMS, EXPIRED_CLAIMS), "every expired claim archived once");
+    let skipped: i64 = store.query(&ARCHIVE_SKIPS).fetch_one(store.pool()).await.expect("skips").get(0);
+    assert!(skipped > 0, "instances woken by one tick found the lease taken and skipped");
+    fn runners(runs: &[JobRun]) -> BTreeMap<&str, usize> {
+        let mut by = BTreeMap::new();
+        for r in runs {
+            *by.entry(r.instance.as_str()).or_default() += 1;
+        }
+        by
+    }
+    let abandoned = archive_runs.iter().filter(|r| r.status == "failed").count();
+    println!(
+        "single runner: {} archive passes run by {:?} ({abandoned} abandoned by a killed instance, {skipped} \
+         skipped), {} reconcile runs by {:?}; {archived} expired claims archived once",
+        archive_runs.len(),
+        runners(&archive_runs),
+        reconcile_runs.len(),
+        runners(&reconcile_runs)
+    );
+    for (_, service) in services {
         assert_eq!(tokio::task::block_in_place(|| service.terminate()).code(), Some(0));
     }
     scenario.close().await;
