@@ -67,7 +67,9 @@ impl Core {
     }
 
     pub(super) fn observe_retries(&self, retries: &Retries) {
-        if let (Some(observer), true) = (&self.observer, retries.count() > 0) {
+        if retries.count() > 0
+            && let Some(observer) = &self.observer
+        {
             observer.transient_retries(retries);
         }
     }

@@ -60,11 +60,13 @@ async fn store_on(cluster: &LocalGalera, index: usize, db: &ScratchDb) -> Store 
         .unwrap_or_else(|e| panic!("node {}: {e}", index + 1))
 }
 
-/// The service on `url` fed by the caller: the same assembly as `serve`.
-async fn service(url: &str, group: &str, instance: &str) -> Running {
-    let app = Application::build(&caller_settings(url, group, instance), Feed::Caller)
-        .await
-        .unwrap_or_else(|e| panic!("{instance}: {e:#}"));
+/// The service on `url` fed by the caller: the same assembly as `serve`, with group commit when
+/// `group_commit`.
+async fn service(url: &str, group: &str, instance: &str, group_commit: bool) -> Running {
+    let mut settings = caller_settings(url, group, instance);
+    settings.group_commit.enabled = group_commit;
+    let app =
+        Application::build(&settings, Feed::Caller).await.unwrap_or_else(|e| panic!("{instance}: {e:#}"));
     app.start().await.expect("the service starts")
 }
 
@@ -89,13 +91,24 @@ const RACERS: usize = 16;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn sixteen_deliveries_of_one_key_on_three_nodes_make_one_processed_and_fifteen_duplicates() {
+    race_across_nodes(false).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn with_group_commit_sixteen_deliveries_of_one_key_on_three_nodes_make_one_processed() {
+    race_across_nodes(true).await;
+}
+
+/// [`ROUNDS`] rounds of [`RACERS`] deliveries of one key, spread over a service on each node.
+async fn race_across_nodes(group_commit: bool) {
     let cluster = cluster().await;
     let began = Instant::now();
     let db = database(&cluster).await;
     let group = unique("race");
     let mut services = Vec::new();
     for node in 0..NODES {
-        services.push(service(&cluster.url(node, db.name()), &group, &format!("node-{}", node + 1)).await);
+        let url = cluster.url(node, db.name());
+        services.push(service(&url, &group, &format!("node-{}", node + 1), group_commit).await);
     }
     let prefix = unique("RACE").replace('_', "");
     for round in 0..ROUNDS {
@@ -153,8 +166,8 @@ async fn sixteen_deliveries_of_one_key_on_three_nodes_make_one_processed_and_fif
     let (code, text) = reconcile(&cluster.url(0, db.name()), &group);
     assert!(text.contains("lost 0") && text.contains("double_applied 0"), "reconcile ({code:?}):\n{text}");
     println!(
-        "galera race: {ROUNDS} rounds of {RACERS} deliveries of one key over {NODES} nodes; {retries} certification \
-         retries; wall {:.1} s",
+        "galera race (group commit {group_commit}): {ROUNDS} rounds of {RACERS} deliveries of one key over {NODES} \
+         nodes; {retries} certification retries; wall {:.1} s",
         began.elapsed().as_secs_f64()
     );
     for running in services {
