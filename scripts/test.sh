@@ -9,6 +9,8 @@ scripts/services.sh
 scripts/install-prometheus.sh >/dev/null
 scripts/install-rocketmq.sh >/dev/null
 scripts/install-chromium.sh >/dev/null
+# tests/galera: a three-node MariaDB Galera cluster behind HAProxy.
+scripts/install-galera.sh >/dev/null
 # The scenarios on a two-broker cluster (tests/broker/cluster.rs) take minutes; they run here and
 # when this is set by hand.
 export IDEMGATE_CLUSTER_SCENARIOS=1

@@ -24,7 +24,7 @@ use crate::gate::{Disposition, GroupEnd, GroupReport, Observer};
 use crate::outcome::{DuplicateCause, Layer, Outcome};
 use crate::prefilter::{FallbackCause, Settled, Step};
 use crate::reconcile::AnomalyKind;
-use crate::store::{Backend, Sql, Store};
+use crate::store::{Backend, Retries, Sql, Store, TransientCause};
 
 /// Latency buckets in seconds: half a millisecond to thirty seconds.
 const BUCKETS: &[f64] =
@@ -67,6 +67,7 @@ pub struct Metrics {
     group_size: HistogramVec,
     group_commits: IntCounterVec,
     group_retries: IntCounterVec,
+    transient_retries: IntCounterVec,
     group_wait_seconds: HistogramVec,
     group_queue_full: IntCounterVec,
     group_deferred: IntCounterVec,
@@ -263,6 +264,11 @@ impl Metrics {
                 "Whole-group transactions started again after a transient conflict (deadlock, busy file, lost connection).",
                 &["consumer_group"],
             ),
+            transient_retries: counter(
+                "idemgate_transient_retries_total",
+                "Gate transactions (one delivery's, or a whole group's) started again after a transient conflict, by cause: deadlock, certification (on a Galera node: another node's write won), serialization, lock_wait, busy, connection.",
+                &["consumer_group", "cause"],
+            ),
             group_wait_seconds: histogram(
                 "idemgate_group_queue_wait_seconds",
                 "Time a delivery waited in the group-commit queue before its group started: grows when the database is the bottleneck.",
@@ -389,6 +395,9 @@ impl Metrics {
             self.group_commits.with_label_values(&[g, end.as_str()]);
         }
         self.group_retries.with_label_values(&[g]);
+        for cause in TransientCause::ALL {
+            self.transient_retries.with_label_values(&[g, cause.as_str()]);
+        }
         self.group_size.with_label_values(&[g]);
         self.group_wait_seconds.with_label_values(&[g]);
         self.http_shed.with_label_values(NO_LABELS);
@@ -575,6 +584,15 @@ impl Observer for Metrics {
         self.group_commits.with_label_values(&[g, report.end.as_str()]).inc();
         if report.retries > 0 {
             self.group_retries.with_label_values(&[g]).inc_by(u64::from(report.retries));
+        }
+    }
+
+    /// Counts the gate's transactions started again after transient conflicts, by cause.
+    fn transient_retries(&self, retries: &Retries) {
+        for (cause, n) in retries.by_cause() {
+            self.transient_retries
+                .with_label_values(&[self.group.as_str(), cause.as_str()])
+                .inc_by(u64::from(n));
         }
     }
 

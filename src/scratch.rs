@@ -3,12 +3,17 @@
 //!
 //! It needs an admin URL that may create databases. It must never be pointed at a production
 //! server's real database: it only ever creates and drops databases named `idemgate_scratch_*`.
+//!
+//! [`galera`] starts a private three-node MariaDB Galera cluster (and HAProxy in front of it),
+//! whose admin URLs a scratch database can be created on ([`ScratchDb::create_at`]).
 
 use std::sync::atomic::{AtomicU32, Ordering};
 
 use sqlx::{AnyPool, AssertSqlSafe, Executor};
 
 use crate::store::{Backend, Store, StoreError, StoreOptions};
+
+pub(crate) mod galera;
 
 /// The admin URLs of the machine's services, as the tests and benchmarks default to them.
 pub(crate) const POSTGRES_ADMIN_URL: &str = "postgres://postgres@127.0.0.1:5432/postgres";
@@ -34,6 +39,8 @@ pub struct ScratchDb {
     pub url: String,
     backend: Backend,
     name: String,
+    /// The admin URL it was created on, to drop it with; `None` for SQLite.
+    admin: Option<String>,
     _dir: Option<tempfile::TempDir>,
 }
 
@@ -59,6 +66,24 @@ pub enum ScratchError {
 impl ScratchDb {
     /// Creates and migrates a scratch database on `backend`'s server.
     pub async fn create(backend: Backend, options: &StoreOptions) -> Result<Self, ScratchError> {
+        match admin_url(backend) {
+            Some(admin) => Self::create_at(backend, &admin, options).await,
+            None => {
+                let dir = tempfile::tempdir().map_err(ScratchError::TempDir)?;
+                let url = format!("sqlite://{}?mode=rwc", dir.path().join("idemgate.db").display());
+                let store = Store::open(&url, options).await?;
+                Ok(Self { store, url, backend, name: String::new(), admin: None, _dir: Some(dir) })
+            }
+        }
+    }
+
+    /// Creates and migrates a scratch database on the PostgreSQL or MySQL-protocol server that
+    /// `admin` (a URL that may create databases) points at.
+    pub async fn create_at(
+        backend: Backend,
+        admin: &str,
+        options: &StoreOptions,
+    ) -> Result<Self, ScratchError> {
         sqlx::any::install_default_drivers();
         let name = format!(
             "{PREFIX}{}_{}_{}",
@@ -66,27 +91,22 @@ impl ScratchDb {
             NEXT.fetch_add(1, Ordering::Relaxed),
             rand::random::<u16>()
         );
-        let (url, dir) =
-            match admin_url(backend) {
-                None => {
-                    let dir = tempfile::tempdir().map_err(ScratchError::TempDir)?;
-                    let url = format!("sqlite://{}?mode=rwc", dir.path().join("idemgate.db").display());
-                    (url, Some(dir))
-                }
-                Some(admin) => {
-                    let pool = AnyPool::connect(&admin).await.map_err(|source| {
-                        ScratchError::Unreachable { backend, url: crate::store::redact_url(&admin), source }
-                    })?;
-                    pool.execute(AssertSqlSafe(format!("CREATE DATABASE {name}")))
-                        .await
-                        .map_err(ScratchError::Create)?;
-                    pool.close().await;
-                    let base = admin.rsplit_once('/').map(|(b, _)| b).unwrap_or(&admin);
-                    (format!("{base}/{name}"), None)
-                }
-            };
+        let pool = AnyPool::connect(admin).await.map_err(|source| ScratchError::Unreachable {
+            backend,
+            url: crate::store::redact_url(admin),
+            source,
+        })?;
+        pool.execute(AssertSqlSafe(format!("CREATE DATABASE {name}"))).await.map_err(ScratchError::Create)?;
+        pool.close().await;
+        let base = admin.rsplit_once('/').map(|(b, _)| b).unwrap_or(admin);
+        let url = format!("{base}/{name}");
         let store = Store::open(&url, options).await?;
-        Ok(Self { store, url, backend, name, _dir: dir })
+        Ok(Self { store, url, backend, name, admin: Some(admin.to_owned()), _dir: None })
+    }
+
+    /// The database's name on its server (empty for SQLite).
+    pub fn name(&self) -> &str {
+        &self.name
     }
 
     pub fn backend(&self) -> Backend {
@@ -96,8 +116,8 @@ impl ScratchDb {
     /// Closes the pool and drops the database.
     pub async fn drop_now(self) {
         self.store.close().await;
-        if let Some(admin) = admin_url(self.backend) {
-            drop_database(self.backend, &admin, &self.name).await;
+        if let Some(admin) = &self.admin {
+            drop_database(self.backend, admin, &self.name).await;
         }
     }
 }
@@ -135,7 +155,7 @@ impl Drop for ScratchDb {
     /// dropped here, from a thread with a runtime of its own: the current runtime cannot be
     /// blocked on.
     fn drop(&mut self) {
-        let Some(admin) = admin_url(self.backend) else {
+        let Some(admin) = self.admin.clone() else {
             return;
         };
         if self.store.pool().is_closed() {

@@ -8,7 +8,8 @@
 //! (insert-if-absent, transaction start) the module that owns the statement says why.
 //!
 //! [`plan`] reads what the database would do with a statement, for the readers' tests and
-//! benchmarks.
+//! benchmarks. [`galera`] holds what a MariaDB Galera node asks of the service: causal reads on
+//! every connection, and the start-up checks of primary keys and auto-increment ids.
 //!
 //! This module owns connecting and migrating. It must not know about claims or deliveries.
 
@@ -20,6 +21,7 @@ use sqlx::migrate::Migrator;
 use sqlx::{AnyConnection, AnyPool, AssertSqlSafe, Executor};
 
 mod backend;
+pub(crate) mod galera;
 pub(crate) mod plan;
 mod redact;
 mod settings;
@@ -71,6 +73,48 @@ pub enum StoreError {
     Database(#[from] sqlx::Error),
 }
 
+crate::labelled::labelled! {
+    /// Why a transaction was started again: the kinds of transient conflict [`is_transient`]
+    /// accepts, a closed set (a metric label).
+    TransientCause {
+        /// A deadlock between two transactions of one server.
+        Deadlock => "deadlock",
+        /// On a Galera node: another node's write set won. The node reports a failed certification
+        /// at COMMIT, and a brute-force abort by an applied write set, with the same error (1213,
+        /// SQLSTATE 40001, "Deadlock found when trying to get lock") as a local InnoDB deadlock,
+        /// which it cannot be told apart from: on a Galera node every 1213 counts here.
+        Certification => "certification",
+        /// PostgreSQL's serialization failure.
+        Serialization => "serialization",
+        /// MySQL/MariaDB's lock wait timeout.
+        LockWait => "lock_wait",
+        /// A busy or locked SQLite file.
+        Busy => "busy",
+        /// The pool had no connection in time, or a connection broke.
+        Connection => "connection",
+    }
+}
+
+/// The transient conflicts one piece of work was retried after, by cause.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Retries([u32; TransientCause::ALL.len()]);
+
+impl Retries {
+    /// Every retry, whatever its cause.
+    pub fn count(&self) -> u32 {
+        self.0.iter().sum()
+    }
+
+    /// The causes with at least one retry, and how many.
+    pub fn by_cause(&self) -> impl Iterator<Item = (TransientCause, u32)> + '_ {
+        TransientCause::ALL.iter().map(|c| (*c, self.0[c.index()])).filter(|(_, n)| *n > 0)
+    }
+
+    fn add(&mut self, cause: TransientCause) {
+        self.0[cause.index()] += 1;
+    }
+}
+
 /// Which server answers a `mysql://` URL. MariaDB and MySQL share a protocol and most of the
 /// dialect but part ways on a few statements; the store reads `SELECT VERSION()` once at connect
 /// and keeps the answer.
@@ -110,6 +154,8 @@ pub struct Store {
     backend: Backend,
     /// On `Backend::MySql`, which server it is; `None` on the others.
     mysql_flavour: Option<MySqlFlavour>,
+    /// A MariaDB Galera node (`wsrep_on`) answers the URL.
+    galera: bool,
 }
 
 impl fmt::Debug for Store {
@@ -117,6 +163,7 @@ impl fmt::Debug for Store {
         f.debug_struct("Store")
             .field("backend", &self.backend)
             .field("mysql_flavour", &self.mysql_flavour)
+            .field("galera", &self.galera)
             .finish_non_exhaustive()
     }
 }
@@ -143,18 +190,23 @@ impl Store {
     pub async fn connect(url: &str, options: &StoreOptions) -> Result<Self, StoreError> {
         install_default_drivers();
         let backend = Backend::from_url(url)?;
-        let mut pool_options = AnyPoolOptions::new()
+        let limit = options.statement_timeout.and_then(|t| statement_timeout(backend, t));
+        let pool_options = AnyPoolOptions::new()
             .max_connections(options.max_connections)
-            .acquire_timeout(options.acquire_timeout);
-        if let Some(limit) = options.statement_timeout.and_then(|t| statement_timeout(backend, t)) {
-            pool_options = pool_options.after_connect(move |conn, _| {
+            .acquire_timeout(options.acquire_timeout)
+            .after_connect(move |conn, _| {
                 let limit = limit.clone();
                 Box::pin(async move {
-                    conn.execute(AssertSqlSafe(limit)).await?;
+                    if let Some(limit) = limit {
+                        conn.execute(AssertSqlSafe(limit)).await?;
+                    }
+                    if backend == Backend::MySql {
+                        // Behind a proxy, each connection may reach another node: ask each.
+                        galera::prepare_connection(conn).await?;
+                    }
                     Ok(())
                 })
             });
-        }
         let pool = pool_options.connect(url).await.map_err(|source| StoreError::Connect {
             backend,
             url: redact_url(url),
@@ -165,17 +217,18 @@ impl Store {
             // setting is stored in the file, so once is enough.
             pool.execute("PRAGMA journal_mode = WAL").await?;
         }
-        let mysql_flavour = match backend {
+        let (mysql_flavour, galera) = match backend {
             Backend::MySql => {
                 use sqlx::Row;
                 let version: String = sqlx::query("SELECT VERSION()").fetch_one(&pool).await?.try_get(0)?;
                 let flavour = MySqlFlavour::from_version(&version);
-                tracing::debug!(%version, flavour = flavour.name(), "connected to a MySQL-protocol server");
-                Some(flavour)
+                let galera = galera::is_node(&mut *pool.acquire().await?).await?;
+                tracing::debug!(%version, flavour = flavour.name(), galera, "connected to a MySQL-protocol server");
+                (Some(flavour), galera)
             }
-            Backend::Sqlite | Backend::Postgres => None,
+            Backend::Sqlite | Backend::Postgres => (None, false),
         };
-        Ok(Self { pool, backend, mysql_flavour })
+        Ok(Self { pool, backend, mysql_flavour, galera })
     }
 
     /// Connects and applies this backend's migrations.
@@ -201,6 +254,23 @@ impl Store {
     /// On MySQL/MariaDB, which of the two the server is; `None` on SQLite and PostgreSQL.
     pub fn mysql_flavour(&self) -> Option<MySqlFlavour> {
         self.mysql_flavour
+    }
+
+    /// True when the server is a MariaDB Galera node: conflicts with other nodes' writes show up
+    /// as [`TransientCause::Certification`], and [`galera::check`] applies at start.
+    pub fn is_galera(&self) -> bool {
+        self.galera
+    }
+
+    /// [`retry_transient`] with this store's causes: on a Galera node a deadlock is a failed
+    /// certification.
+    pub(crate) async fn retry_transient<T, F: Future<Output = Result<T, sqlx::Error>>>(
+        &self,
+        limit: u32,
+        base_ms: u64,
+        attempt: impl FnMut() -> F,
+    ) -> (Result<T, sqlx::Error>, Retries) {
+        retry_transient(self.galera, limit, base_ms, attempt).await
     }
 
     /// True when an `INSERT` can return the rows it inserted (`RETURNING`): PostgreSQL,
@@ -285,45 +355,57 @@ impl Bound {
 pub type Conn = AnyConnection;
 
 /// True where an error is a transient conflict between transactions (deadlock, serialization
-/// failure, a busy SQLite file) that is worth retrying at once.
+/// failure, a failed Galera certification, a busy SQLite file) that is worth retrying at once.
 pub(crate) fn is_transient(err: &sqlx::Error) -> bool {
+    transient_cause(err, false).is_some()
+}
+
+/// Which transient conflict `err` is, if it is one; `galera` when the server is a Galera node.
+pub(crate) fn transient_cause(err: &sqlx::Error, galera: bool) -> Option<TransientCause> {
     match err {
-        sqlx::Error::Database(db) => {
-            let code = db.code();
-            matches!(
-                code.as_deref(),
-                // PostgreSQL: serialization_failure, deadlock_detected.
-                Some("40001") | Some("40P01")
-                // MySQL/MariaDB report SQLSTATE 40001 for deadlocks; the lock wait timeout is HY000.
-                // SQLite: SQLITE_BUSY (5), SQLITE_LOCKED (6) and their extended codes.
-                | Some("5") | Some("6") | Some("261") | Some("262") | Some("517") | Some("773")
-            ) || db.message().contains("Lock wait timeout exceeded")
-        }
-        sqlx::Error::PoolTimedOut | sqlx::Error::Io(_) => true,
-        _ => false,
+        sqlx::Error::Database(db) => match db.code().as_deref() {
+            // PostgreSQL: deadlock_detected.
+            Some("40P01") => Some(TransientCause::Deadlock),
+            // MySQL/MariaDB report SQLSTATE 40001 (error 1213) for deadlocks, a Galera node for a
+            // failed certification too; PostgreSQL for a serialization failure.
+            Some("40001") if galera => Some(TransientCause::Certification),
+            Some("40001") if db.message().starts_with("Deadlock") => Some(TransientCause::Deadlock),
+            Some("40001") => Some(TransientCause::Serialization),
+            // SQLite: SQLITE_BUSY (5), SQLITE_LOCKED (6) and their extended codes.
+            Some("5" | "6" | "261" | "262" | "517" | "773") => Some(TransientCause::Busy),
+            // The lock wait timeout is HY000.
+            _ if db.message().contains("Lock wait timeout exceeded") => Some(TransientCause::LockWait),
+            _ => None,
+        },
+        sqlx::Error::PoolTimedOut | sqlx::Error::Io(_) => Some(TransientCause::Connection),
+        _ => None,
     }
 }
 
 /// Runs `attempt` until it succeeds, fails for another reason than a transient conflict
-/// ([`is_transient`]), or has been retried `limit` times. Before retry n it waits a random
-/// pause of up to `base_ms << n` milliseconds, so that two transactions that collided do not
-/// collide again in step. Returns the last result and the retries made.
+/// ([`transient_cause`]; `galera` when the server is a Galera node), or has been retried
+/// `limit` times. Before retry n it waits a random pause of up to `base_ms << n` milliseconds,
+/// so that two transactions that collided do not collide again in step. Returns the last result
+/// and the retries made, by cause.
 pub(crate) async fn retry_transient<T, F: Future<Output = Result<T, sqlx::Error>>>(
+    galera: bool,
     limit: u32,
     base_ms: u64,
     mut attempt: impl FnMut() -> F,
-) -> (Result<T, sqlx::Error>, u32) {
-    let mut retries = 0;
+) -> (Result<T, sqlx::Error>, Retries) {
+    let mut retries = Retries::default();
     loop {
-        match attempt().await {
-            Err(e) if is_transient(&e) && retries < limit => {
-                retries += 1;
-                tracing::debug!(error = %e, retries, "a transient conflict between transactions; retrying");
-                let pause = rand::random_range(0..=base_ms << retries);
-                tokio::time::sleep(Duration::from_millis(pause)).await;
-            }
-            other => return (other, retries),
-        }
+        let result = attempt().await;
+        let cause = match &result {
+            Err(e) if retries.count() < limit => transient_cause(e, galera).map(|cause| (cause, e)),
+            _ => None,
+        };
+        let Some((cause, e)) = cause else { return (result, retries) };
+        retries.add(cause);
+        let n = retries.count();
+        tracing::debug!(error = %e, retries = n, %cause, "a transient conflict between transactions; retrying");
+        let pause = rand::random_range(0..=base_ms << n);
+        tokio::time::sleep(Duration::from_millis(pause)).await;
     }
 }
 
@@ -334,30 +416,31 @@ mod tests {
     #[tokio::test]
     async fn transient_conflicts_are_retried_up_to_the_limit_and_others_not_at_all() {
         let mut calls = 0;
-        let (result, retries) = retry_transient(3, 0, || {
+        let (result, retries) = retry_transient(false, 3, 0, || {
             calls += 1;
             std::future::ready(Err::<(), _>(sqlx::Error::PoolTimedOut))
         })
         .await;
         assert!(matches!(result, Err(sqlx::Error::PoolTimedOut)));
-        assert_eq!((calls, retries), (4, 3));
+        assert_eq!((calls, retries.count()), (4, 3));
+        assert_eq!(retries.by_cause().collect::<Vec<_>>(), [(TransientCause::Connection, 3)]);
 
         let mut calls = 0;
-        let (result, retries) = retry_transient(3, 0, || {
+        let (result, retries) = retry_transient(false, 3, 0, || {
             calls += 1;
             std::future::ready(Err::<(), _>(sqlx::Error::RowNotFound))
         })
         .await;
         assert!(matches!(result, Err(sqlx::Error::RowNotFound)));
-        assert_eq!((calls, retries), (1, 0));
+        assert_eq!((calls, retries.count()), (1, 0));
 
         let mut calls = 0;
-        let (result, retries) = retry_transient(3, 0, || {
+        let (result, retries) = retry_transient(false, 3, 0, || {
             calls += 1;
             std::future::ready(if calls < 3 { Err(sqlx::Error::PoolTimedOut) } else { Ok(calls) })
         })
         .await;
-        assert_eq!((result.ok(), retries), (Some(3), 2));
+        assert_eq!((result.ok(), retries.count()), (Some(3), 2));
     }
 
     #[test]

@@ -108,6 +108,9 @@ pub mod route {
 }
 pub mod scratch {
     pub use crate::scratch::ScratchDb;
+    pub mod galera {
+        pub use crate::scratch::galera::{LocalGalera, NODES};
+    }
 }
 pub mod shop {
     pub use crate::shop::{
@@ -129,6 +132,9 @@ pub mod store {
     pub use crate::store::{
         Backend, Conn, MySqlFlavour, Sql, Store, StoreOptions, query, query_built, values_list,
     };
+    pub mod galera {
+        pub use crate::store::galera::{IdSettings, id_settings};
+    }
     pub mod plan {
         pub use crate::store::plan::reads;
     }

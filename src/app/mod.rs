@@ -385,6 +385,17 @@ pub(crate) async fn gate(
 ) -> anyhow::Result<Gate> {
     let layout =
         crate::layout::ensure(&store, settings.dedup.shards, &settings.identity().instance_id).await?;
+    // After the layout: the shard tables are checked too.
+    if store.is_galera() {
+        let ids = crate::store::galera::check(store.pool()).await?;
+        tracing::info!(
+            auto_increment_control = ids.control,
+            increment = ids.increment,
+            offset = ids.offset,
+            cluster_size = ids.cluster_size,
+            "the database is a Galera node: causal reads on every connection"
+        );
+    }
     let gate = assemble_gate(settings, store, handlers, metrics)?.with_layout(layout);
     if let Some(prefilter) = gate.prefilter()
         && prefilter.warm_up().await

@@ -15,7 +15,7 @@ use std::sync::{Mutex, OnceLock};
 use sqlx::any::AnyRow;
 use sqlx::{AssertSqlSafe, Row};
 
-use crate::store::{Backend, Sql, Store, retry_transient};
+use crate::store::{Backend, Sql, Store};
 
 use super::RunKind;
 
@@ -174,7 +174,7 @@ pub(crate) async fn run(
     interrupt: Interrupt,
 ) -> Result<Result<Option<Batch>, Interrupted>, sqlx::Error> {
     // A batch that conflicted with a consumer is simply redone.
-    retry_transient(5, 20, || once(store, t, cutoff_ms, walk, limit, now_ms, interrupt)).await.0
+    store.retry_transient(5, 20, || once(store, t, cutoff_ms, walk, limit, now_ms, interrupt)).await.0
 }
 
 async fn once(

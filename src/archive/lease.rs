@@ -48,6 +48,10 @@ impl Lease {
     /// Takes `name` for `holder` until `now_ms + ttl_ms`, unless another holder's lease is still
     /// running, or the lease was taken at or after `tick_ms` (the schedule tick this run serves;
     /// `i64::MAX` for a run by hand); then says whose it is.
+    ///
+    /// On a Galera cluster two instances on two nodes may both take the lease on their own node;
+    /// the later commit then fails certification. That attempt is made again, and finds the
+    /// lease taken since the tick, as on one server.
     pub(crate) async fn acquire(
         store: &Store,
         name: &str,
@@ -56,15 +60,35 @@ impl Lease {
         ttl_ms: i64,
         tick_ms: i64,
     ) -> Result<Result<Lease, Held>, sqlx::Error> {
+        let wanted = Lease { name: name.to_owned(), holder: holder.to_owned() };
+        let (taken, _) =
+            store.retry_transient(3, 20, || wanted.try_take(store, now_ms, ttl_ms, tick_ms)).await;
+        Ok(match taken? {
+            true => Ok(wanted),
+            // Released between our two statements: report it as free from now; the next tick takes it.
+            false => Err(self::holder(store, name)
+                .await?
+                .unwrap_or(Held { holder: String::new(), until_ms: now_ms })),
+        })
+    }
+
+    /// One attempt at taking this lease (see [`Lease::acquire`]): true when it is ours.
+    async fn try_take(
+        &self,
+        store: &Store,
+        now_ms: i64,
+        ttl_ms: i64,
+        tick_ms: i64,
+    ) -> Result<bool, sqlx::Error> {
+        let (name, holder) = (self.name.as_str(), self.holder.as_str());
         let backend = store.backend();
         let mut conn = store.pool().acquire().await?;
         let expires = now_ms + ttl_ms;
         let taken = TAKE
             .execute(&mut conn, backend, |q| q.bind(name).bind(holder).bind(now_ms).bind(expires))
             .await?;
-        let lease = Lease { name: name.to_owned(), holder: holder.to_owned() };
         if taken {
-            return Ok(Ok(lease));
+            return Ok(true);
         }
         let over = store
             .query(&TAKE_OVER)
@@ -76,14 +100,7 @@ impl Lease {
             .bind(tick_ms)
             .execute(&mut *conn)
             .await?;
-        if over.rows_affected() == 1 {
-            return Ok(Ok(lease));
-        }
-        drop(conn);
-        // Released between our two statements: report it as free from now; the next tick takes it.
-        let held =
-            self::holder(store, name).await?.unwrap_or(Held { holder: String::new(), until_ms: now_ms });
-        Ok(Err(held))
+        Ok(over.rows_affected() == 1)
     }
 
     /// Extends the lease to `now_ms + ttl_ms`. False when it is no longer ours (it expired and

@@ -2,8 +2,8 @@
 //! module's `Options` as its flags, and the dispatch to the module's `command`.
 
 use super::{
-    archive, broker, driver, gate, layers, metrics, reconcile, soak, sql_handler, state_machine, trace,
-    ui_flood,
+    archive, broker, driver, galera, gate, layers, metrics, reconcile, soak, sql_handler, state_machine,
+    trace, ui_flood,
 };
 
 /// `idemgate bench <benchmark>`.
@@ -43,6 +43,10 @@ pub enum BenchCommand {
     /// `serve` under a steady stream for minutes with the archive and the reconciler on short
     /// schedules: resident memory, open files and database connections once a minute.
     Soak(soak::Options),
+    /// One consumer on one node of a three-node MariaDB Galera cluster, three on one node, and
+    /// one on each node: msg/s, p99 and certification retries per node, at each share of
+    /// duplicates.
+    Galera(galera::Options),
     /// What the metrics cost: one observe call, the gate with and without metrics, one scrape
     /// of 10 biz_types × 5 outcomes × 4 causes.
     Metrics(metrics::Options),
@@ -65,6 +69,7 @@ impl BenchCommand {
             Self::Metrics(options) => metrics::command(options).await,
             Self::Driver(options) => driver::command(options).await,
             Self::Soak(options) => soak::command(options).await,
+            Self::Galera(options) => galera::command(options).await,
         }
     }
 }

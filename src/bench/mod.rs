@@ -12,6 +12,7 @@ pub(crate) mod archive;
 pub(crate) mod broker;
 pub(crate) mod command;
 pub(crate) mod driver;
+pub(crate) mod galera;
 pub(crate) mod gate;
 pub(crate) mod layers;
 pub(crate) mod metrics;

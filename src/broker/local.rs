@@ -350,17 +350,7 @@ diskSpaceCleanForciblyRatio = 97
             .stderr(err)
             .spawn()
             .with_context(|| format!("starting {}", self.bin.display()))?;
-        let script = format!(
-            "while kill -0 {me} 2>/dev/null && kill -0 {child} 2>/dev/null; do sleep 1; done; kill -9 {child} 2>/dev/null",
-            me = std::process::id(),
-            child = child.id()
-        );
-        let _ = Command::new("sh")
-            .args(["-c", &script])
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn();
+        watch_over(&child);
         self.child = Some(child);
         Ok(())
     }
@@ -388,6 +378,31 @@ diskSpaceCleanForciblyRatio = 97
             let _ = child.wait();
         }
     }
+}
+
+/// Starts a small watchdog that SIGKILLs `child` as soon as this process is gone, so that a
+/// killed test run leaves no server behind.
+pub(crate) fn watch_over(child: &Child) {
+    let child = child.id();
+    when_this_process_is_gone(
+        &format!("kill -0 {child} 2>/dev/null"),
+        &format!("kill -9 {child} 2>/dev/null"),
+    );
+}
+
+/// Runs the shell command `then` once this process has exited, or as soon as the shell test
+/// `still_needed` fails.
+pub(crate) fn when_this_process_is_gone(still_needed: &str, then: &str) {
+    let script = format!(
+        "while kill -0 {me} 2>/dev/null && {still_needed}; do sleep 1; done; {then}",
+        me = std::process::id()
+    );
+    let _ = Command::new("sh")
+        .args(["-c", &script])
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn();
 }
 
 /// Starts a name server on a free port; its `host:port` and process.
@@ -435,7 +450,7 @@ fn on_a_thread_of_its_own<T: Send + 'static>(
 }
 
 /// The first of `n` consecutive free loopback ports.
-fn free_port_run(n: u16) -> anyhow::Result<u16> {
+pub(crate) fn free_port_run(n: u16) -> anyhow::Result<u16> {
     for _ in 0..200 {
         let first = TcpListener::bind("127.0.0.1:0")?.local_addr()?.port();
         if first > u16::MAX - n {

@@ -17,7 +17,7 @@ use crate::layout::Layout;
 use crate::outcome::{Claim, DuplicateCause, Layer, Outcome, Verdict, classify};
 use crate::prefilter::{Check, Prefilter, PrefilterReport, Settle};
 use crate::route::{BizKey, MAX_ID_CHARS, Rejection, Routes, excerpt};
-use crate::store::{Store, retry_transient};
+use crate::store::{Retries, Store};
 use crate::throttle::{Permit, Throttle};
 
 /// The pause before the n-th retry of a transient conflict is at most this many ms `<< n`.
@@ -63,6 +63,14 @@ impl Core {
     pub(super) fn observe(&self, d: &Delivery, r: &Disposition) {
         if let Some(observer) = &self.observer {
             observer.delivery(d, r);
+        }
+    }
+
+    pub(super) fn observe_retries(&self, retries: &Retries) {
+        if retries.count() > 0
+            && let Some(observer) = &self.observer
+        {
+            observer.transient_retries(retries);
         }
     }
 
@@ -119,12 +127,15 @@ impl Core {
     ) -> (Disposition, Option<Claim>) {
         // Every attempt's time counts, the failed ones' too.
         let timing = std::sync::Mutex::new(phases);
-        let (attempt, retries) = retry_transient(self.policy.transient_retries, RETRY_BASE_MS, || {
-            self.attempt(d, &key, payload_hash, started, &timing)
-        })
-        .await;
+        let (attempt, retries) = self
+            .store
+            .retry_transient(self.policy.transient_retries, RETRY_BASE_MS, || {
+                self.attempt(d, &key, payload_hash, started, &timing)
+            })
+            .await;
+        self.observe_retries(&retries);
         let mut phases = timing.into_inner().unwrap_or_else(std::sync::PoisonError::into_inner);
-        phases.transient_retries += retries;
+        phases.transient_retries += retries.count();
         match attempt {
             Ok(Attempt::Committed { effect }) => {
                 let claim = crate::prefilter::claim_of(d, payload_hash);

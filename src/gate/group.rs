@@ -57,7 +57,7 @@ use crate::layout::ClaimTable;
 use crate::outcome::{Claim, DuplicateCause, Layer, Outcome};
 use crate::prefilter::{Check, PrefilterReport, Settle, Token, claim_of};
 use crate::route::{BizKey, Rejection};
-use crate::store::{Backend, Conn, is_transient, query, retry_transient};
+use crate::store::{Backend, Conn, is_transient, query};
 
 /// A delivery of a group, as far as the gate got before the transaction.
 struct Slot<'a> {
@@ -141,10 +141,14 @@ impl Core {
         };
         self.ask_prefilter(&mut slots).await;
 
-        let (answers, retries) = retry_transient(self.policy.transient_retries, RETRY_BASE_MS, || {
-            self.commit_group(&slots, started)
-        })
-        .await;
+        let (answers, retries) = self
+            .store
+            .retry_transient(self.policy.transient_retries, RETRY_BASE_MS, || {
+                self.commit_group(&slots, started)
+            })
+            .await;
+        self.observe_retries(&retries);
+        let retries = retries.count();
         let answers = match answers {
             Ok(answers) => answers,
             Err(e) => {

@@ -5,11 +5,15 @@ use std::time::Duration;
 
 use super::disposition::Disposition;
 use crate::delivery::Delivery;
+use crate::store::Retries;
 
 /// Told of every delivery's disposition and, under group commit, of every group.
 pub trait Observer: Send + Sync {
     /// One delivery was decided (logged or not).
     fn delivery(&self, d: &Delivery, r: &Disposition);
+    /// A delivery's transaction, or a whole group's, was started again after transient
+    /// conflicts (on a Galera node, mostly failed certifications): how many, by cause.
+    fn transient_retries(&self, _retries: &Retries) {}
     /// A group committed or rolled back.
     fn group(&self, _report: &GroupReport) {}
     /// A delivery waited this long in the queue before its group began.
