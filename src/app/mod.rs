@@ -252,7 +252,7 @@ async fn start_parts(
                     }
                     _ = ticks.tick() => {
                         if let Some(held) = consumer.buffered_messages().await {
-                            buffered_metrics.observe_buffered_messages(&held.by_topic);
+                            buffered_metrics.observe_buffered_messages(&held);
                         }
                     }
                 }

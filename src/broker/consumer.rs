@@ -97,15 +97,6 @@ impl Subscription {
     }
 }
 
-/// What the client holds pulled and not yet consumed ([`Consumer::buffered_messages`]).
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub(crate) struct Buffered {
-    /// Messages held, per topic.
-    pub by_topic: BTreeMap<String, u64>,
-    /// The queues the client consumes now, every topic's.
-    pub queues: usize,
-}
-
 /// A started consumer. Call [`Consumer::shutdown`] before the process exits.
 pub(crate) struct Consumer {
     /// Shared with the route watcher ([`watch_routes`]).
@@ -181,13 +172,13 @@ impl Consumer {
     /// `broker.buffered_messages` bounds. The client stops pulling a queue once it holds more
     /// than its share of that bound, so the total may pass it by at most one pull per queue.
     /// `None` when the client could not give the snapshot.
-    pub(crate) async fn buffered_messages(&self) -> Option<Buffered> {
+    pub(crate) async fn buffered_messages(&self) -> Option<BTreeMap<String, u64>> {
         let info = self.consumer.lock().await.consumer_running_info().await.ok()?;
         let mut by_topic: BTreeMap<String, u64> = BTreeMap::new();
         for (queue, held) in &info.mq_table {
             *by_topic.entry(queue.topic_str().to_owned()).or_default() += u64::from(held.cached_msg_count);
         }
-        Some(Buffered { by_topic, queues: info.mq_table.len() })
+        Some(by_topic)
     }
 
     /// Resolves when a listener call has panicked, with the panic's message; never otherwise.

@@ -74,20 +74,18 @@ async fn run_tick(t: &Tick) {
     let now = crate::clock::now_ms();
     let tick = now - now.rem_euclid(1_000);
     let lease_name = format!("reconcile:{}", t.consumer_group);
-    let lease =
-        match Lease::acquire(&t.store, &lease_name, &t.instance_id, now, t.settings.lease_ttl_ms(), tick)
-            .await
-        {
-            Ok(Ok(lease)) => lease,
-            Ok(Err(held)) => {
-                tracing::debug!(holder = %held.holder, "reconcile tick skipped: another instance runs it");
-                return;
-            }
-            Err(e) => {
-                tracing::warn!(error = %e, "reconcile tick skipped: the lease could not be read");
-                return;
-            }
-        };
+    let ttl = t.settings.lease_ttl_ms();
+    let lease = match Lease::acquire(&t.store, &lease_name, &t.instance_id, now, ttl, tick).await {
+        Ok(Ok(lease)) => lease,
+        Ok(Err(held)) => {
+            tracing::debug!(holder = %held.holder, "reconcile tick skipped: another instance runs it");
+            return;
+        }
+        Err(e) => {
+            tracing::warn!(error = %e, "reconcile tick skipped: the lease could not be read");
+            return;
+        }
+    };
     let who = Runner {
         consumer_group: &t.consumer_group,
         instance_id: &t.instance_id,
