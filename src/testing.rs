@@ -109,7 +109,7 @@ pub mod route {
 pub mod scratch {
     pub use crate::scratch::ScratchDb;
     pub mod galera {
-        pub use crate::scratch::galera::{LocalGalera, NODES};
+        pub use crate::scratch::galera::{LocalGalera, NODES, StateTransfer};
     }
 }
 pub mod shop {

@@ -34,9 +34,13 @@ pub struct Options {
     /// How long the stream runs (1 to 240).
     #[arg(long, default_value_t = 10)]
     pub minutes: u64,
-    /// Sends per second.
+    /// Sends per second, all producers together.
     #[arg(long, default_value_t = 500)]
     pub rate: u32,
+    /// Producers sending at once, each its own stream of orders at an equal share of `--rate`:
+    /// one producer waits for each send's acknowledgement, which caps it near 1 / round trip.
+    #[arg(long, default_value_t = 4)]
+    pub producers: u32,
     /// Minutes left out of the memory slope: pools, caches and the allocator settling.
     #[arg(long, default_value_t = 2)]
     pub warm_up_minutes: u64,
@@ -67,12 +71,17 @@ struct Sample {
 pub(crate) async fn command(options: Options) -> anyhow::Result<()> {
     anyhow::ensure!((1..=240).contains(&options.minutes), "--minutes must be between 1 and 240");
     anyhow::ensure!((1..=5_000).contains(&options.rate), "--rate must be between 1 and 5000");
+    anyhow::ensure!(
+        (1..=64).contains(&options.producers) && options.producers <= options.rate,
+        "--producers must be between 1 and 64, and at most --rate"
+    );
     anyhow::ensure!(options.warm_up_minutes < options.minutes, "--warm-up-minutes must be below --minutes");
     println!(
-        "bench soak: serve for {} min at {} msg/s (30% duplicates, the default mix), archive and reconcile \
-         every minute, {} expired rows to archive, PostgreSQL, {} cores",
+        "bench soak: serve for {} min at {} msg/s from {} producers (30% duplicates, the default mix), archive \
+         and reconcile every minute, {} expired rows to archive, PostgreSQL, {} cores",
         options.minutes,
         options.rate,
+        options.producers,
         options.expired_rows,
         super::cores()
     );
@@ -96,26 +105,30 @@ pub(crate) async fn command(options: Options) -> anyhow::Result<()> {
     let mut child = start_serve(dir.path(), &serve_settings(&db.url, &name_server, &topic))?;
     let pid = child.id();
 
-    let produce_options = ProduceOptions {
-        name_server: name_server.clone(),
-        producer_group: "idemgate_soak_producer".to_owned(),
-        topic: topic.clone(),
-        count: options.rate as u64 * 60 * options.minutes,
-        rate: options.rate,
-        mix: Mix::default(),
-        seed: 7,
-        run: crate::traffic::run_id(),
-    };
     let sent = std::sync::Arc::new(std::sync::atomic::AtomicU64::new(0));
-    let producer = tokio::spawn({
+    let share = options.rate / options.producers;
+    let mut producers = tokio::task::JoinSet::new();
+    for p in 0..options.producers {
+        // The first producers take the remainder of the rate, one message per second each.
+        let rate = share + u32::from(p < options.rate % options.producers);
+        let produce_options = ProduceOptions {
+            name_server: name_server.clone(),
+            producer_group: format!("idemgate_soak_producer_{p}"),
+            topic: topic.clone(),
+            count: u64::from(rate) * 60 * options.minutes,
+            rate,
+            mix: Mix::default(),
+            seed: 7 + u64::from(p),
+            run: format!("{}p{p}", crate::traffic::run_id()),
+        };
         let sent = sent.clone();
-        async move {
+        producers.spawn(async move {
             produce(&produce_options, |_| {
                 sent.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
             })
             .await
-        }
-    });
+        });
+    }
     let started = Instant::now();
     let mut samples = Vec::new();
     println!(
@@ -135,12 +148,23 @@ pub(crate) async fn command(options: Options) -> anyhow::Result<()> {
         samples.push(s);
     }
     // The stream ends with the last minute; a producer that fell behind its rate stops there too.
-    producer.abort();
+    let finished_early: Vec<_> = std::iter::from_fn(|| producers.try_join_next()).collect();
+    producers.abort_all();
     let sent = sent.load(std::sync::atomic::Ordering::Relaxed);
     let elapsed = started.elapsed();
-    if let Ok(Err(e)) = producer.await {
-        anyhow::bail!("the producer failed: {e:#}");
+    for finished in finished_early {
+        if let Ok(Err(e)) = finished {
+            anyhow::bail!("a producer failed: {e:#}");
+        }
     }
+    // Every acknowledged send is logged before serve stops: the backlog drains, or the run fails.
+    let drain = Instant::now();
+    let mut seen = logged_messages(&db.store).await?;
+    while seen < sent as i64 && drain.elapsed() < Duration::from_secs(180) {
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        seen = logged_messages(&db.store).await?;
+    }
+    let drained = drain.elapsed();
     stop(&mut child)?;
     let (processed, twice) = books(&db.store).await?;
     db.drop_now().await;
@@ -154,10 +178,11 @@ pub(crate) async fn command(options: Options) -> anyhow::Result<()> {
     let conns: Vec<i64> = samples.iter().map(|s| s.connections).collect();
     let fds: Vec<usize> = samples.iter().map(|s| s.fds).collect();
     println!(
-        "\nsent {sent} ({:.0}/s); processed keys {processed}, applied twice {twice}; RSS slope after minute {}: \
-         {slope:+.2} MiB per 10 min ({}: the bound is {FLAT_MIB_PER_10_MIN} MiB); open fds {}..{}, DB \
-         connections {}..{}",
+        "\nsent {sent} ({:.0}/s), logged {seen} after a drain of {:.1} s; processed keys {processed}, applied \
+         twice {twice}; RSS slope after minute {}: {slope:+.2} MiB per 10 min ({}: the bound is \
+         {FLAT_MIB_PER_10_MIN} MiB); open fds {}..{}, DB connections {}..{}",
         super::rate(sent as usize, elapsed),
+        drained.as_secs_f64(),
         options.warm_up_minutes,
         if slope.abs() < FLAT_MIB_PER_10_MIN { "flat" } else { "NOT flat" },
         fds.iter().min().unwrap_or(&0),
@@ -165,6 +190,7 @@ pub(crate) async fn command(options: Options) -> anyhow::Result<()> {
         conns.iter().min().unwrap_or(&0),
         conns.iter().max().unwrap_or(&0),
     );
+    anyhow::ensure!(seen >= sent as i64, "{} acknowledged sends were never logged", sent as i64 - seen);
     anyhow::ensure!(twice == 0, "{twice} keys applied twice");
     Ok(())
 }
@@ -269,6 +295,13 @@ async fn sample(store: &Store, pid: u32, minute: u64, sent: u64) -> anyhow::Resu
         archive_runs: row.try_get(2)?,
         reconcile_runs: row.try_get(3)?,
     })
+}
+
+/// The messages `serve` logged at least one delivery of.
+async fn logged_messages(store: &Store) -> Result<i64, sqlx::Error> {
+    sqlx::query_scalar("SELECT COUNT(DISTINCT msg_id) FROM delivery_log WHERE consumer_group = 'soak'")
+        .fetch_one(store.pool())
+        .await
 }
 
 /// Keys processed, and keys with more than one processed delivery.

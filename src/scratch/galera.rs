@@ -57,6 +57,33 @@ struct Node {
     child: Option<Child>,
 }
 
+/// How a node that started again caught up with the cluster.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum StateTransfer {
+    /// Only the write sets it missed, from a donor's gcache (IST).
+    Incremental,
+    /// A full copy of a donor's data directory (SST).
+    Snapshot,
+    /// Neither: it had missed nothing.
+    None,
+}
+
+impl StateTransfer {
+    /// Reads a joiner's error log since its start. The state transfer script runs either way and
+    /// logs `SST received` either way; what it did is in its own line: `rsync SST completed on
+    /// joiner` when it copied the data files, `rsync IST completed on joiner` when the donor
+    /// bypassed the copy. The write sets themselves arrive after it, `IST received: <uuid>:<seqno>`.
+    fn from_joiner_log(log: &str) -> Self {
+        if log.contains(" SST completed on joiner") {
+            Self::Snapshot
+        } else if log.contains("IST received") {
+            Self::Incremental
+        } else {
+            Self::None
+        }
+    }
+}
+
 /// A node's state as `SHOW STATUS` tells it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 struct NodeState {
@@ -161,6 +188,20 @@ impl LocalGalera {
         self.dir.path()
     }
 
+    /// The lines of node `index`'s error log that speak of state transfers (`SST`, `IST`, the
+    /// recovered position), for a failure message.
+    pub fn transfer_log(&self, index: usize) -> String {
+        let text = std::fs::read_to_string(self.nodes[index].log()).unwrap_or_default();
+        let mut lines: Vec<&str> = text
+            .lines()
+            .filter(|l| {
+                ["SST", "IST", "state transfer", "State transfer", "position"].iter().any(|w| l.contains(w))
+            })
+            .collect();
+        lines.drain(..lines.len().saturating_sub(40));
+        lines.join("\n")
+    }
+
     /// SIGKILLs node `index`: no chance to flush or to leave the cluster.
     pub fn kill(&mut self, index: usize) {
         self.nodes[index].stop();
@@ -176,14 +217,21 @@ impl LocalGalera {
     /// <uuid>:<seqno>`) and passed as `--wsrep-start-position`: the node then receives only the
     /// write sets it missed, by incremental state transfer from a donor's gcache (the donor
     /// logs `Bypassing state dump`). Without a recoverable position it falls back to the snapshot.
-    pub async fn restart(&mut self, index: usize) -> anyhow::Result<()> {
+    ///
+    /// Returns how the node caught up, as its error log tells it.
+    pub async fn restart(&mut self, index: usize) -> anyhow::Result<StateTransfer> {
         let mariadbd = program("mariadbd")?;
         let address = self.cluster_address();
         let position = self.nodes[index].recover_position(&mariadbd, &address).await?;
         let extra: Vec<String> =
             position.map(|p| format!("--wsrep-start-position={p}")).into_iter().collect();
+        let log = self.nodes[index].log();
+        let logged_before = std::fs::metadata(&log).map_or(0, |m| m.len());
         self.nodes[index].start(&mariadbd, &address, &extra)?;
-        self.wait_synced(index, NODES as u32).await
+        self.wait_synced(index, NODES as u32).await?;
+        let text = std::fs::read(&log).with_context(|| format!("reading {}", log.display()))?;
+        let since_start = String::from_utf8_lossy(text.get(logged_before as usize..).unwrap_or_default());
+        Ok(StateTransfer::from_joiner_log(&since_start))
     }
 
     /// `gcomm://` with every node's group-communication address.
@@ -461,6 +509,29 @@ fn program(name: &str) -> anyhow::Result<PathBuf> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A joiner's log after a SIGKILL and a start at its recovered position (MariaDB 10.11,
+    /// galera-4 26.4, rsync), and after a start that copied the data.
+    const IST_LOG: &str = "\
+WSREP: State transfer required:
+WSREP_SST: [INFO] rsync SST started on joiner (20261203 06:49:30.253)
+WSREP: Prepared IST receiver for 1674-5207, listening at: tcp://127.0.0.1:35755
+WSREP_SST: [INFO] rsync IST completed on joiner (20261203 06:49:32.732)
+WSREP: SST received: 94c7bfe5-eee5-11f1-9940-66de76d450d8:1673
+WSREP: Receiving IST: 3534 writesets, seqnos 1674-5207
+WSREP: IST received: 94c7bfe5-eee5-11f1-9940-66de76d450d8:5207
+";
+
+    #[test]
+    fn a_joiner_log_tells_an_incremental_transfer_from_a_snapshot() {
+        assert_eq!(StateTransfer::from_joiner_log(IST_LOG), StateTransfer::Incremental);
+        let snapshot = IST_LOG.replace("rsync IST completed", "rsync SST completed");
+        assert_eq!(StateTransfer::from_joiner_log(&snapshot), StateTransfer::Snapshot);
+        assert_eq!(
+            StateTransfer::from_joiner_log("WSREP: Synchronized with group, ready for connections"),
+            StateTransfer::None
+        );
+    }
 
     #[test]
     fn the_recovered_position_is_the_last_one_logged_and_never_minus_one() {
