@@ -398,10 +398,17 @@ impl Core {
         disposition.latency = started.elapsed();
         let entry = self.entry(d, key.as_ref(), payload_hash, &disposition, now_ms());
         let log_started = Instant::now();
-        let written = match self.store.pool().acquire().await {
-            Ok(mut conn) => delivery_log::append(&mut conn, backend, &entry).await,
-            Err(e) => Err(e),
-        };
+        // A lost connection (a node gone behind the proxy) is retried on a fresh one, so that the
+        // attempt is in the log even when the transaction before it failed for the same reason.
+        let (written, retries) = self
+            .store
+            .retry_transient(self.policy.transient_retries, RETRY_BASE_MS, || async {
+                let mut conn = self.store.pool().acquire().await?;
+                delivery_log::append(&mut conn, backend, &entry).await
+            })
+            .await;
+        self.observe_retries(&retries);
+        disposition.phases.transient_retries += retries.count();
         disposition.phases.log_us += micros(log_started.elapsed());
         match written {
             Ok(()) => disposition.logged = true,
