@@ -186,8 +186,8 @@ pub(crate) async fn command(options: Options) -> anyhow::Result<()> {
     let conns: Vec<i64> = samples.iter().map(|s| s.connections).collect();
     let fds: Vec<usize> = samples.iter().map(|s| s.fds).collect();
     println!(
-        "\nsent {sent} ({:.0}/s), every one's first delivery logged after a drain of {:.1} s; processed keys {processed}, applied \
-         twice {twice}; RSS slope after minute {}: {slope:+.2} MiB per 10 min ({}: the bound is \
+        "\nsent {sent} ({:.0}/s), {missing} of them without a first delivery in the log after a drain of {:.1} s; \
+         processed keys {processed}, applied twice {twice}; RSS slope after minute {}: {slope:+.2} MiB per 10 min ({}: the bound is \
          {FLAT_MIB_PER_10_MIN} MiB); open fds {}..{}, DB connections {}..{}",
         super::rate(sent as usize, elapsed),
         drained.as_secs_f64(),
