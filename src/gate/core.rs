@@ -260,13 +260,18 @@ impl Core {
             Found::Redis(claim) => (Layer::Redis, claim),
             Found::Db(table) => {
                 let lookup_started = Instant::now();
-                let earlier = match self.store.pool().acquire().await {
-                    Ok(mut conn) => {
+                // Retried on a fresh connection like the log row below: without the earlier claim
+                // the cause is unknown and a key collision goes unseen.
+                let (earlier, retries) = self
+                    .store
+                    .retry_transient(self.policy.transient_retries, RETRY_BASE_MS, || async {
+                        let mut conn = self.store.pool().acquire().await?;
                         super::claim::find(&mut conn, backend, table, &self.identity.consumer_group, &key)
                             .await
-                    }
-                    Err(e) => Err(e),
-                };
+                    })
+                    .await;
+                self.observe_retries(&retries);
+                phases.transient_retries += retries.count();
                 phases.lookup_us += micros(lookup_started.elapsed());
                 let earlier = earlier.unwrap_or_else(|e| {
                     tracing::warn!(error = %e, "could not read the earlier claim of a duplicate; its cause is logged as unknown");
