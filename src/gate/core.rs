@@ -17,11 +17,11 @@ use crate::layout::Layout;
 use crate::outcome::{Claim, DuplicateCause, Layer, Outcome, Verdict, classify};
 use crate::prefilter::{Check, Prefilter, PrefilterReport, Settle};
 use crate::route::{BizKey, MAX_ID_CHARS, Rejection, Routes, excerpt};
-use crate::store::{Retries, Store};
+use crate::store::Store;
 use crate::throttle::{Permit, Throttle};
 
 /// The pause before the n-th retry of a transient conflict is at most this many ms `<< n`.
-pub(super) const RETRY_BASE_MS: u64 = 5;
+const RETRY_BASE_MS: u64 = 5;
 
 /// Everything a gate knows; the group committer's tasks share it.
 pub(crate) struct Core {
@@ -66,12 +66,21 @@ impl Core {
         }
     }
 
-    pub(super) fn observe_retries(&self, retries: &Retries) {
+    /// Runs `attempt` again after each transient conflict, within the policy's
+    /// `transient_retries`, and reports the retries by cause to the observer. Returns the last
+    /// result and how many retries it took.
+    pub(super) async fn retried<T, F: Future<Output = Result<T, sqlx::Error>>>(
+        &self,
+        attempt: impl FnMut() -> F,
+    ) -> (Result<T, sqlx::Error>, u32) {
+        let (result, retries) =
+            self.store.retry_transient(self.policy.transient_retries, RETRY_BASE_MS, attempt).await;
         if retries.count() > 0
             && let Some(observer) = &self.observer
         {
-            observer.transient_retries(retries);
+            observer.transient_retries(&retries);
         }
+        (result, retries.count())
     }
 
     pub(super) async fn decide(&self, d: &Delivery) -> Disposition {
@@ -127,15 +136,9 @@ impl Core {
     ) -> (Disposition, Option<Claim>) {
         // Every attempt's time counts, the failed ones' too.
         let timing = std::sync::Mutex::new(phases);
-        let (attempt, retries) = self
-            .store
-            .retry_transient(self.policy.transient_retries, RETRY_BASE_MS, || {
-                self.attempt(d, &key, payload_hash, started, &timing)
-            })
-            .await;
-        self.observe_retries(&retries);
+        let (attempt, retries) = self.retried(|| self.attempt(d, &key, payload_hash, started, &timing)).await;
         let mut phases = timing.into_inner().unwrap_or_else(std::sync::PoisonError::into_inner);
-        phases.transient_retries += retries.count();
+        phases.transient_retries += retries;
         match attempt {
             Ok(Attempt::Committed { effect }) => {
                 let claim = crate::prefilter::claim_of(d, payload_hash);
@@ -263,15 +266,13 @@ impl Core {
                 // Retried on a fresh connection like the log row below: without the earlier claim
                 // the cause is unknown and a key collision goes unseen.
                 let (earlier, retries) = self
-                    .store
-                    .retry_transient(self.policy.transient_retries, RETRY_BASE_MS, || async {
+                    .retried(|| async {
                         let mut conn = self.store.pool().acquire().await?;
                         super::claim::find(&mut conn, backend, table, &self.identity.consumer_group, &key)
                             .await
                     })
                     .await;
-                self.observe_retries(&retries);
-                phases.transient_retries += retries.count();
+                phases.transient_retries += retries;
                 phases.lookup_us += micros(lookup_started.elapsed());
                 let earlier = earlier.unwrap_or_else(|e| {
                     tracing::warn!(error = %e, "could not read the earlier claim of a duplicate; its cause is logged as unknown");
@@ -406,14 +407,12 @@ impl Core {
         // A lost connection (a node gone behind the proxy) is retried on a fresh one, so that the
         // attempt is in the log even when the transaction before it failed for the same reason.
         let (written, retries) = self
-            .store
-            .retry_transient(self.policy.transient_retries, RETRY_BASE_MS, || async {
+            .retried(|| async {
                 let mut conn = self.store.pool().acquire().await?;
                 delivery_log::append(&mut conn, backend, &entry).await
             })
             .await;
-        self.observe_retries(&retries);
-        disposition.phases.transient_retries += retries.count();
+        disposition.phases.transient_retries += retries;
         disposition.phases.log_us += micros(log_started.elapsed());
         match written {
             Ok(()) => disposition.logged = true,

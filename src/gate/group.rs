@@ -46,7 +46,7 @@ use std::time::Instant;
 use sqlx::{AssertSqlSafe, Executor};
 
 use super::claim::{ClaimPath, Member, claim_many, find_many};
-use super::core::{Core, RETRY_BASE_MS};
+use super::core::Core;
 use super::disposition::{Disposition, Phases, committed_disposition, rejection_disposition};
 use super::observer::{GroupEnd, GroupReport};
 use crate::clock::{Stopwatch, micros, now_ms};
@@ -141,14 +141,7 @@ impl Core {
         };
         self.ask_prefilter(&mut slots).await;
 
-        let (answers, retries) = self
-            .store
-            .retry_transient(self.policy.transient_retries, RETRY_BASE_MS, || {
-                self.commit_group(&slots, started)
-            })
-            .await;
-        self.observe_retries(&retries);
-        let retries = retries.count();
+        let (answers, retries) = self.retried(|| self.commit_group(&slots, started)).await;
         let answers = match answers {
             Ok(answers) => answers,
             Err(e) => {
