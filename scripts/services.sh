@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Starts the local services the tests need (PostgreSQL, MariaDB, Redis) when they are not
-# running, waits until each answers, and drops scratch databases that earlier runs left behind.
+# running, waits until each answers, and drops scratch databases and stores that earlier runs
+# left behind.
 # A service that cannot be started is an error: the tests never skip a missing service.
 set -euo pipefail
 
@@ -47,4 +48,14 @@ done
 for db in $(mariadb -h 127.0.0.1 -u root -Ne "SELECT schema_name FROM information_schema.schemata WHERE schema_name LIKE 'idemgate\\_scratch\\_%'"); do
   mariadb -h 127.0.0.1 -u root -e "DROP DATABASE IF EXISTS \`$db\`"
 done
+# Broker stores and Galera data directories (named after the process that made them) whose
+# process is gone: a run killed before its watchdogs could remove them.
+for dir in "${TMPDIR:-/tmp}"/idemgate-rocketmq-* "${TMPDIR:-/tmp}"/idemgate-galera-*; do
+  [[ -d "$dir" ]] || continue
+  owner=$(basename "$dir" | cut -d- -f3)
+  if [[ "$owner" =~ ^[0-9]+$ ]] && ! kill -0 "$owner" 2>/dev/null; then
+    rm -rf "$dir"
+  fi
+done
+df -h "${TMPDIR:-/tmp}" | awk 'NR == 2 { print "services: the disk holding the stores is " $5 " used, " $4 " free" }' >&2
 echo "services: PostgreSQL, MariaDB and Redis are up" >&2

@@ -390,6 +390,13 @@ pub(crate) fn watch_over(child: &Child) {
     );
 }
 
+/// Removes `dir` once this process is gone: a killed run, or a server kept for a whole test
+/// binary in a static (never dropped), leaves no stores behind. The pause lets the servers'
+/// own watchdogs stop them first.
+pub(crate) fn remove_when_gone(dir: &Path) {
+    when_this_process_is_gone("true", &format!("sleep 2; rm -rf '{}'", dir.display()));
+}
+
 /// Runs the shell command `then` once this process has exited, or as soon as the shell test
 /// `still_needed` fails.
 pub(crate) fn when_this_process_is_gone(still_needed: &str, then: &str) {
@@ -433,8 +440,16 @@ fn binary(name: &str) -> anyhow::Result<PathBuf> {
     Ok(path)
 }
 
+/// A temporary folder for the servers' logs and stores, removed once this process is gone even
+/// when it is never dropped: a test binary keeps its broker in a static, and a broker's store
+/// reaches hundreds of MiB, so each run would otherwise leave one behind.
 fn temp_dir() -> anyhow::Result<tempfile::TempDir> {
-    tempfile::Builder::new().prefix("idemgate-rocketmq-").tempdir().context("temporary store")
+    let dir = tempfile::Builder::new()
+        .prefix(&format!("idemgate-rocketmq-{}-", std::process::id()))
+        .tempdir()
+        .context("temporary store")?;
+    remove_when_gone(dir.path());
+    Ok(dir)
 }
 
 /// Runs `work` to its end on a current-thread runtime of a thread of its own: the callers may be

@@ -18,7 +18,7 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, bail};
 use sqlx::{Connection, Row};
 
-use crate::broker::local::{free_port_run, watch_over, when_this_process_is_gone};
+use crate::broker::local::{free_port_run, remove_when_gone, watch_over};
 
 /// The wsrep provider the `galera-4` package installs.
 const PROVIDER: &str = "/usr/lib/galera/libgalera_smm.so";
@@ -103,8 +103,10 @@ impl LocalGalera {
             Path::new(PROVIDER).is_file(),
             "the Galera provider {PROVIDER} is missing (package galera-4): run {INSTALL}"
         );
-        let dir =
-            tempfile::Builder::new().prefix("idemgate-galera-").tempdir().context("a temporary folder")?;
+        let dir = tempfile::Builder::new()
+            .prefix(&format!("idemgate-galera-{}-", std::process::id()))
+            .tempdir()
+            .context("a temporary folder")?;
         remove_when_gone(dir.path());
         let as_root = running_as_root();
         if as_root {
@@ -470,12 +472,6 @@ impl Drop for LocalProxy {
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
-}
-
-/// Removes `dir` once this process is gone: a killed run, or a cluster kept for a whole test
-/// binary in a static (never dropped), leaves no data directories behind.
-fn remove_when_gone(dir: &Path) {
-    when_this_process_is_gone("true", &format!("sleep 2; rm -rf '{}'", dir.display()));
 }
 
 /// Starts `command` with its output (both streams) in `log`.
