@@ -93,6 +93,7 @@ static LAST_SUCCESS: Sql = Sql::new(
 );
 
 /// A new row for a pass that starts now (`Running`) or was skipped (`Skipped`, finished at once).
+#[allow(clippy::too_many_arguments)]
 pub(crate) async fn start(
     store: &Store,
     kind: RunKind,

@@ -394,16 +394,21 @@ pub(crate) fn watch_over(child: &Child) {
 /// binary in a static (never dropped), leaves no stores behind. The pause lets the servers'
 /// own watchdogs stop them first.
 pub(crate) fn remove_when_gone(dir: &Path) {
-    when_this_process_is_gone("true", &format!("sleep 2; rm -rf '{}'", dir.display()));
+    remove_when_process_is_gone(std::process::id(), dir);
+}
+
+fn remove_when_process_is_gone(owner: u32, dir: &Path) {
+    when_process_is_gone(owner, "true", &format!("sleep 2; rm -rf '{}'", dir.display()));
 }
 
 /// Runs the shell command `then` once this process has exited, or as soon as the shell test
 /// `still_needed` fails.
 pub(crate) fn when_this_process_is_gone(still_needed: &str, then: &str) {
-    let script = format!(
-        "while kill -0 {me} 2>/dev/null && {still_needed}; do sleep 1; done; {then}",
-        me = std::process::id()
-    );
+    when_process_is_gone(std::process::id(), still_needed, then);
+}
+
+fn when_process_is_gone(owner: u32, still_needed: &str, then: &str) {
+    let script = format!("while kill -0 {owner} 2>/dev/null && {still_needed}; do sleep 1; done; {then}");
     let _ = Command::new("sh")
         .args(["-c", &script])
         .stdin(Stdio::null())
@@ -495,5 +500,22 @@ mod tests {
         assert!(used >= DISK_FULL_RATIO - 0.02);
         assert_eq!(used_ratio("Filesystem 1024-blocks\n"), None);
         assert_eq!(used_ratio(""), None);
+    }
+
+    #[test]
+    fn a_store_is_removed_once_the_process_that_made_it_is_gone_and_not_before() {
+        let dir = tempfile::Builder::new().prefix("idemgate-watchdog-").tempdir().unwrap().keep();
+        std::fs::write(dir.join("00000000000000000000"), b"commit log").unwrap();
+        let mut owner = Command::new("sleep").arg("2").spawn().unwrap();
+        remove_when_process_is_gone(owner.id(), &dir);
+        std::thread::sleep(Duration::from_secs(1));
+        assert!(dir.exists(), "removed while its process still ran");
+        // Reaped: a zombie still answers `kill -0`.
+        owner.wait().unwrap();
+        let started = Instant::now();
+        while dir.exists() && started.elapsed() < Duration::from_secs(10) {
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        assert!(!dir.exists(), "{} is still there 10 s after its process ended", dir.display());
     }
 }

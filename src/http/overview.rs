@@ -233,6 +233,12 @@ pub(super) async fn read_overview(state: &AppState) -> Result<Overview, InspectE
         .await
 }
 
+// ---- the JSON API --------------------------------------------------------------------------
+
+async fn overview(State(state): State<AppState>) -> Result<Response, ApiError> {
+    Ok(json(&read_overview(&state).await?))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -244,10 +250,4 @@ mod tests {
         assert_eq!(span(240.0), "4 min");
         assert_eq!(span(725.0), "12 min");
     }
-}
-
-// ---- the JSON API --------------------------------------------------------------------------
-
-async fn overview(State(state): State<AppState>) -> Result<Response, ApiError> {
-    Ok(json(&read_overview(&state).await?))
 }
