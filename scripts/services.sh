@@ -48,12 +48,23 @@ done
 for db in $(mariadb -h 127.0.0.1 -u root -Ne "SELECT schema_name FROM information_schema.schemata WHERE schema_name LIKE 'idemgate\\_scratch\\_%'"); do
   mariadb -h 127.0.0.1 -u root -e "DROP DATABASE IF EXISTS \`$db\`"
 done
-# Broker stores and Galera data directories (named after the process that made them) whose
-# process is gone: a run killed before its watchdogs could remove them.
+# Broker stores and Galera data directories whose process is gone: a run killed before its
+# watchdogs could remove them. A folder is named after the process that made it
+# (idemgate-rocketmq-<pid>-*); one without a process id in its name goes when no running
+# process works inside it.
+in_use() { # dir
+  local cwd
+  for cwd in /proc/[0-9]*/cwd; do
+    [[ "$(readlink "$cwd" 2>/dev/null)" == "$1"* ]] && return 0
+  done
+  return 1
+}
 for dir in "${TMPDIR:-/tmp}"/idemgate-rocketmq-* "${TMPDIR:-/tmp}"/idemgate-galera-*; do
   [[ -d "$dir" ]] || continue
   owner=$(basename "$dir" | cut -d- -f3)
-  if [[ "$owner" =~ ^[0-9]+$ ]] && ! kill -0 "$owner" 2>/dev/null; then
+  if [[ "$owner" =~ ^[0-9]+$ && "$(basename "$dir" | cut -d- -f4)" != "" ]]; then
+    kill -0 "$owner" 2>/dev/null || rm -rf "$dir"
+  elif ! in_use "$dir"; then
     rm -rf "$dir"
   fi
 done

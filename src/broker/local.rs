@@ -447,7 +447,7 @@ fn binary(name: &str) -> anyhow::Result<PathBuf> {
 
 /// A temporary folder for the servers' logs and stores, removed once this process is gone even
 /// when it is never dropped: a test binary keeps its broker in a static, and a broker's store
-/// reaches hundreds of MiB, so each run would otherwise leave one behind.
+/// takes about 1.5 GB from its start, so each run would otherwise leave that behind.
 fn temp_dir() -> anyhow::Result<tempfile::TempDir> {
     let dir = tempfile::Builder::new()
         .prefix(&format!("idemgate-rocketmq-{}-", std::process::id()))
