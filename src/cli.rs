@@ -103,11 +103,18 @@ pub struct TraceArgs {
 }
 
 #[derive(Debug, Args)]
-#[command(group(clap::ArgGroup::new("which").required(true).args(["biz_id", "dead_lettered_since"])))]
+#[command(group(
+    clap::ArgGroup::new("which").required(true).args(["biz_id", "msg_id", "dead_lettered_since", "invalid_since"])
+))]
 pub struct ReplayArgs {
-    /// The key whose latest dead letter to replay.
+    /// The key whose latest dead letter or invalid delivery to replay.
     #[arg(long)]
     pub biz_id: Option<String>,
+    /// The message whose latest dead-lettered or invalid delivery to replay, by its msgId: for
+    /// a message refused before a bizId could be read from it, or whose bizId the log holds
+    /// only as an escaped or cut excerpt.
+    #[arg(long)]
+    pub msg_id: Option<String>,
     /// With --biz-id: only this biz_type.
     #[arg(long, requires = "biz_id")]
     pub biz_type: Option<String>,
@@ -117,6 +124,11 @@ pub struct ReplayArgs {
     /// Every key dead-lettered within this age (24h, 90m, 7d), each once.
     #[arg(long, value_parser = crate::archive::parse_age)]
     pub dead_lettered_since: Option<i64>,
+    /// Every delivery refused as invalid within this age (24h, 90m, 7d), once the rule or the
+    /// route that refused it is fixed: each key the routes now read, once; those they still
+    /// refuse are listed as refused and not sent.
+    #[arg(long, value_parser = crate::archive::parse_age)]
+    pub invalid_since: Option<i64>,
     /// List what would be sent; send nothing.
     #[arg(long)]
     pub dry_run: bool,
@@ -277,14 +289,21 @@ async fn demo_command(mut settings: Settings, args: DemoArgs) -> anyhow::Result<
 /// failed, 1 an error.
 async fn replay_command(settings: &Settings, args: ReplayArgs) -> anyhow::Result<ExitCode> {
     use crate::replay::{self, Selection};
-    let selection = match (args.biz_id, args.dead_lettered_since) {
-        (Some(biz_id), _) => {
+    let selection = match (args.biz_id, args.msg_id, args.dead_lettered_since, args.invalid_since) {
+        (Some(biz_id), ..) => {
             crate::route::check_key_text(&biz_id, crate::route::MAX_BIZ_ID_CHARS)
                 .map_err(|m| anyhow::anyhow!("--biz-id {m}"))?;
             Selection::Key { biz_id, biz_type: args.biz_type, execute_time: args.execute_time }
         }
-        (None, Some(age)) => Selection::Since(crate::clock::now_ms() - age),
-        (None, None) => anyhow::bail!("give --biz-id or --dead-lettered-since"),
+        (None, Some(msg_id), ..) => {
+            let msg_id = crate::inspect::checked_text("--msg-id", &msg_id, crate::route::MAX_ID_CHARS)?;
+            Selection::Message { msg_id }
+        }
+        (None, None, Some(age), _) => Selection::Since(crate::clock::now_ms() - age),
+        (None, None, None, Some(age)) => Selection::InvalidSince(crate::clock::now_ms() - age),
+        (None, None, None, None) => {
+            anyhow::bail!("give --biz-id, --msg-id, --dead-lettered-since or --invalid-since")
+        }
     };
     let store = open_store(settings).await?;
     let producer = if args.dry_run {

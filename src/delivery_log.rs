@@ -8,7 +8,7 @@
 use crate::delivery::Delivery;
 use crate::outcome::{DuplicateCause, Layer, Outcome};
 use crate::route::{
-    MAX_BIZ_ID_CHARS, MAX_BIZ_TYPE_CHARS, MAX_ID_CHARS, MAX_TOPIC_CHARS, excerpt, stored_key,
+    MAX_BIZ_ID_CHARS, MAX_BIZ_TYPE_CHARS, MAX_ID_CHARS, MAX_TOPIC_CHARS, stored_id, stored_key,
 };
 use crate::store::{AnyQuery, Backend, Conn, Pad, Sql, bind_rows, filtered_insert, query, query_built};
 
@@ -78,10 +78,11 @@ pub(crate) struct Entry<'a> {
 
 /// Appends `entry` through `conn` (a pooled connection or the gate's open transaction).
 ///
-/// Text that came from outside and was not checked (msgId, topic, a rejected bizId) is cut to
-/// its column's size with [`excerpt`], so that a hostile message is logged instead of failing
-/// the insert. A bizId or biz_type that passed the key rules is stored exactly as the claim
-/// holds it ([`stored_key`]).
+/// The msgId, UNIQ_KEY, topic and tag are stored exactly as delivered, as the claim holds them,
+/// when they fit their columns and can be stored; only a delivery refused for one of them has
+/// it stored as an escaped, bounded excerpt ([`stored_id`]), so that a hostile message is logged
+/// instead of failing the insert. A bizId or biz_type that passed the key rules is stored
+/// exactly as the claim holds it, a refused one as its excerpt ([`stored_key`]).
 pub(crate) async fn append(conn: &mut Conn, backend: Backend, entry: &Entry<'_>) -> Result<(), sqlx::Error> {
     bind(query(backend, &APPEND), entry).execute(conn).await?;
     Ok(())
@@ -123,10 +124,10 @@ fn bind(q: AnyQuery, entry: &Entry<'_>) -> AnyQuery {
     q.bind(entry.logged_at_ms)
         .bind(entry.instance_id.to_owned())
         .bind(entry.consumer_group.to_owned())
-        .bind(excerpt(&d.msg_id, MAX_ID_CHARS))
-        .bind(excerpt(&d.uniq_key, MAX_ID_CHARS))
-        .bind(excerpt(&d.topic, MAX_TOPIC_CHARS))
-        .bind(excerpt(&d.tags, MAX_TOPIC_CHARS))
+        .bind(stored_id(&d.msg_id, MAX_ID_CHARS).into_owned())
+        .bind(stored_id(&d.uniq_key, MAX_ID_CHARS).into_owned())
+        .bind(stored_id(&d.topic, MAX_TOPIC_CHARS).into_owned())
+        .bind(stored_id(&d.tags, MAX_TOPIC_CHARS).into_owned())
         .bind(d.queue_id)
         .bind(d.queue_offset)
         .bind(d.reconsume_times)

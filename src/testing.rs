@@ -101,7 +101,7 @@ pub mod reconcile {
     }
 }
 pub mod replay {
-    pub use crate::replay::{Action, Line, Selection, replay};
+    pub use crate::replay::{Action, Line, Publish, Selection, replay, replay_to};
 }
 pub mod route {
     pub use crate::route::{BizKey, RouteConfig, Routes};

@@ -31,6 +31,8 @@ pub(crate) struct Core {
     pub(super) identity: Identity,
     pub(super) policy: Policy,
     pub(super) duplicate_warnings: Throttle,
+    /// The rate limit on invalid deliveries' warnings, of the same budget as duplicates'.
+    pub(super) invalid_warnings: Throttle,
     pub(super) observer: Option<Arc<dyn Observer>>,
     /// See [`Gate::with_late_duplicate_guard`].
     pub(super) late_duplicate_guard: bool,
@@ -386,7 +388,7 @@ impl Core {
 
     /// The key could not be read: log `invalid` with the reason and the body.
     pub(super) async fn reject(&self, d: &Delivery, rejection: Rejection, started: Instant) -> Disposition {
-        let (disposition, key) = rejection_disposition(d, rejection);
+        let (disposition, key) = rejection_disposition(d, rejection, &self.invalid_warnings);
         self.record(d, Some(key), None, disposition, started).await
     }
 

@@ -6,6 +6,7 @@ use crate::delivery::Delivery;
 use crate::handler::Effect;
 use crate::outcome::{DuplicateCause, Layer, Outcome, Verdict};
 use crate::route::{BizKey, MAX_ID_CHARS, Rejection, excerpt};
+use crate::throttle::{Permit, Throttle};
 
 /// Where the time of one delivery went, in microseconds.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -116,12 +117,20 @@ pub(super) fn committed_disposition(
 }
 
 /// An unreadable key: logged `invalid` with the reason and the body. The returned key holds
-/// what could be read of it, for the log row.
-pub(super) fn rejection_disposition(d: &Delivery, rejection: Rejection) -> (Disposition, BizKey) {
-    tracing::warn!(
-        msg_id = ?excerpt(&d.msg_id, MAX_ID_CHARS), topic = ?excerpt(&d.topic, 64),
-        reason = %rejection.reason, "invalid delivery"
-    );
+/// what could be read of it, for the log row. The WARN line is rate-limited by `warnings`, as
+/// duplicates' are: a producer that sends nothing but bad keys cannot flood the log, and the
+/// next line says how many were held back (every one is in the delivery log and the metrics).
+pub(super) fn rejection_disposition(
+    d: &Delivery,
+    rejection: Rejection,
+    warnings: &Throttle,
+) -> (Disposition, BizKey) {
+    if let Permit::Emit { held_back } = warnings.check() {
+        tracing::warn!(
+            msg_id = ?excerpt(&d.msg_id, MAX_ID_CHARS), topic = ?excerpt(&d.topic, 64),
+            reason = %rejection.reason, similar_warnings_held_back = held_back, "invalid delivery"
+        );
+    }
     let disposition = Disposition {
         outcome: Outcome::Invalid,
         verdict: Verdict::Ack,
@@ -148,4 +157,57 @@ pub(super) fn rejection_disposition(d: &Delivery, rejection: Rejection) -> (Disp
 /// then tells a replayed attempt from the original ones.
 pub(super) fn replay_cause(d: &Delivery) -> Option<DuplicateCause> {
     d.is_replay().then_some(DuplicateCause::Replay)
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::{Arc, Mutex};
+
+    use super::*;
+
+    /// The text of every log line written through it.
+    #[derive(Clone, Default)]
+    struct Captured(Arc<Mutex<Vec<u8>>>);
+
+    impl std::io::Write for Captured {
+        fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+            self.0.lock().unwrap_or_else(std::sync::PoisonError::into_inner).extend_from_slice(buf);
+            Ok(buf.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+
+    #[test]
+    fn a_storm_of_invalid_deliveries_logs_the_window_budget_and_counts_the_rest() {
+        let log = Captured::default();
+        let writer = log.clone();
+        let subscriber = tracing_subscriber::fmt()
+            .with_writer(move || writer.clone())
+            .with_ansi(false)
+            .finish();
+        let warnings = Throttle::new(3, std::time::Duration::from_secs(1));
+        let reject = |i: usize| {
+            let d = Delivery { msg_id: format!("M-{i}"), topic: "shop".into(), ..Default::default() };
+            let rejection = Rejection {
+                reason: "biz_id: the message has no KEYS".into(),
+                biz_type: String::new(),
+                biz_id: String::new(),
+            };
+            let (r, _) = rejection_disposition(&d, rejection, &warnings);
+            assert_eq!(r.outcome, Outcome::Invalid, "each is still an invalid delivery");
+        };
+        tracing::subscriber::with_default(subscriber, || {
+            // Fifty within one window (a few milliseconds), then one in the next.
+            (0..50).for_each(reject);
+            std::thread::sleep(std::time::Duration::from_millis(1_100));
+            reject(50);
+        });
+        let text = String::from_utf8(log.0.lock().unwrap().clone()).unwrap();
+        let lines: Vec<&str> = text.lines().filter(|l| l.contains("invalid delivery")).collect();
+        assert_eq!(lines.len(), 4, "three of the fifty, then the next window's first: {text}");
+        assert!(lines[..3].iter().all(|l| l.contains("similar_warnings_held_back=0")), "{text}");
+        assert!(lines[3].contains("msg_id=\"M-50\"") && lines[3].contains("similar_warnings_held_back=47"), "{text}");
+    }
 }

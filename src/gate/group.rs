@@ -58,6 +58,7 @@ use crate::outcome::{Claim, DuplicateCause, Layer, Outcome};
 use crate::prefilter::{Check, PrefilterReport, Settle, Token, claim_of};
 use crate::route::{BizKey, Rejection};
 use crate::store::{Backend, Conn, is_transient, query};
+use crate::throttle::Throttle;
 
 /// A delivery of a group, as far as the gate got before the transaction.
 struct Slot<'a> {
@@ -129,7 +130,7 @@ impl Core {
                             );
                             Before::Claim(key, table)
                         }
-                        Err(rejection) => rejected(d, rejection),
+                        Err(rejection) => rejected(d, rejection, &self.invalid_warnings),
                     };
                     Slot { d, hash: d.payload_hash(), before, token: None, report: None, redis_us: 0 }
                 })
@@ -594,8 +595,8 @@ fn by_table<'s>(
     tables
 }
 
-fn rejected(d: &Delivery, rejection: Rejection) -> Before {
-    let (r, key) = rejection_disposition(d, rejection);
+fn rejected(d: &Delivery, rejection: Rejection, warnings: &Throttle) -> Before {
+    let (r, key) = rejection_disposition(d, rejection, warnings);
     Before::Rejected(r, key)
 }
 

@@ -105,6 +105,7 @@ impl Gate {
             return Err(GateError::BadInstance(format!("must be 1 to {MAX_ID_CHARS} characters")));
         }
         let duplicate_warnings = Throttle::new(policy.duplicate_warnings_per_second, Duration::from_secs(1));
+        let invalid_warnings = Throttle::new(policy.duplicate_warnings_per_second, Duration::from_secs(1));
         let core = Core {
             store,
             routes,
@@ -112,6 +113,7 @@ impl Gate {
             identity,
             policy,
             duplicate_warnings,
+            invalid_warnings,
             observer: None,
             late_duplicate_guard: false,
             batch_handlers: true,

@@ -42,6 +42,9 @@ pub struct Web {
 
 /// The purpose the replay form's tokens are issued for.
 const REPLAY_FORM: &str = "replay";
+/// The purpose of the tokens of the replay form for one message, by its msgId (a delivery
+/// refused before a bizId could be read from it).
+const REPLAY_MESSAGE_FORM: &str = "replay-message";
 
 impl Web {
     /// The pages' settings, and the handler of each biz_type, whose business state the trace
@@ -97,5 +100,21 @@ impl Web {
         now: std::time::SystemTime,
     ) -> Result<(), csrf::TokenRefusal> {
         self.forms.check(REPLAY_FORM, &[group, biz_type, biz_id, &execute_time.to_string()], token, now)
+    }
+
+    /// The token of the replay form for the message `msg_id` of `group`, issued at `now`.
+    pub fn replay_message_token(&self, group: &str, msg_id: &str, now: std::time::SystemTime) -> String {
+        self.forms.issue(REPLAY_MESSAGE_FORM, &[group, msg_id], now)
+    }
+
+    /// Accepts a token of the replay form for the message `msg_id` of `group`.
+    pub fn check_replay_message_token(
+        &self,
+        group: &str,
+        msg_id: &str,
+        token: &str,
+        now: std::time::SystemTime,
+    ) -> Result<(), csrf::TokenRefusal> {
+        self.forms.check(REPLAY_MESSAGE_FORM, &[group, msg_id], token, now)
     }
 }

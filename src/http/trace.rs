@@ -127,9 +127,14 @@ struct StoryView {
     retention_note: String,
     grafana_url: String,
     json_href: String,
-    /// The replay form's CSRF token, when the key can be replayed here: dead-lettered, not
-    /// claimed, and this process has a broker.
+    /// The replay form's CSRF token, when the key can be replayed here: dead-lettered or
+    /// refused as invalid, not claimed, and this process has a broker.
     replay_csrf: String,
+    /// The msgId the replay form names, for a message refused before a bizId could be read
+    /// from it; empty when the form names the key.
+    replay_msg_id: String,
+    /// What the replay form re-publishes: `dead letter` or `invalid delivery`.
+    replay_what: &'static str,
     execute_time_ms: i64,
 }
 
@@ -141,6 +146,7 @@ impl StoryView {
         if k.execute_time != 0 {
             json_pairs.push(("execute_time", k.execute_time.to_string()));
         }
+        let replay = ReplayForm::of(s, web);
         Self {
             biz_id: k.biz_id.clone(),
             biz_type: k.biz_type.clone(),
@@ -166,18 +172,48 @@ impl StoryView {
             retention_note: s.retention_note.clone().unwrap_or_default(),
             grafana_url: s.grafana_url.clone().unwrap_or_default(),
             json_href: href(&format!("/api/trace/{}", path_segment(&k.biz_id)), &json_pairs),
-            replay_csrf: if web.replay.is_some() && s.claim.is_none() && m.dead_letters > 0 {
-                web.replay_token(
-                    &k.consumer_group,
-                    &k.biz_type,
-                    &k.biz_id,
-                    k.execute_time,
-                    std::time::SystemTime::now(),
-                )
-            } else {
-                String::new()
-            },
+            replay_csrf: replay.csrf,
+            replay_msg_id: replay.msg_id,
+            replay_what: replay.what,
             execute_time_ms: k.execute_time,
+        }
+    }
+}
+
+/// The trace page's replay form: for the key, or for the message when the delivery was
+/// refused before a bizId could be read from it; no token when there is nothing to replay.
+struct ReplayForm {
+    csrf: String,
+    msg_id: String,
+    what: &'static str,
+}
+
+impl ReplayForm {
+    fn of(s: &Story, web: &crate::http::Web) -> Self {
+        let (m, k) = (&s.summary, &s.key);
+        let latest = s.deliveries.iter().rev().find(|d| matches!(d.outcome.as_str(), "dead_lettered" | "invalid"));
+        let what = match latest.map(|d| d.outcome.as_str()) {
+            Some("invalid") => "invalid delivery",
+            Some(_) => "dead letter",
+            None if m.dead_letters > 0 => "dead letter",
+            None => "invalid delivery",
+        };
+        let none = Self { csrf: String::new(), msg_id: String::new(), what };
+        if web.replay.is_none() || s.claim.is_some() || m.dead_letters + m.invalid == 0 {
+            return none;
+        }
+        let now = std::time::SystemTime::now();
+        if !k.biz_id.is_empty() {
+            let csrf = web.replay_token(&k.consumer_group, &k.biz_type, &k.biz_id, k.execute_time, now);
+            return Self { csrf, ..none };
+        }
+        match latest {
+            Some(row) => Self {
+                csrf: web.replay_message_token(&k.consumer_group, &row.msg_id, now),
+                msg_id: row.msg_id.clone(),
+                what,
+            },
+            None => none,
         }
     }
 }

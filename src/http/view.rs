@@ -50,6 +50,12 @@ pub(super) fn trace_href(biz_id: &str, biz_type: &str, execute_time: i64, group:
     href("/trace", &pairs)
 }
 
+/// A link to the trace of the message with `msg_id`: the way to a delivery refused before a
+/// bizId could be read from it.
+pub(super) fn message_trace_href(msg_id: &str) -> String {
+    href("/trace", &[("q", msg_id.to_owned()), ("by", "msg_id".to_owned())])
+}
+
 /// `path?query` with the pairs URL-encoded.
 pub(super) fn href(path: &str, pairs: &[(&str, String)]) -> String {
     match serde_urlencoded::to_string(pairs) {
@@ -96,7 +102,7 @@ impl RowView {
             _ => "",
         };
         let trace = if r.biz_id.is_empty() {
-            href("/trace", &[("q", r.msg_id.clone()), ("by", "msg_id".to_owned())])
+            message_trace_href(&r.msg_id)
         } else {
             trace_href(&r.biz_id, &r.biz_type, r.execute_time, &r.consumer_group)
         };

@@ -337,6 +337,12 @@ static DELIVERIES_OF_MESSAGE: Sql = Sql::new(concat!(
     " FROM delivery_log WHERE msg_id = ? AND biz_id = '' AND biz_type = ? AND consumer_group = ? \
      ORDER BY logged_at_ms, id LIMIT 501"
 ));
+static DELIVERIES_OF_UNIQ_KEY: Sql = Sql::new(concat!(
+    "SELECT ",
+    log_columns!(),
+    " FROM delivery_log WHERE uniq_key = ? AND biz_id = '' AND biz_type = ? AND consumer_group = ? \
+     ORDER BY logged_at_ms, id LIMIT 501"
+));
 
 /// Answers a search within `ctx.limits`.
 pub async fn trace(store: &Store, ctx: &TraceContext, q: &TraceQuery) -> Result<Answer, InspectError> {
@@ -361,7 +367,7 @@ async fn answer(store: &Store, ctx: &TraceContext, q: &TraceQuery) -> Result<Ans
             1 if !more => {
                 let key = admitted.into_iter().next().map(|c| c.key).expect("one candidate");
                 let story =
-                    story(store, ctx, key, (by != SearchBy::BizId).then_some(q.text.as_str())).await?;
+                    story(store, ctx, key, (by != SearchBy::BizId).then_some((by, q.text.as_str()))).await?;
                 Answer::Story { matched_by: by, story: Box::new(story) }
             }
             0 => Answer::Choice {
@@ -431,12 +437,13 @@ async fn story(
     store: &Store,
     ctx: &TraceContext,
     key: KeyRef,
-    message: Option<&str>,
+    message: Option<(SearchBy, &str)>,
 ) -> Result<Story, sqlx::Error> {
     let rows = match message {
-        Some(m) if key.biz_id.is_empty() => {
+        Some((by, m)) if key.biz_id.is_empty() => {
+            let sql = if by == SearchBy::UniqKey { &DELIVERIES_OF_UNIQ_KEY } else { &DELIVERIES_OF_MESSAGE };
             store
-                .query(&DELIVERIES_OF_MESSAGE)
+                .query(sql)
                 .bind(m)
                 .bind(key.biz_type.as_str())
                 .bind(key.consumer_group.as_str())

@@ -16,8 +16,8 @@ use serde_json::Value;
 
 pub use key::BizKey;
 pub(crate) use key::{
-    MAX_BIZ_ID_CHARS, MAX_BIZ_TYPE_CHARS, MAX_ID_CHARS, MAX_TOPIC_CHARS, bind_key, check_key_text, excerpt,
-    stored_key,
+    MAX_BIZ_ID_CHARS, MAX_BIZ_TYPE_CHARS, MAX_ID_CHARS, MAX_TOPIC_CHARS, bind_key, check_key_text,
+    delivered_text, excerpt, stored_id, stored_key,
 };
 
 use crate::delivery::Delivery;
@@ -219,22 +219,23 @@ impl Routes {
 
     /// What a message sent again on `topic`/`tags` must carry for its route to read `biz_id`
     /// and `execute_time` again: its KEYS and properties (a key read from the body is already
-    /// in the body). `None` when no route covers the topic and tag.
+    /// in the body). What is not known (`None`) is left out, for the route to find missing
+    /// rather than read wrong. `None` when no route covers the topic and tag.
     pub fn republish(
         &self,
         topic: &str,
         tags: &str,
-        biz_id: &str,
-        execute_time: i64,
+        biz_id: Option<&str>,
+        execute_time: Option<i64>,
     ) -> Option<(Vec<String>, std::collections::BTreeMap<String, String>)> {
         let route = self.routes.iter().find(|r| r.topic == topic && r.tags.matches(tags))?;
-        let keys = vec![biz_id.to_owned()];
+        let keys = biz_id.map(str::to_owned).into_iter().collect();
         let mut properties = std::collections::BTreeMap::new();
-        if let Source::Property(name) = &route.biz_id {
+        if let (Source::Property(name), Some(biz_id)) = (&route.biz_id, biz_id) {
             properties.insert(name.clone(), biz_id.to_owned());
         }
-        if let Some(Source::Property(name)) = &route.execute_time {
-            properties.insert(name.clone(), execute_time.to_string());
+        if let (Some(Source::Property(name)), Some(at)) = (&route.execute_time, execute_time) {
+            properties.insert(name.clone(), at.to_string());
         }
         Some((keys, properties))
     }
@@ -293,6 +294,11 @@ impl Routes {
             let n = value.chars().count();
             if n > max {
                 return Err(reject(format!("{what} is {n} characters long; the limit is {max}"), ""));
+            }
+            // PostgreSQL's text cannot hold a NUL: refused alike on every backend, so that the
+            // claim and the log always store the ids as delivered (`stored_id`).
+            if value.contains('\0') {
+                return Err(reject(format!("{what} holds a NUL character, which cannot be stored"), ""));
             }
         }
         let Some(route) = self.routes.iter().find(|r| r.topic == d.topic && r.tags.matches(&d.tags)) else {
