@@ -342,8 +342,9 @@ async fn replay_through(
         }
         let message = message_for(routes, &mut c);
         let mut line = c.line;
-        let target = match &message {
-            Err(Action::RefusedStillInvalid { .. }) => Target::Message(line.dead_letter_msg_id.clone()),
+        // An invalid delivery's key is known once the routes read it; until then it is its own.
+        let target = match (&message, line.outcome.as_str()) {
+            (Err(_), "invalid") => Target::Message(line.dead_letter_msg_id.clone()),
             _ => Target::Key(line.biz_type.clone(), line.biz_id.clone(), line.execute_time),
         };
         if !seen.insert(target) {
@@ -436,7 +437,12 @@ impl Replayer {
     }
 
     /// Replays `selection` of `group` (from the trace page: one key, or one message).
-    pub async fn replay(&self, store: &Store, group: &str, selection: &Selection) -> anyhow::Result<Vec<Line>> {
+    pub async fn replay(
+        &self,
+        store: &Store,
+        group: &str,
+        selection: &Selection,
+    ) -> anyhow::Result<Vec<Line>> {
         let producer = self
             .producer
             .get_or_try_init(|| Producer::start(&self.name_server, &self.producer_group))

@@ -183,10 +183,8 @@ mod tests {
     fn a_storm_of_invalid_deliveries_logs_the_window_budget_and_counts_the_rest() {
         let log = Captured::default();
         let writer = log.clone();
-        let subscriber = tracing_subscriber::fmt()
-            .with_writer(move || writer.clone())
-            .with_ansi(false)
-            .finish();
+        let subscriber =
+            tracing_subscriber::fmt().with_writer(move || writer.clone()).with_ansi(false).finish();
         let warnings = Throttle::new(3, std::time::Duration::from_secs(1));
         let reject = |i: usize| {
             let d = Delivery { msg_id: format!("M-{i}"), topic: "shop".into(), ..Default::default() };
@@ -208,6 +206,9 @@ mod tests {
         let lines: Vec<&str> = text.lines().filter(|l| l.contains("invalid delivery")).collect();
         assert_eq!(lines.len(), 4, "three of the fifty, then the next window's first: {text}");
         assert!(lines[..3].iter().all(|l| l.contains("similar_warnings_held_back=0")), "{text}");
-        assert!(lines[3].contains("msg_id=\"M-50\"") && lines[3].contains("similar_warnings_held_back=47"), "{text}");
+        assert!(
+            lines[3].contains("msg_id=\"M-50\"") && lines[3].contains("similar_warnings_held_back=47"),
+            "{text}"
+        );
     }
 }

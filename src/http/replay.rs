@@ -72,8 +72,7 @@ pub(super) async fn replay_action(State(state): State<AppState>, body: String) -
             .map_err(forbidden)?;
         let trace = trace_href(&biz_id, &biz_type, execute_time, &group);
         let title = format!("Replay {biz_id}");
-        let selection =
-            Selection::Key { biz_id, biz_type: Some(biz_type), execute_time: Some(execute_time) };
+        let selection = Selection::Key { biz_id, biz_type: Some(biz_type), execute_time: Some(execute_time) };
         (selection, title, "key", trace)
     };
     let Some(replayer) = state.web.replay.clone() else {

@@ -191,7 +191,8 @@ struct ReplayForm {
 impl ReplayForm {
     fn of(s: &Story, web: &crate::http::Web) -> Self {
         let (m, k) = (&s.summary, &s.key);
-        let latest = s.deliveries.iter().rev().find(|d| matches!(d.outcome.as_str(), "dead_lettered" | "invalid"));
+        let latest =
+            s.deliveries.iter().rev().find(|d| matches!(d.outcome.as_str(), "dead_lettered" | "invalid"));
         let what = match latest.map(|d| d.outcome.as_str()) {
             Some("invalid") => "invalid delivery",
             Some(_) => "dead letter",

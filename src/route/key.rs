@@ -254,7 +254,10 @@ mod tests {
             ("a\u{378}b", "(U+0378) at position 2"),
             ("a\u{e000}b", "(U+E000) at position 2"),
             // A joiner at an edge of a word or beside punctuation hides a difference.
-            ("\u{200c}می", "a joiner that does not stand between two characters of a word (U+200C) at position 1"),
+            (
+                "\u{200c}می",
+                "a joiner that does not stand between two characters of a word (U+200C) at position 1",
+            ),
             ("می\u{200c}", "(U+200C) at position 3"),
             ("می\u{200c}-1", "(U+200C) at position 3"),
             ("a-\u{200d}b", "(U+200D) at position 3"),

@@ -1,7 +1,8 @@
-//! Guarded dead-letter replay end to end: a real broker, `idemgate serve`, a poison payment that
+//! Guarded replay end to end: a real broker, `idemgate serve`, a poison payment that
 //! dead-letters, the cause fixed (its order sent), a replay that makes it processed exactly once
 //! with cause `replay`, and a second replay refused. Once with `idemgate replay`, once with the
-//! trace page's form, and once with a broken handler that is then fixed.
+//! trace page's form, and once with a broken handler that is then fixed. Then orders refused as
+//! invalid by a broken route, replayed by their msgIds once the route is fixed.
 
 use std::process::Command;
 use std::sync::Arc;
@@ -22,6 +23,35 @@ use super::support::*;
 use super::support::{http_get, http_post_form};
 
 static STATUS: Sql = Sql::new("SELECT status FROM shop_order WHERE order_no = ?");
+
+/// A service's settings written to a configuration file, for the command line.
+struct ConfigFile {
+    _dir: tempfile::TempDir,
+    path: std::path::PathBuf,
+}
+
+impl ConfigFile {
+    fn of(settings: &idemgate::testing::config::Settings) -> Self {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("idemgate.toml");
+        std::fs::write(&path, toml::to_string(settings).unwrap()).unwrap();
+        Self { _dir: dir, path }
+    }
+
+    /// `idemgate replay ARGS` on these settings: its exit code and everything it printed.
+    fn replay(&self, args: &[&str]) -> (Option<i32>, String) {
+        let out = Command::new(BIN)
+            .args(["--config", &self.path.to_string_lossy(), "replay"])
+            .args(args)
+            .env_remove("RUST_LOG")
+            .output()
+            .expect("run idemgate replay");
+        (
+            out.status.code(),
+            String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr),
+        )
+    }
+}
 
 /// Dead-letters `key` (its order missing), then sends the order: the cause is fixed.
 pub(super) async fn dead_letter_then_fix(
@@ -44,21 +74,8 @@ async fn a_dead_letter_is_replayed_into_exactly_one_effect_and_a_second_replay_i
     let settings = settings(&db.url, &topic, &group, "replayer", 2);
     let service = Service::start(&settings);
     let addr = service_addr(&service);
-    let config_dir = tempfile::tempdir().unwrap();
-    let config = config_dir.path().join("idemgate.toml");
-    std::fs::write(&config, toml::to_string(&settings).unwrap()).unwrap();
-    let replay = |args: &[&str]| {
-        let out = Command::new(BIN)
-            .args(["--config", &config.to_string_lossy(), "replay"])
-            .args(args)
-            .env_remove("RUST_LOG")
-            .output()
-            .expect("run idemgate replay");
-        (
-            out.status.code(),
-            String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr),
-        )
-    };
+    let config = ConfigFile::of(&settings);
+    let replay = |args: &[&str]| config.replay(args);
     let producer = Producer::start(broker().name_server(), &unique("pgroup")).await.unwrap();
 
     // 1. By command.
@@ -199,5 +216,105 @@ async fn after_the_handler_is_fixed_a_replay_applies_the_dead_letter_exactly_onc
 
     producer.shutdown().await;
     service.stop().await.expect("the service stops cleanly");
+    db.drop_now().await;
+}
+
+static INVALID_OF: Sql =
+    Sql::new("SELECT msg_id FROM delivery_log WHERE uniq_key = ? AND outcome = 'invalid' ORDER BY id");
+static ORDERS_OF: Sql = Sql::new("SELECT COUNT(*) FROM shop_order WHERE order_no = ?");
+
+/// Waits (up to 240 s) for the invalid row of the message sent as `uniq_key`; its msgId.
+async fn invalid_msg_id(store: &Store, uniq_key: &str) -> String {
+    let started = std::time::Instant::now();
+    loop {
+        if let Some(row) = store.query(&INVALID_OF).bind(uniq_key).fetch_optional(store.pool()).await.unwrap()
+        {
+            return row.get(0);
+        }
+        assert!(started.elapsed() < Duration::from_secs(240), "no invalid row for {uniq_key} within 240 s");
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
+}
+
+/// A release whose order route reads the order number from a property the producer never sets
+/// refuses every order as invalid and acknowledges it. The fixed release reads it from the
+/// KEYS again; each refused order is replayed into exactly one order, once by
+/// `idemgate replay --msg-id` and once by the trace page's form for the message, and a second
+/// replay of each is refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_invalid_delivery_is_replayed_after_its_route_is_fixed_into_exactly_one_effect() {
+    let db = database(Backend::Postgres).await;
+    let (topic, group, run) = (unique("invalid"), unique("group"), unique("I").replace('_', ""));
+    let fixed = settings(&db.url, &topic, &group, "fixed", 2);
+    let mut broken = settings(&db.url, &topic, &group, "broken", 2);
+    for route in broken.routes.iter_mut().filter(|r| r.biz_type == shop::ORDER_CREATE) {
+        route.biz_id = "property:ORDER_NO".to_owned();
+    }
+    let producer = Producer::start(broker().name_server(), &unique("pgroup")).await.unwrap();
+
+    let service = Service::start(&broken);
+    let orders = [format!("{run}-ORD-1"), format!("{run}-ORD-2")];
+    let mut refused = Vec::new();
+    for order_no in &orders {
+        let sent = producer.send(&order(&topic, order_no, 700)).await.unwrap();
+        refused.push(invalid_msg_id(&db.store, &sent.uniq_key).await);
+    }
+    assert_eq!(service.terminate().code(), Some(0));
+
+    let service = Service::start(&fixed);
+    let addr = service_addr(&service);
+    let config = ConfigFile::of(&fixed);
+    let replay = |args: &[&str]| config.replay(args);
+    let orders_of = |order_no: String| {
+        let store = db.store.clone();
+        async move {
+            let row = store.query(&ORDERS_OF).bind(order_no.as_str()).fetch_one(store.pool()).await.unwrap();
+            row.get::<i64, _>(0)
+        }
+    };
+
+    // 1. By command, by msgId.
+    let (code, out) = replay(&["--msg-id", &refused[0], "--dry-run"]);
+    assert_eq!(code, Some(0), "{out}");
+    assert!(
+        out.contains(&format!("order.create \"{}\" (invalid delivery {}", orders[0], refused[0])),
+        "{out}"
+    );
+    assert!(out.contains("would be sent (dry run)"), "{out}");
+    let (code, out) = replay(&["--msg-id", &refused[0]]);
+    assert_eq!(code, Some(0), "{out}");
+    assert!(out.contains("sent again as UNIQ_KEY"), "{out}");
+    let seen = wait_for_log(&db.store, &orders[0], "replayed order", |s| !s.is_empty()).await;
+    assert_eq!(seen, ["processed/replay"]);
+    assert_eq!(orders_of(orders[0].clone()).await, 1);
+    let (_, out) = replay(&["--msg-id", &refused[0]]);
+    assert!(out.contains("refused: already applied (live claim"), "{out}");
+
+    // 2. From the trace page of the message, whose form names it by its msgId.
+    let (status, page) = http_get(&addr, &format!("/trace?q={}&by=msg_id", refused[1])).unwrap();
+    assert_eq!(status, 200, "{page}");
+    assert!(page.contains("Replay the invalid delivery"), "{page}");
+    let token = replay_token_on(&page);
+    let form = serde_urlencoded::to_string([
+        ("group", group.as_str()),
+        ("msg_id", refused[1].as_str()),
+        ("csrf", token.as_str()),
+    ])
+    .unwrap();
+    let (status, result) = http_post_form(&addr, "/replay", &form).unwrap();
+    assert_eq!(status, 200, "{result}");
+    assert!(result.contains("sent again as UNIQ_KEY"), "{result}");
+    let seen = wait_for_log(&db.store, &orders[1], "replayed order", |s| !s.is_empty()).await;
+    assert_eq!(seen, ["processed/replay"]);
+    let (_, again) = http_post_form(&addr, "/replay", &form).unwrap();
+    assert!(again.contains("refused: already applied"), "{again}");
+
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    for order_no in &orders {
+        assert_eq!(orders_of(order_no.clone()).await, 1, "{order_no}: one order");
+        assert_eq!(log_of(&db.store, order_no).await, ["processed/replay"], "nothing after the refusals");
+    }
+    producer.shutdown().await;
+    assert_eq!(service.terminate().code(), Some(0));
     db.drop_now().await;
 }

@@ -536,12 +536,7 @@ pub struct ReplayForm {
 pub fn replay_form(addr: &str, group: &str, biz_type: &str, key: &str) -> ReplayForm {
     let (status, page) = http_get(addr, &format!("/trace?biz_id={key}")).expect("the trace page");
     assert_eq!(status, 200, "{page}");
-    let token = page
-        .split("name=\"csrf\" value=\"")
-        .nth(1)
-        .and_then(|s| s.split('"').next())
-        .unwrap_or_else(|| panic!("the trace page of {key} has no replay form:\n{page}"))
-        .to_owned();
+    let token = replay_token_on(&page);
     let body = serde_urlencoded::to_string([
         ("group", group),
         ("biz_type", biz_type),
@@ -551,6 +546,15 @@ pub fn replay_form(addr: &str, group: &str, biz_type: &str, key: &str) -> Replay
     ])
     .expect("a url-encoded form");
     ReplayForm { token, body }
+}
+
+/// The CSRF token of the replay form on a trace page; fails when the page offers none.
+pub fn replay_token_on(page: &str) -> String {
+    page.split("name=\"csrf\" value=\"")
+        .nth(1)
+        .and_then(|s| s.split('"').next())
+        .unwrap_or_else(|| panic!("the trace page has no replay form:\n{page}"))
+        .to_owned()
 }
 
 /// A plain HTTP/1.1 GET; (status, body).

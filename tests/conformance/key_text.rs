@@ -9,18 +9,16 @@
 //! replayed by its key or its msgId. The msgId and UNIQ_KEY are held exactly as delivered too.
 
 use idemgate::testing::clock::now_ms;
-use idemgate::testing::delivery::Delivery;
-use idemgate::testing::gate::Gate;
 use idemgate::testing::inspect::trace::{
     Answer, FinalState, SearchBy, Story, TraceContext, TraceQuery, trace,
 };
 use idemgate::testing::outcome::{DuplicateCause, Outcome};
 use idemgate::testing::reconcile::{AnomalyKind, ReconcileOptions, reconcile_once, runs};
-use idemgate::testing::replay::{self, Action, Publish, Selection};
+use idemgate::testing::replay::{self, Action, Selection};
 use idemgate::testing::shop::STOCK_LEDGER_CHECK;
 use idemgate::testing::store::{Sql, Store};
 
-use super::support::{TestDb, gate, identity, stock_deduct};
+use super::support::{TestDb, ToTheGate, gate, identity, stock_deduct};
 
 const GROUP: &str = "stock-service";
 
@@ -238,7 +236,8 @@ mod cases {
             let got: Vec<_> =
                 dry.iter().map(|l| (l.biz_id.as_str(), l.dead_letter_msg_id.as_str(), &l.action)).collect();
             assert_eq!(got, [(*key, *msg_id, &Action::WouldSend)], "{key}");
-            let sent = replay::replay_to(store, g.routes(), GROUP, &selection, Some(&to_the_gate)).await.unwrap();
+            let sent =
+                replay::replay_to(store, g.routes(), GROUP, &selection, Some(&to_the_gate)).await.unwrap();
             assert!(matches!(sent[0].action, Action::Sent { .. }), "{key}: {sent:?}");
         }
         // By msgId: the Tamil one; the Persian one by its key, which the log holds escaped.
@@ -255,7 +254,8 @@ mod cases {
             assert_eq!(text_of(store, &CLAIMED_BIZ_ID, &replayed_as).await, key, "claimed as written");
             let story = story_of(store, key).await;
             assert_eq!(story.summary.final_state, FinalState::Applied, "{key}");
-            let replayed: Vec<_> = story.deliveries.iter().map(|d| (d.outcome.as_str(), d.cause.as_deref())).collect();
+            let replayed: Vec<_> =
+                story.deliveries.iter().map(|d| (d.outcome.as_str(), d.cause.as_deref())).collect();
             assert!(replayed.contains(&("processed", Some("replay"))), "{key}: {replayed:?}");
         }
         assert_eq!(db.scalar(&STOCK_OF, &["SKU-R"]).await, 96, "four deductions, each once");
@@ -300,23 +300,6 @@ mod cases {
     }
 }
 
-/// A stand-in for the broker: what replay publishes is delivered to the gate at once, with a
-/// msgId and UNIQ_KEY of its own, as the broker would.
-struct ToTheGate<'a> {
-    gate: &'a Gate,
-}
-
-#[async_trait::async_trait]
-impl Publish for ToTheGate<'_> {
-    async fn publish(&self, message: &Delivery) -> anyhow::Result<String> {
-        let uniq_key = format!("R-{}", message.properties.get("IDEMGATE_REPLAY_OF").map_or("", String::as_str));
-        let delivered = Delivery { msg_id: uniq_key.clone(), uniq_key: uniq_key.clone(), ..message.clone() };
-        let r = self.gate.process(&delivered).await;
-        anyhow::ensure!(r.logged, "the replayed delivery was not logged: {r:?}");
-        Ok(uniq_key)
-    }
-}
-
 /// An `invalid` row as the log wrote it for a stock deduction whose key it refused.
 static OLD_INVALID_ROW: Sql = Sql::new(
     "INSERT INTO delivery_log (logged_at_ms, instance_id, consumer_group, msg_id, uniq_key, topic, tags, \
@@ -324,7 +307,8 @@ static OLD_INVALID_ROW: Sql = Sql::new(
      VALUES (?, 'old', ?, ?, ?, ?, ?, 0, 0, 0, 'stock.deduct', ?, 0, 'invalid', ?, 900, ?)",
 );
 static STOCK_OF: Sql = Sql::new("SELECT quantity FROM shop_stock WHERE sku = ?");
-static LOGGED_MSG_ID: Sql = Sql::new("SELECT msg_id FROM delivery_log WHERE biz_id = ? AND outcome = 'processed'");
+static LOGGED_MSG_ID: Sql =
+    Sql::new("SELECT msg_id FROM delivery_log WHERE biz_id = ? AND outcome = 'processed'");
 static CLAIMED_MSG_ID: Sql = Sql::new("SELECT msg_id FROM idempotent_record_all WHERE biz_id = ?");
 
 macro_rules! key_text_cases {

@@ -6,6 +6,7 @@
 mod support;
 mod batch;
 mod dead_letters;
+mod invalid_replay;
 mod key_text;
 mod sql_handler;
 mod state_machine;

@@ -292,3 +292,22 @@ pub async fn race(db: &TestDb, a: Arc<Gate>, b: Arc<Gate>, biz_id: &str, sku: &s
     assert_eq!(db.scalar(&LOG_ROWS_OF, &[biz_id, "processed"]).await, 1);
     assert_eq!(db.scalar(&LOG_ROWS_OF, &[biz_id, "duplicate"]).await, 15);
 }
+
+/// A stand-in for the broker, for replay where there is none: what replay publishes is
+/// delivered to the gate at once, with a msgId and UNIQ_KEY of its own (`R-` and the replayed
+/// row's msgId), as the broker would deliver it.
+pub struct ToTheGate<'a> {
+    pub gate: &'a Gate,
+}
+
+#[async_trait::async_trait]
+impl idemgate::testing::replay::Publish for ToTheGate<'_> {
+    async fn publish(&self, message: &Delivery) -> anyhow::Result<String> {
+        let of = message.properties.get(idemgate::testing::delivery::REPLAY_PROPERTY);
+        let uniq_key = format!("R-{}", of.map_or("", String::as_str));
+        let delivered = Delivery { msg_id: uniq_key.clone(), uniq_key: uniq_key.clone(), ..message.clone() };
+        let r = self.gate.process(&delivered).await;
+        anyhow::ensure!(r.logged, "the replayed delivery was not logged: {r:?}");
+        Ok(uniq_key)
+    }
+}

@@ -772,3 +772,152 @@ fn a_failed_connection_never_prints_the_password() {
     assert!(err.contains("postgres://u@127.0.0.1:1/x?password=***"), "the error names the database: {err}");
     assert!(!out.contains("hunter2") && !err.contains("hunter2"), "{out}{err}");
 }
+
+/// Keys in every script through the trace page and its JSON, exactly as written; deliveries
+/// refused as invalid counted, listed, linked to their traces, and offered for replay there.
+mod scripts {
+    use super::*;
+
+    /// Keys as their scripts write them: Devanagari and Bengali conjuncts with the virama, Tamil
+    /// with the pulli, Thai with tone marks, Persian with a zero-width non-joiner inside the word
+    /// and the same word without it (another key), Arabic, Hebrew, Hangul and Han.
+    const KEYS: [&str; 11] = [
+        "क्ष-1",
+        "श्री-42",
+        "স্কুল-৭",
+        "தமிழ்-௧",
+        "สั่ง-1",
+        "می\u{200c}خواهم-۱",
+        "میخواهم-۱",
+        "طلب-مُحَمَّد-١",
+        "הזמנה-42",
+        "주문-9",
+        "订单-𠮷-7",
+    ];
+
+    /// `text` percent-encoded for a path segment or a query value.
+    fn encoded(text: &str) -> String {
+        text.bytes()
+            .map(|b| {
+                if b.is_ascii_alphanumeric() || b"-._~".contains(&b) {
+                    (b as char).to_string()
+                } else {
+                    format!("%{b:02X}")
+                }
+            })
+            .collect()
+    }
+
+    /// An `href` of the page as a request path: the template escapes `&`.
+    fn link_after(html: &str, start: &str) -> String {
+        let at = html.find(start).unwrap_or_else(|| panic!("no link starting {start:?} in {html}"));
+        let link = &html[at..];
+        link[..link.find('"').expect("a closing quote")].replace("&amp;", "&")
+    }
+
+    /// The value of the hidden form field `name` on `html`.
+    fn field(html: &str, name: &str) -> String {
+        let marker = format!("name=\"{name}\" value=\"");
+        let at = html.find(&marker).unwrap_or_else(|| panic!("no field {name} in {html}")) + marker.len();
+        html[at..at + html[at..].find('"').expect("a closing quote")].to_owned()
+    }
+
+    pub(super) mod cases {
+        use super::*;
+
+        pub async fn keys_in_every_script_are_traced_on_the_page_and_in_the_json_as_written(
+            backend: idemgate::testing::store::Backend,
+        ) {
+            let app = App::new(backend).await;
+            for (i, key) in KEYS.iter().enumerate() {
+                let d = stock_deduct(key, &format!("M-{i}"), &format!("U-{i}"), "SKU-W", 1);
+                assert_eq!(app.deliver(&d).await, Outcome::Processed, "{key}");
+            }
+            for (i, key) in KEYS.iter().enumerate() {
+                let (status, html, _) = app.get(&format!("/trace?biz_id={}", encoded(key))).await;
+                assert_eq!(status, StatusCode::OK, "{key}: {html}");
+                assert!(html.contains(&format!("<span class=\"mono\">{key}</span>")), "{key}: {html}");
+                assert!(html.contains("applied once") && html.contains(&format!("M-{i}")), "{key}: {html}");
+
+                for uri in
+                    [format!("/api/trace/{}", encoded(key)), format!("/api/trace?biz_id={}", encoded(key))]
+                {
+                    let (status, json) = app.json(&uri).await;
+                    assert_eq!(status, StatusCode::OK, "{uri}");
+                    assert_eq!(json["found"], "story", "{uri}: one key, not a choice: {json}");
+                    assert_eq!(json["story"]["key"]["biz_id"], *key, "{uri}");
+                    assert_eq!(json["story"]["claim"]["msg_id"], format!("M-{i}"), "{uri}");
+                    assert_eq!(json["story"]["summary"]["final_state"], "applied", "{uri}");
+                }
+            }
+        }
+
+        pub async fn an_invalid_delivery_is_counted_listed_linked_to_its_trace_and_offered_for_replay(
+            backend: idemgate::testing::store::Backend,
+        ) {
+            // Assembled as `serve` does, with a broker to replay through: the pages offer the
+            // replay; nothing here sends one.
+            let db = TestDb::new(backend).await;
+            let mut settings = Settings::default();
+            settings.database.url = db.url().to_owned();
+            settings.http.bind = "127.0.0.1:0".to_owned();
+            settings.consumer.group = GROUP.to_owned();
+            let app = Application::build(&settings, Feed::Broker).await.expect("the service builds");
+            let router = app.router();
+            let get = |uri: String| {
+                let router = router.clone();
+                async move {
+                    let request = Request::get(uri.as_str()).body(Body::empty()).expect("request");
+                    let response = router.oneshot(request).await.expect("a response");
+                    let status = response.status();
+                    let bytes = axum::body::to_bytes(response.into_body(), 16 << 20).await.expect("body");
+                    (status, String::from_utf8(bytes.to_vec()).expect("utf-8"))
+                }
+            };
+            let keyed = stock_deduct("ORDER 1", "M-SPACE", "U-SPACE", "SKU-W", 1);
+            let keyless = Delivery { keys: vec![], ..stock_deduct("", "M-NOKEY", "U-NOKEY", "SKU-W", 1) };
+            for d in [&keyed, &keyless] {
+                assert_eq!(app.gate().process(d).await.outcome, Outcome::Invalid, "{}", d.msg_id);
+            }
+
+            let (_, metrics) = get("/metrics".to_owned()).await;
+            let invalid: f64 = metrics
+                .lines()
+                .filter(|l| l.starts_with("idemgate_deliveries_total{") && l.contains("outcome=\"invalid\""))
+                .map(|l| l.rsplit(' ').next().and_then(|v| v.parse::<f64>().ok()).expect("a value"))
+                .sum();
+            assert_eq!(invalid, 2.0, "each refused delivery is counted: {metrics}");
+
+            let (status, list) = get("/invalid".to_owned()).await;
+            assert_eq!(status, StatusCode::OK);
+            assert!(list.contains("(no bizId)") && list.contains("ORDER 1"), "{list}");
+            let by_key = link_after(&list, "/trace?biz_id=ORDER+1");
+            let by_msg_id = link_after(&list, "/trace?q=M-NOKEY");
+
+            let (status, page) = get(by_key).await;
+            assert_eq!(status, StatusCode::OK, "{page}");
+            assert!(page.contains("invalid: refused before the claim"), "{page}");
+            assert!(page.contains("Replay the invalid delivery"), "the replay is offered: {page}");
+            let now = std::time::SystemTime::now();
+            let token = field(&page, "csrf");
+            assert_eq!(field(&page, "biz_id"), "ORDER 1");
+            assert!(app.web().check_replay_token(GROUP, "stock.deduct", "ORDER 1", 0, &token, now).is_ok());
+
+            let (status, page) = get(by_msg_id).await;
+            assert_eq!(status, StatusCode::OK, "{page}");
+            assert!(page.contains("Replay the invalid delivery"), "the replay is offered: {page}");
+            assert_eq!(field(&page, "msg_id"), "M-NOKEY", "the form names the message");
+            let token = field(&page, "csrf");
+            assert!(app.web().check_replay_message_token(GROUP, "M-NOKEY", &token, now).is_ok());
+            // The same message found by its UNIQ_KEY: its deliveries are listed.
+            let (status, page) = get("/trace?q=U-NOKEY&by=uniq_key".to_owned()).await;
+            assert_eq!(status, StatusCode::OK, "{page}");
+            assert!(page.contains("M-NOKEY") && page.contains("row-invalid"), "{page}");
+        }
+    }
+
+    on_every_backend!(
+        keys_in_every_script_are_traced_on_the_page_and_in_the_json_as_written,
+        an_invalid_delivery_is_counted_listed_linked_to_its_trace_and_offered_for_replay,
+    );
+}
