@@ -286,8 +286,8 @@ mod cases {
         let again = g.process(&stock_deduct("ODD-1", "M-ODD-again", uniq_key, "SKU-O", 1)).await;
         assert_eq!((again.outcome, again.cause), (Outcome::Duplicate, Some(DuplicateCause::Redelivery)));
 
-        assert_eq!(text_of(store, &LOGGED_MSG_ID, "ODD-1").await, msg_id, "the log holds the msgId as sent");
-        assert_eq!(text_of(store, &CLAIMED_MSG_ID, "ODD-1").await, msg_id, "as the claim does");
+        let report = reconcile_once(store, &window(started), &[STOCK_LEDGER_CHECK], now_ms()).await.unwrap();
+        assert!(report.is_clean(), "no orphan for an odd msgId: {:#?}", report.anomalies);
         for (text, by) in [(msg_id, SearchBy::MsgId), (uniq_key, SearchBy::UniqKey)] {
             let q = TraceQuery::new(text, by, None, None, None).expect("searchable");
             match trace(store, &TraceContext::default(), &q).await.expect("trace") {
@@ -295,8 +295,8 @@ mod cases {
                 other => panic!("{text:?} as {by:?}: {other:?}"),
             }
         }
-        let report = reconcile_once(store, &window(started), &[STOCK_LEDGER_CHECK], now_ms()).await.unwrap();
-        assert!(report.is_clean(), "no orphan for an odd msgId: {:#?}", report.anomalies);
+        assert_eq!(text_of(store, &LOGGED_MSG_ID, "ODD-1").await, msg_id, "the log holds the msgId as sent");
+        assert_eq!(text_of(store, &CLAIMED_MSG_ID, "ODD-1").await, msg_id, "as the claim does");
     }
 }
 
