@@ -1,4 +1,5 @@
-//! A rate limit for log lines, so that a duplicate storm cannot flood the log.
+//! A rate limit for log lines, so that a storm of duplicates or of invalid deliveries cannot
+//! flood the log.
 //!
 //! Each window lets a fixed number of events through; the rest are counted, and the first line
 //! of the next window says how many were held back. It owns no logging itself.
