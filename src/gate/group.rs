@@ -158,7 +158,7 @@ impl Core {
         self.ask_prefilter(&mut slots).await;
 
         let galera = self.store.is_galera();
-        let (answers, mut retries) = self
+        let (answers, retries) = self
             .retried(|| async {
                 match self.commit_group(&slots, started, due).await {
                     Ok(Some(answers)) => Ok(Ok(answers)),
@@ -186,7 +186,6 @@ impl Core {
                     ),
                     Unfinished::LockWait(e) => {
                         // Its deliveries start again alone: a retry of the lock wait, counted so.
-                        retries += 1;
                         if let Some(observer) = &self.observer {
                             observer.transient_retries(&Retries::of(TransientCause::LockWait));
                         }
