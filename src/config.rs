@@ -197,7 +197,74 @@ impl Settings {
             ));
         }
         self.dedup.validate()?;
+        self.check_delivery_budget()?;
         Ok(())
+    }
+
+    /// The longest a delivery can wait on the configured bounds, term by term: a connection once,
+    /// every retried attempt's lock wait to its bound and the pauses between them, the last
+    /// attempt's statement to its bound, Redis (asked and settled), and with group commit the
+    /// linger and the group's own try before it splits. The deadline
+    /// (`consumer.delivery_timeout_ms`) holds whatever else happens; these are what it must not
+    /// cut short.
+    pub fn delivery_budget(&self) -> Vec<(String, std::time::Duration)> {
+        let db = &self.database;
+        let policy = self.policy();
+        let lock = db.lock_timeout();
+        let retries = policy.transient_retries;
+        let mut terms = vec![
+            (format!("database.acquire_timeout_ms ({})", db.acquire_timeout_ms), db.acquire_timeout()),
+            (
+                format!(
+                    "consumer.transient_retries ({retries}) × database.lock_timeout_ms ({})",
+                    lock.as_millis()
+                ),
+                lock * retries,
+            ),
+            (
+                format!(
+                    "the pauses before those retries (at most {} ms)",
+                    policy.longest_retry_pauses().as_millis()
+                ),
+                policy.longest_retry_pauses(),
+            ),
+            (format!("database.statement_timeout_ms ({})", db.statement_timeout_ms), db.statement_timeout()),
+        ];
+        if self.redis.enabled() {
+            let redis = std::time::Duration::from_millis(self.redis.timeout_ms);
+            terms.push((format!("2 × redis.timeout_ms ({})", self.redis.timeout_ms), redis * 2));
+        }
+        let g = &self.group_commit;
+        if g.enabled {
+            terms.push((format!("group_commit.linger_ms ({})", g.linger_ms), g.linger()));
+            terms.push((
+                format!("the group's own try, database.statement_timeout_ms ({})", db.statement_timeout_ms),
+                db.statement_timeout(),
+            ));
+        }
+        terms
+    }
+
+    /// Refuses bounds that add up past `consumer.delivery_timeout_ms`: a delivery that waited
+    /// on each would run out of time before its retries are done.
+    fn check_delivery_budget(&self) -> Result<(), ConfigError> {
+        let terms = self.delivery_budget();
+        let total: std::time::Duration = terms.iter().map(|(_, d)| *d).sum();
+        let timeout = self.consumer.delivery_timeout();
+        if total <= timeout {
+            return Ok(());
+        }
+        let sum = terms.iter().map(|(what, _)| what.as_str()).collect::<Vec<_>>().join(" + ");
+        Err(invalid(
+            "consumer.delivery_timeout_ms",
+            format!(
+                "is {}, below the longest a delivery can wait on the configured bounds, {} ms: {sum}; \
+                 lower those, or raise consumer.delivery_timeout_ms (at most {})",
+                timeout.as_millis(),
+                total.as_millis(),
+                crate::gate::MAX_DELIVERY_TIMEOUT_MS
+            ),
+        ))
     }
 
     /// The built-in shop handlers, the configured `[[state_machines]]` and the configured
@@ -225,9 +292,15 @@ impl Settings {
         Routes::new(&self.routes).expect("validated by Settings::load")
     }
 
-    /// The consumer's pool: the gate, the schedulers and replay.
+    /// The pool of the service's own work: migrations, the schedulers, replay, the commands.
     pub fn store_options(&self) -> StoreOptions {
         self.database.store_options()
+    }
+
+    /// The gate's pool: its lock waits and statements bounded (`database.lock_timeout_ms`,
+    /// `database.statement_timeout_ms`).
+    pub fn gate_store_options(&self) -> StoreOptions {
+        self.database.gate_store_options()
     }
 
     /// The web UI's own pool: `http.max_connections`, and every statement bounded by
@@ -238,6 +311,7 @@ impl Settings {
             max_connections: self.http.max_connections,
             acquire_timeout: timeout,
             statement_timeout: Some(timeout),
+            lock_timeout: None,
         }
     }
 
@@ -388,6 +462,52 @@ mod tests {
             ("[broker]\nbuffered_messages = 0", "configuration key broker.buffered_messages"),
             ("[broker]\nbuffered_mib = 0", "configuration key broker.buffered_mib"),
             ("[broker]\nlag_interval_seconds = 3601", "configuration key broker.lag_interval_seconds"),
+            (
+                "[consumer]\ntransient_retries = 11",
+                "configuration key consumer.transient_retries: is 11; use 0 to 10",
+            ),
+            ("[consumer]\ntransient_retries = -1", "key consumer.transient_retries"),
+            (
+                "[consumer]\ndelivery_timeout_ms = 30000",
+                "configuration key consumer.delivery_timeout_ms: is 30000; use 1000 to 25000",
+            ),
+            ("[consumer]\ndelivery_timeout_ms = 999", "configuration key consumer.delivery_timeout_ms"),
+            (
+                "[database]\nlock_timeout_ms = 0",
+                "configuration key database.lock_timeout_ms: is 0; use 1 to 20000",
+            ),
+            (
+                "[database]\nstatement_timeout_ms = 20001",
+                "configuration key database.statement_timeout_ms: is 20001; use 1 to 20000",
+            ),
+            (
+                "[database]\nlock_timeout_ms = 4000\nstatement_timeout_ms = 3500",
+                "configuration key database.lock_timeout_ms: is 4000 ms on this backend, above database.statement_timeout_ms (3500)",
+            ),
+            (
+                "[database]\nurl = \"mysql://root@db/shop\"\nlock_timeout_ms = 2500\nstatement_timeout_ms = 2800",
+                "configuration key database.lock_timeout_ms: is 3000 ms on this backend, above database.statement_timeout_ms (2800)",
+            ),
+            (
+                "[consumer]\ntransient_retries = 10",
+                "configuration key consumer.delivery_timeout_ms: is 25000, below the longest a delivery can wait on \
+                 the configured bounds, 37270 ms: database.acquire_timeout_ms (10000) + consumer.transient_retries (10) \
+                 × database.lock_timeout_ms (2000) + the pauses before those retries (at most 4270 ms) + \
+                 database.statement_timeout_ms (3000); lower those, or raise consumer.delivery_timeout_ms (at most 25000)",
+            ),
+            (
+                "[consumer]\ndelivery_timeout_ms = 10000",
+                "configuration key consumer.delivery_timeout_ms: is 10000, below the longest a delivery can wait on \
+                 the configured bounds, 19070 ms",
+            ),
+            (
+                "[group_commit]\nenabled = true\n[database]\nacquire_timeout_ms = 15000",
+                "+ group_commit.linger_ms (2) + the group's own try, database.statement_timeout_ms (3000); lower those",
+            ),
+            (
+                "[redis]\nurl = \"redis://h\"\ntimeout_ms = 1000\n[database]\nacquire_timeout_ms = 15000",
+                "+ 2 × redis.timeout_ms (1000); lower those",
+            ),
             ("this is not toml", "configuration"),
         ];
         for (text, expected) in cases {
@@ -397,6 +517,37 @@ mod tests {
         let missing =
             Settings::load_from(Some(Path::new("/nonexistent/idemgate.toml")), no_env()).unwrap_err();
         assert_eq!(missing.to_string(), "configuration file /nonexistent/idemgate.toml does not exist");
+    }
+
+    #[test]
+    #[allow(clippy::result_large_err)] // figment::Jail's own error type
+    fn the_gate_bounds_its_waits_within_the_delivery_timeout_by_default_and_as_configured() {
+        let s = Settings::default();
+        let total = |s: &Settings| s.delivery_budget().iter().map(|(_, d)| *d).sum::<std::time::Duration>();
+        assert_eq!(total(&s).as_millis(), 10_000 + 3 * 2_000 + 70 + 3_000);
+        assert!(total(&s) <= s.consumer.delivery_timeout());
+        let grouped = Settings { group_commit: GroupSettings::on(), ..Settings::default() };
+        assert!(
+            total(&grouped) <= grouped.consumer.delivery_timeout(),
+            "the defaults hold with group commit on"
+        );
+        let options = s.gate_store_options();
+        assert_eq!(
+            (options.lock_timeout, options.statement_timeout),
+            (Some(std::time::Duration::from_secs(2)), Some(std::time::Duration::from_secs(3)))
+        );
+        assert_eq!((s.store_options().lock_timeout, s.store_options().statement_timeout), (None, None));
+        figment::Jail::expect_with(|jail| {
+            jail.set_env("IDEMGATE_BOUNDS_TEST_DATABASE__LOCK_TIMEOUT_MS", "500");
+            jail.set_env("IDEMGATE_BOUNDS_TEST_DATABASE__STATEMENT_TIMEOUT_MS", "1500");
+            jail.set_env("IDEMGATE_BOUNDS_TEST_CONSUMER__TRANSIENT_RETRIES", "10");
+            jail.set_env("IDEMGATE_BOUNDS_TEST_CONSUMER__DELIVERY_TIMEOUT_MS", "21000");
+            let s = Settings::load_from(None, Env::prefixed("IDEMGATE_BOUNDS_TEST_")).unwrap();
+            assert_eq!((s.database.lock_timeout_ms, s.database.statement_timeout_ms), (500, 1_500));
+            assert_eq!(s.policy().transient_retries, 10);
+            assert_eq!(s.policy().delivery_timeout, std::time::Duration::from_secs(21));
+            Ok(())
+        });
     }
 
     #[test]

@@ -3,14 +3,19 @@
 //!
 //! This module owns the `delivery_log` table's writes. A `processed` row is written inside the
 //! gate's transaction, so it exists exactly when the effect does; every other row is written on
-//! its own. It must not decide outcomes; the gate does.
+//! its own, and may be written again on a fresh connection when the first one's answer was lost:
+//! such a row carries its attempt's [`AttemptId`], unique in the table, and is inserted only if
+//! absent ([`append_once`]), so that an insert that committed and lost its answer leaves one
+//! row, not two. It must not decide outcomes; the gate does.
 
 use crate::delivery::Delivery;
 use crate::outcome::{DuplicateCause, Layer, Outcome};
 use crate::route::{
     MAX_BIZ_ID_CHARS, MAX_BIZ_TYPE_CHARS, MAX_ID_CHARS, MAX_TOPIC_CHARS, stored_id, stored_key,
 };
-use crate::store::{AnyQuery, Backend, Conn, Pad, Sql, bind_rows, filtered_insert, query, query_built};
+use crate::store::{
+    AnyQuery, Backend, Conn, InsertIfAbsent, Pad, Sql, bind_rows, filtered_insert, query, query_built,
+};
 
 /// The longest error text kept, in characters.
 pub(crate) const MAX_ERROR_CHARS: usize = 2_000;
@@ -50,13 +55,48 @@ static APPEND: Sql = Sql::new(
      outcome, cause, layer, payload_match, payload_hash, error, latency_us, payload, payload_truncated) \
      VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
 );
+/// [`APPEND`] with the attempt's id, skipped when the table already holds a row of that
+/// attempt. The unique index keeps only the rows that carry an id (PostgreSQL and SQLite: a
+/// partial index; MySQL/MariaDB, whose unique index takes NULL as often as it comes, index every
+/// row), so a `processed` row, written in the gate's transaction without one, costs nothing more.
+static APPEND_ONCE: InsertIfAbsent = crate::insert_if_absent!(
+    "INSERT INTO delivery_log (logged_at_ms, instance_id, consumer_group, msg_id, uniq_key, \
+     topic, tags, queue_id, queue_offset, reconsume_times, biz_type, biz_id, execute_time, \
+     outcome, cause, layer, payload_match, payload_hash, error, latency_us, payload, payload_truncated, \
+     attempt_id) \
+     VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+    conflict = "(attempt_id) WHERE attempt_id IS NOT NULL",
+    index = "delivery_log_attempt"
+);
+
+/// One attempt at writing a log row, however often the write is retried: 128 random bits as
+/// 32 hex digits (`delivery_log.attempt_id`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AttemptId(String);
+
+impl AttemptId {
+    pub fn new() -> Self {
+        Self(format!("{:032x}", rand::random::<u128>()))
+    }
+
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+impl Default for AttemptId {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
 /// The most rows one multi-row append carries (23 values each with its `keep_row`, far below
 /// every backend's limit on bound values).
 pub(crate) const MAX_ROWS_PER_STATEMENT: usize = 64;
 
 /// One row of the log, borrowed from the delivery it describes.
 #[derive(Debug, Clone)]
-pub(crate) struct Entry<'a> {
+pub struct Entry<'a> {
     pub logged_at_ms: i64,
     pub instance_id: &'a str,
     pub consumer_group: &'a str,
@@ -86,6 +126,18 @@ pub(crate) struct Entry<'a> {
 pub(crate) async fn append(conn: &mut Conn, backend: Backend, entry: &Entry<'_>) -> Result<(), sqlx::Error> {
     bind(query(backend, &APPEND), entry).execute(conn).await?;
     Ok(())
+}
+
+/// Appends `entry` as the row of `attempt`, through a connection of its own, unless a row of
+/// that attempt is there already (its insert committed and only the answer was lost). True when
+/// this call wrote it.
+pub async fn append_once(
+    conn: &mut Conn,
+    backend: Backend,
+    entry: &Entry<'_>,
+    attempt: &AttemptId,
+) -> Result<bool, sqlx::Error> {
+    APPEND_ONCE.execute(conn, backend, |q| bind(q, entry).bind(attempt.as_str().to_owned())).await
 }
 
 /// Appends `entries` in as few statements as possible (one per [`MAX_ROWS_PER_STATEMENT`]

@@ -86,7 +86,9 @@ crate::labelled::labelled! {
         Certification => "certification",
         /// PostgreSQL's serialization failure.
         Serialization => "serialization",
-        /// MySQL/MariaDB's lock wait timeout.
+        /// A lock wait that ran to its bound: PostgreSQL's `lock_timeout`, MySQL/MariaDB's
+        /// `innodb_lock_wait_timeout` (a claim behind another transaction's uncommitted claim of
+        /// the same key, a handler's statement behind a row lock).
         LockWait => "lock_wait",
         /// A busy or locked SQLite file.
         Busy => "busy",
@@ -108,6 +110,13 @@ impl Retries {
     /// The causes with at least one retry, and how many.
     pub fn by_cause(&self) -> impl Iterator<Item = (TransientCause, u32)> + '_ {
         TransientCause::ALL.iter().map(|c| (*c, self.0[c.index()])).filter(|(_, n)| *n > 0)
+    }
+
+    /// One retry after `cause`.
+    pub(crate) fn of(cause: TransientCause) -> Self {
+        let mut retries = Self::default();
+        retries.add(cause);
+        retries
     }
 
     fn add(&mut self, cause: TransientCause) {
@@ -177,11 +186,20 @@ pub struct StoreOptions {
     /// `statement_timeout`, MariaDB `max_statement_time`), set when each connection opens. A
     /// query abandoned by its caller then also stops on the server. SQLite has no such limit.
     pub statement_timeout: Option<Duration>,
+    /// The longest a statement of the pool's connections waits for a lock before it fails
+    /// (see `lock_timeout`), set when each connection opens. `None` leaves the server's own:
+    /// forever on PostgreSQL, 50 s on InnoDB, 5 s on SQLite (sqlx's busy timeout).
+    pub lock_timeout: Option<Duration>,
 }
 
 impl Default for StoreOptions {
     fn default() -> Self {
-        Self { max_connections: 16, acquire_timeout: Duration::from_secs(10), statement_timeout: None }
+        Self {
+            max_connections: 16,
+            acquire_timeout: Duration::from_secs(10),
+            statement_timeout: None,
+            lock_timeout: None,
+        }
     }
 }
 
@@ -191,14 +209,19 @@ impl Store {
         install_default_drivers();
         let backend = Backend::from_url(url)?;
         let limit = options.statement_timeout.and_then(|t| statement_timeout(backend, t));
+        let lock_limit = options.lock_timeout.map(|t| lock_timeout(backend, t));
         let pool_options = AnyPoolOptions::new()
             .max_connections(options.max_connections)
             .acquire_timeout(options.acquire_timeout)
             .after_connect(move |conn, _| {
                 let limit = limit.clone();
+                let lock_limit = lock_limit.clone();
                 Box::pin(async move {
                     if let Some(limit) = limit {
                         conn.execute(AssertSqlSafe(limit)).await?;
+                    }
+                    if let Some(lock_limit) = lock_limit {
+                        conn.execute(AssertSqlSafe(lock_limit)).await?;
                     }
                     if backend == Backend::MySql {
                         // Behind a proxy, each connection may reach another node: ask each.
@@ -344,6 +367,29 @@ fn statement_timeout(backend: Backend, limit: Duration) -> Option<String> {
     }
 }
 
+/// The session statement that bounds every later lock wait of a connection to `limit`: a
+/// statement that waits longer fails with a transient error ([`TransientCause::LockWait`];
+/// [`TransientCause::Busy`] on SQLite, whose busy timeout it sets). InnoDB counts its
+/// `innodb_lock_wait_timeout` in whole seconds, so there `limit` is rounded up
+/// ([`effective_lock_timeout`]). The value is a number this process formats, never outside text.
+fn lock_timeout(backend: Backend, limit: Duration) -> String {
+    let limit = effective_lock_timeout(backend, limit);
+    match backend {
+        Backend::Postgres => format!("SET lock_timeout = {}", limit.as_millis()),
+        Backend::MySql => format!("SET SESSION innodb_lock_wait_timeout = {}", limit.as_secs()),
+        Backend::Sqlite => format!("PRAGMA busy_timeout = {}", limit.as_millis()),
+    }
+}
+
+/// The lock wait `backend` allows for `limit`: on MySQL/MariaDB whole seconds, rounded up (at
+/// least one); `limit` itself elsewhere.
+pub(crate) fn effective_lock_timeout(backend: Backend, limit: Duration) -> Duration {
+    match backend {
+        Backend::MySql => Duration::from_secs(limit.as_millis().div_ceil(1_000).max(1) as u64),
+        Backend::Postgres | Backend::Sqlite => limit,
+    }
+}
+
 impl Bound {
     /// The statement with its values, ready to run on `store`.
     pub fn query(&self, store: &Store) -> AnyQuery {
@@ -366,6 +412,8 @@ pub(crate) fn transient_cause(err: &sqlx::Error, galera: bool) -> Option<Transie
         sqlx::Error::Database(db) => match db.code().as_deref() {
             // PostgreSQL: deadlock_detected.
             Some("40P01") => Some(TransientCause::Deadlock),
+            // PostgreSQL: lock_not_available, the connection's `lock_timeout` ran out.
+            Some("55P03") => Some(TransientCause::LockWait),
             // MySQL/MariaDB report SQLSTATE 40001 (error 1213) for deadlocks, a Galera node for a
             // failed certification too; PostgreSQL for a serialization failure.
             Some("40001") if galera => Some(TransientCause::Certification),
@@ -382,11 +430,27 @@ pub(crate) fn transient_cause(err: &sqlx::Error, galera: bool) -> Option<Transie
     }
 }
 
+/// The longest pause before one retry of a transient conflict, however many came before.
+pub(crate) const MAX_RETRY_PAUSE: Duration = Duration::from_secs(1);
+
+/// The longest pause before retry `n` (from 1): `base_ms << n` milliseconds, at most
+/// [`MAX_RETRY_PAUSE`].
+fn longest_pause_ms(base_ms: u64, n: u32) -> u64 {
+    let cap = MAX_RETRY_PAUSE.as_millis() as u64;
+    base_ms.saturating_mul(1u64.checked_shl(n).unwrap_or(u64::MAX)).min(cap)
+}
+
+/// What the pauses before `limit` retries add up to at most, with [`retry_transient`]'s
+/// `base_ms`.
+pub(crate) fn longest_pauses(limit: u32, base_ms: u64) -> Duration {
+    Duration::from_millis((1..=limit).map(|n| longest_pause_ms(base_ms, n)).sum())
+}
+
 /// Runs `attempt` until it succeeds, fails for another reason than a transient conflict
 /// ([`transient_cause`]; `galera` when the server is a Galera node), or has been retried
 /// `limit` times. Before retry n it waits a random pause of up to `base_ms << n` milliseconds,
-/// so that two transactions that collided do not collide again in step. Returns the last result
-/// and the retries made, by cause.
+/// never more than [`MAX_RETRY_PAUSE`], so that two transactions that collided do not collide
+/// again in step. Returns the last result and the retries made, by cause.
 pub(crate) async fn retry_transient<T, F: Future<Output = Result<T, sqlx::Error>>>(
     galera: bool,
     limit: u32,
@@ -404,7 +468,7 @@ pub(crate) async fn retry_transient<T, F: Future<Output = Result<T, sqlx::Error>
         retries.add(cause);
         let n = retries.count();
         tracing::debug!(error = %e, retries = n, %cause, "a transient conflict between transactions; retrying");
-        let pause = rand::random_range(0..=base_ms << n);
+        let pause = rand::random_range(0..=longest_pause_ms(base_ms, n));
         tokio::time::sleep(Duration::from_millis(pause)).await;
     }
 }
@@ -441,6 +505,44 @@ mod tests {
         })
         .await;
         assert_eq!((result.ok(), retries.count()), (Some(3), 2));
+    }
+
+    #[test]
+    fn the_pause_before_a_retry_doubles_up_to_a_cap_however_many_retries_came_before() {
+        assert_eq!(
+            [1, 2, 3, 7, 8, 20, 64, 200].map(|n| longest_pause_ms(5, n)),
+            [10, 20, 40, 640, 1_000, 1_000, 1_000, 1_000]
+        );
+        assert_eq!(longest_pauses(3, 5), Duration::from_millis(70));
+        assert_eq!(longest_pauses(10, 5), Duration::from_millis(4_270));
+        // Twenty retries used to be able to wait 87 minutes in all.
+        assert_eq!(longest_pauses(20, 5), Duration::from_millis(14_270));
+        assert_eq!(longest_pauses(0, 5), Duration::ZERO);
+    }
+
+    #[tokio::test]
+    async fn a_retry_never_pauses_longer_than_the_cap() {
+        let started = std::time::Instant::now();
+        let (result, retries) = retry_transient(false, 1, 1_000_000, || {
+            std::future::ready(Err::<(), _>(sqlx::Error::PoolTimedOut))
+        })
+        .await;
+        assert!(result.is_err());
+        assert_eq!(retries.count(), 1);
+        assert!(started.elapsed() <= MAX_RETRY_PAUSE + Duration::from_millis(500), "{:?}", started.elapsed());
+    }
+
+    #[test]
+    fn the_lock_wait_is_bounded_in_each_backends_own_words() {
+        let limit = Duration::from_millis(1_500);
+        assert_eq!(lock_timeout(Backend::Postgres, limit), "SET lock_timeout = 1500");
+        assert_eq!(lock_timeout(Backend::MySql, limit), "SET SESSION innodb_lock_wait_timeout = 2");
+        assert_eq!(lock_timeout(Backend::Sqlite, limit), "PRAGMA busy_timeout = 1500");
+        assert_eq!(effective_lock_timeout(Backend::MySql, Duration::from_millis(1)), Duration::from_secs(1));
+        assert_eq!(
+            effective_lock_timeout(Backend::MySql, Duration::from_millis(3_000)),
+            Duration::from_secs(3)
+        );
     }
 
     #[test]

@@ -51,7 +51,7 @@ pub mod delivery {
     pub use crate::delivery::{Delivery, REPLAY_PROPERTY};
 }
 pub mod delivery_log {
-    pub use crate::delivery_log::MAX_KEPT_PAYLOAD;
+    pub use crate::delivery_log::{AttemptId, Entry, MAX_KEPT_PAYLOAD, append_once};
 }
 pub mod gate {
     pub use crate::gate::{ClaimPath, Disposition, Gate, GroupSettings, Identity, Policy};

@@ -32,7 +32,7 @@ use crate::metrics::{BuildInfo, Metrics};
 use crate::prefilter::Prefilter;
 use crate::reconcile::{Check, ReconcileScheduler};
 use crate::replay::Replayer;
-use crate::store::{Backend, Store, redact_url};
+use crate::store::{Backend, Store, StoreOptions, redact_url};
 use tasks::{Stop, Tasks};
 
 /// Where the gate's deliveries come from.
@@ -86,6 +86,9 @@ impl Application {
             .await
             .map_err(|why| anyhow::anyhow!("checking the handlers against {shown}: {why}"))?;
         crate::shop::ensure_example_stock(&store).await.context("creating the example shop's stock")?;
+        let gate_store = gate_store(&settings, &store)
+            .await
+            .with_context(|| format!("opening the gate's pool on {shown}"))?;
         let ui_store =
             ui_store(&settings, &store).await.with_context(|| format!("opening the UI's pool on {shown}"))?;
         let server = http::Server::bind(&settings.http.bind).await?;
@@ -119,7 +122,7 @@ impl Application {
             Feed::Caller => web,
         });
         let checks = handlers.checks(&routes);
-        let gate = Arc::new(gate(&settings, store.clone(), handlers, Some(metrics.clone())).await?);
+        let gate = Arc::new(gate(&settings, &store, gate_store, handlers, Some(metrics.clone())).await?);
         let state = AppState {
             store: ui_store.clone(),
             consumer_ready: Arc::new(AtomicBool::new(false)),
@@ -161,7 +164,7 @@ impl Application {
     pub async fn start(self) -> anyhow::Result<Running> {
         let Self { settings, feed, store, ui_store, gate, state, server, url, checks } = self;
         let ready = state.consumer_ready.clone();
-        let mut tasks = Tasks::default();
+        let mut tasks = Tasks::clearing(ready.clone());
         let metrics = state.metrics.clone();
         tasks.spawn("http server", |stop| server.run(state, stop));
         let started = start_parts(&settings, feed, &store, &gate, checks, metrics, &mut tasks).await;
@@ -170,7 +173,7 @@ impl Application {
             let _ = running.stop().await;
             return Err(e);
         }
-        running.ready.store(true, Ordering::Release);
+        running.tasks.mark_ready();
         Ok(running)
     }
 }
@@ -230,6 +233,16 @@ async fn start_parts(
                     reconciler.shutdown().await;
                     anyhow::bail!("a reconcile run panicked: {what}")
                 }
+            }
+        });
+    }
+    if gate.group_commit().is_some() {
+        // The committer's tasks start with the first delivery; a panic in one is reported here.
+        let gate = gate.clone();
+        tasks.spawn("group commit", |stop| async move {
+            tokio::select! {
+                () = stop => Ok(()),
+                what = gate.group_commit_fault() => anyhow::bail!("a group-commit task panicked: {what}"),
             }
         });
     }
@@ -362,11 +375,12 @@ impl Running {
     }
 
     /// Stops every part (the consumer first: no new pulls, the deliveries in flight finish or
-    /// roll back; the HTTP server last), then closes both pools.
+    /// roll back; the HTTP server last), then closes the pools.
     pub async fn stop(self) -> anyhow::Result<()> {
         self.ready.store(false, Ordering::Release);
         let faults = self.tasks.stop_all().await;
         self.ui_store.close().await;
+        self.gate.store().close().await;
         self.store.close().await;
         match faults.as_slice() {
             [] => Ok(()),
@@ -375,16 +389,18 @@ impl Running {
     }
 }
 
-/// The gate `settings` describe on `store`, ready for its first delivery: the claim layout
-/// checked (or recorded) and Redis asked once. [`Application::build`] calls it.
+/// The gate `settings` describe on `gate_store` (its own pool), ready for its first delivery:
+/// the claim layout checked (or recorded) and Redis asked once, the layout's statements on
+/// `store`, whose statements are not bounded. [`Application::build`] calls it.
 pub(crate) async fn gate(
     settings: &Settings,
-    store: Store,
+    store: &Store,
+    gate_store: Store,
     handlers: Handlers,
     metrics: Option<Arc<Metrics>>,
 ) -> anyhow::Result<Gate> {
     let layout =
-        crate::layout::ensure(&store, settings.dedup.shards, &settings.identity().instance_id).await?;
+        crate::layout::ensure(store, settings.dedup.shards, &settings.identity().instance_id).await?;
     // After the layout: the shard tables are checked too.
     if store.is_galera() {
         let ids = crate::store::galera::check(store.pool()).await?;
@@ -396,7 +412,7 @@ pub(crate) async fn gate(
             "the database is a Galera node: causal reads on every connection"
         );
     }
-    let gate = assemble_gate(settings, store, handlers, metrics)?.with_layout(layout);
+    let gate = assemble_gate(settings, gate_store, handlers, metrics)?.with_layout(layout);
     if let Some(prefilter) = gate.prefilter()
         && prefilter.warm_up().await
     {
@@ -453,13 +469,25 @@ pub fn assemble_gate(
     Ok(gate)
 }
 
+/// The gate's own pool (`database.max_connections`, its lock waits and statements bounded on the
+/// server: `database.lock_timeout_ms`, `database.statement_timeout_ms`), apart from the pool of
+/// the schedules, whose archive batches and reconcile reads may run longer.
+async fn gate_store(settings: &Settings, store: &Store) -> anyhow::Result<Store> {
+    own_pool(settings, store, &settings.gate_store_options()).await
+}
+
 /// The web UI's own pool (`http.max_connections`, statements bounded on the server), so that
-/// pages never take the consumer's connections. An in-memory SQLite database exists once per
-/// pool, so there the UI shares the consumer's.
+/// pages never take the consumer's connections.
 async fn ui_store(settings: &Settings, store: &Store) -> anyhow::Result<Store> {
+    own_pool(settings, store, &settings.ui_store_options()).await
+}
+
+/// A pool of its own on the database of `store`, with `options`. An in-memory SQLite database
+/// exists once per pool, so there it is `store` itself.
+async fn own_pool(settings: &Settings, store: &Store, options: &StoreOptions) -> anyhow::Result<Store> {
     let url = &settings.database.url;
     if store.backend() == Backend::Sqlite && (url.contains(":memory:") || url.contains("mode=memory")) {
         return Ok(store.clone());
     }
-    Ok(Store::connect(url, &settings.ui_store_options()).await?)
+    Ok(Store::connect(url, options).await?)
 }

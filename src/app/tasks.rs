@@ -6,8 +6,13 @@
 //! fires, an HTTP server that no longer answers). [`Tasks::first_exit`] reports it with the
 //! task's name. Stopping goes in the reverse order of starting, each task finishing its work
 //! in flight before the one started before it is asked to stop.
+//!
+//! The readiness flag `/readyz` reads is cleared the moment any task ends, however it ends, so
+//! that readiness tells the truth before the supervisor has heard of it.
 
 use std::future::Future;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use futures_util::FutureExt;
 use tokio::sync::oneshot;
@@ -66,9 +71,42 @@ impl Ended {
 #[derive(Default)]
 pub(crate) struct Tasks {
     tasks: Vec<Task>,
+    readiness: Readiness,
+}
+
+/// The service's readiness flag, and whether a task has ended: set by [`Ending`].
+#[derive(Clone, Default)]
+struct Readiness {
+    ready: Arc<AtomicBool>,
+    one_ended: Arc<AtomicBool>,
+}
+
+/// Held by a running task: when the task ends (returns, fails, panics or is aborted), the
+/// service is no longer ready.
+struct Ending(Readiness);
+
+impl Drop for Ending {
+    fn drop(&mut self) {
+        self.0.one_ended.store(true, Ordering::SeqCst);
+        self.0.ready.store(false, Ordering::SeqCst);
+    }
 }
 
 impl Tasks {
+    /// Tasks that clear `ready` as soon as one of them ends.
+    pub(crate) fn clearing(ready: Arc<AtomicBool>) -> Self {
+        Self { tasks: Vec::new(), readiness: Readiness { ready, one_ended: Arc::default() } }
+    }
+
+    /// Sets the readiness flag, unless a task has ended already.
+    pub(crate) fn mark_ready(&self) {
+        self.readiness.ready.store(true, Ordering::SeqCst);
+        // A task that ended before the store above has set `one_ended` before clearing `ready`.
+        if self.readiness.one_ended.load(Ordering::SeqCst) {
+            self.readiness.ready.store(false, Ordering::SeqCst);
+        }
+    }
+
     /// Spawns `run(stop)` as the task `name`. The task must return once `stop` resolves.
     pub(crate) fn spawn<F, Fut>(&mut self, name: &'static str, run: F)
     where
@@ -76,7 +114,12 @@ impl Tasks {
         Fut: Future<Output = anyhow::Result<()>> + Send + 'static,
     {
         let (stop, stopped) = oneshot::channel();
-        let handle = tokio::spawn(run(Stop(stopped)));
+        let task = run(Stop(stopped));
+        let ending = Ending(self.readiness.clone());
+        let handle = tokio::spawn(async move {
+            let _ending = ending;
+            task.await
+        });
         self.tasks.push(Task { name, stop: Some(stop), handle, ended: None });
     }
 
@@ -182,6 +225,28 @@ mod tests {
         }
         assert!(tasks.stop_all().await.is_empty());
         assert_eq!(*order.lock().unwrap(), ["consumer", "http"]);
+    }
+
+    #[tokio::test]
+    async fn a_task_that_panics_makes_the_service_unready_before_its_exit_is_awaited() {
+        let ready = Arc::new(AtomicBool::new(false));
+        let mut tasks = Tasks::clearing(ready.clone());
+        tasks.spawn("steady", |stop| async move {
+            stop.await;
+            Ok(())
+        });
+        tasks.mark_ready();
+        assert!(ready.load(Ordering::SeqCst));
+        tasks.spawn("fragile", |_stop| async move {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+            panic!("boom");
+        });
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        assert!(!ready.load(Ordering::SeqCst), "still ready after a part panicked");
+        tasks.mark_ready();
+        assert!(!ready.load(Ordering::SeqCst), "made ready again after a part ended");
+        let faults = tasks.stop_all().await;
+        assert_eq!(faults.len(), 1, "{faults:?}");
     }
 
     #[tokio::test]

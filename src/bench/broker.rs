@@ -206,14 +206,14 @@ impl<S: Sink> Sink for Timed<S> {
         self.inner.takes_batches()
     }
 
-    async fn consume(&self, d: &Delivery) -> Verdict {
+    async fn consume(&self, d: &Delivery, began: Instant) -> Verdict {
         self.first.lock().unwrap_or_else(|p| p.into_inner()).get_or_insert_with(Instant::now);
         if d.reconsume_times > 0 {
             let asked = self.asked.lock().unwrap_or_else(|p| p.into_inner()).contains(&d.uniq_key);
             let counter = if asked { &self.asked_redeliveries } else { &self.unasked_redeliveries };
             counter.fetch_add(1, Ordering::Relaxed);
         }
-        let verdict = self.inner.consume(d).await;
+        let verdict = self.inner.consume(d, began).await;
         if verdict == Verdict::Retry {
             self.asked.lock().unwrap_or_else(|p| p.into_inner()).insert(d.uniq_key.clone());
         }
@@ -234,8 +234,8 @@ struct Profiled {
 
 #[async_trait]
 impl Sink for Profiled {
-    async fn consume(&self, d: &Delivery) -> Verdict {
-        let r = self.gate.process(d).await;
+    async fn consume(&self, d: &Delivery, began: Instant) -> Verdict {
+        let r = self.gate.process_since(d, began).await;
         let mut totals = self.totals.lock().unwrap_or_else(|p| p.into_inner());
         totals.0.add(&r.phases.per_delivery());
         totals.1 += f64::from(r.phases.group_size.max(1));
@@ -270,8 +270,8 @@ struct Alone(crate::gate::Committer);
 
 #[async_trait]
 impl Sink for Alone {
-    async fn consume(&self, d: &Delivery) -> Verdict {
-        self.0.submit(d.clone()).await.verdict
+    async fn consume(&self, d: &Delivery, began: Instant) -> Verdict {
+        self.0.submit(d.clone(), began + crate::broker::consumer::LISTENER_DEADLINE).await.verdict
     }
 
     fn takes_batches(&self) -> bool {
@@ -283,7 +283,7 @@ struct AckOnly;
 
 #[async_trait]
 impl Sink for AckOnly {
-    async fn consume(&self, _: &Delivery) -> Verdict {
+    async fn consume(&self, _: &Delivery, _: Instant) -> Verdict {
         Verdict::Ack
     }
 }
@@ -292,7 +292,7 @@ struct Naive(Store);
 
 #[async_trait]
 impl Sink for Naive {
-    async fn consume(&self, d: &Delivery) -> Verdict {
+    async fn consume(&self, d: &Delivery, _: Instant) -> Verdict {
         match super::gate::naive(&self.0, d).await {
             Ok(()) => Verdict::Ack,
             Err(_) => Verdict::Retry,

@@ -304,7 +304,10 @@ async fn run_one(
                         phases.add(&r.phases.per_delivery());
                         matches!(r.outcome, Outcome::Processed | Outcome::Duplicate)
                     }
-                    Pattern::HandlerAlone => alone.submit(d.clone()).await.verdict == Verdict::Ack,
+                    Pattern::HandlerAlone => {
+                        let due = t + Policy::default().delivery_timeout;
+                        alone.submit(d.clone(), due).await.verdict == Verdict::Ack
+                    }
                     Pattern::Naive => naive(&store, d).await.is_ok(),
                 };
                 latencies.push(t.elapsed().as_micros() as u64);
@@ -415,7 +418,8 @@ impl HandlerAlone {
         settings: &GroupSettings,
     ) -> anyhow::Result<Committer> {
         let routes = Routes::new(&shop::routes(topic))?;
-        Ok(Committer::start_with(Arc::new(Self { store, routes }), None, settings))
+        let faults = tokio::sync::watch::Sender::new(None);
+        Ok(Committer::start_with(Arc::new(Self { store, routes }), None, settings, faults))
     }
 
     async fn apply(&self, deliveries: &[Delivery]) -> anyhow::Result<()> {
@@ -439,7 +443,7 @@ impl HandlerAlone {
 
 #[async_trait]
 impl GroupRunner for HandlerAlone {
-    async fn run_group(&self, deliveries: &[Delivery]) -> Vec<Disposition> {
+    async fn run_group(&self, deliveries: &[Delivery], _due: std::time::Instant) -> Vec<Disposition> {
         let verdict = match self.apply(deliveries).await {
             Ok(()) => Verdict::Ack,
             Err(e) => {

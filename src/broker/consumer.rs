@@ -9,10 +9,17 @@
 //! Verdicts: `Ack` (processed, duplicate, invalid) and `DeadLetter` (a permanent refusal, kept
 //! in the delivery log for replay) consume the message; `Retry` answers `ReconsumeLater`, and
 //! at the last allowed attempt that makes the broker move the message to `%DLQ%<group>`.
+//!
+//! **The answer comes before the client's deadline.** The client abandons a listener call after
+//! [`CONSUME_DEADLINE`] and redelivers its messages while the call runs on. The gate answers
+//! each delivery by `consumer.delivery_timeout_ms` from the call's start (rolling back what is
+//! not ready to commit), and the listener itself answers `ReconsumeLater` at
+//! [`LISTENER_DEADLINE`] whatever the sink is still doing.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
 
 use anyhow::Context;
 use async_trait::async_trait;
@@ -24,8 +31,8 @@ use rocketmq_client_rust::{
 use rocketmq_model::common::consumer::consume_from_where::ConsumeFromWhere;
 use rocketmq_model::common::message::message_ext::MessageExt;
 
-use super::ClientHost;
 use super::settings::{BrokerSettings, StartFrom};
+use super::{CONSUME_DEADLINE, ClientHost};
 use crate::delivery::{Delivery, UNIQ_KEY_PROPERTY};
 use crate::gate::Gate;
 use crate::outcome::Verdict;
@@ -42,11 +49,23 @@ pub(crate) struct ConsumerCounters {
     pub retries_asked: AtomicU64,
 }
 
+/// The listener's own answer time, from the start of a call: two seconds before the client's
+/// [`CONSUME_DEADLINE`]. The gate's deadline (at most `crate::gate::MAX_DELIVERY_TIMEOUT_MS`)
+/// and a log row's grace after it end before this.
+pub(crate) const LISTENER_DEADLINE: Duration = CONSUME_DEADLINE.saturating_sub(Duration::from_secs(2));
+
+// The gate's longest deadline and a log row's grace after it end before the listener's own.
+const _: () = assert!(
+    crate::gate::MAX_DELIVERY_TIMEOUT_MS as u128 + crate::gate::ANSWER_GRACE.as_millis()
+        < LISTENER_DEADLINE.as_millis()
+);
+
 /// What the consumer hands each delivery to: the gate in the service, simpler sinks in the
 /// benchmark.
 #[async_trait]
 pub(crate) trait Sink: Send + Sync + 'static {
-    async fn consume(&self, d: &Delivery) -> Verdict;
+    /// The verdict on `d`, a delivery of the listener call that began at `began`.
+    async fn consume(&self, d: &Delivery, began: Instant) -> Verdict;
 
     /// True when the deliveries of one listener call should be handed over all at once rather
     /// than one after the other: a gate with group commit puts them in one group.
@@ -57,8 +76,8 @@ pub(crate) trait Sink: Send + Sync + 'static {
 
 #[async_trait]
 impl<S: Sink + ?Sized> Sink for Arc<S> {
-    async fn consume(&self, d: &Delivery) -> Verdict {
-        (**self).consume(d).await
+    async fn consume(&self, d: &Delivery, began: Instant) -> Verdict {
+        (**self).consume(d, began).await
     }
 
     fn takes_batches(&self) -> bool {
@@ -68,8 +87,8 @@ impl<S: Sink + ?Sized> Sink for Arc<S> {
 
 #[async_trait]
 impl Sink for Gate {
-    async fn consume(&self, d: &Delivery) -> Verdict {
-        self.process(d).await.verdict
+    async fn consume(&self, d: &Delivery, began: Instant) -> Verdict {
+        self.process_since(d, began).await.verdict
     }
 
     fn takes_batches(&self) -> bool {
@@ -129,6 +148,7 @@ impl Consumer {
             runtime: tokio::runtime::Handle::current(),
             counters: counters.clone(),
             faults: faults_tx,
+            answer_within: LISTENER_DEADLINE,
         };
         let mut consumer = DefaultMQPushConsumer::builder(host.client_runtime())
             .consumer_group(subscription.group.clone())
@@ -268,6 +288,9 @@ struct SinkListener {
     runtime: tokio::runtime::Handle,
     counters: Arc<ConsumerCounters>,
     faults: tokio::sync::mpsc::UnboundedSender<String>,
+    /// How long a call may take before the listener answers `ReconsumeLater` itself:
+    /// [`LISTENER_DEADLINE`].
+    answer_within: Duration,
 }
 
 impl MessageListenerConcurrently for SinkListener {
@@ -276,21 +299,34 @@ impl MessageListenerConcurrently for SinkListener {
         msgs: &[&MessageExt],
         _context: &ConsumeConcurrentlyContext,
     ) -> ClientResult<ConsumeConcurrentlyStatus> {
+        let began = Instant::now();
         self.counters.listener_calls.fetch_add(1, Ordering::Relaxed);
         let deliveries: Vec<Delivery> = msgs.iter().map(|m| to_delivery(m)).collect();
         let sink = &self.sink;
         let consumed = self.runtime.block_on(
             std::panic::AssertUnwindSafe(async {
-                if sink.takes_batches() {
-                    let verdicts =
-                        futures_util::future::join_all(deliveries.iter().map(|d| sink.consume(d))).await;
-                    return verdicts.contains(&Verdict::Retry);
-                }
-                let mut retry = false;
-                for d in &deliveries {
-                    retry |= sink.consume(d).await == Verdict::Retry;
-                }
-                retry
+                let consume = async {
+                    if sink.takes_batches() {
+                        let verdicts = futures_util::future::join_all(
+                            deliveries.iter().map(|d| sink.consume(d, began)),
+                        )
+                        .await;
+                        return verdicts.contains(&Verdict::Retry);
+                    }
+                    let mut retry = false;
+                    for d in &deliveries {
+                        retry |= sink.consume(d, began).await == Verdict::Retry;
+                    }
+                    retry
+                };
+                let answer_by = tokio::time::Instant::from_std(began + self.answer_within);
+                tokio::time::timeout_at(answer_by, consume).await.unwrap_or_else(|_| {
+                    tracing::error!(
+                        deliveries = deliveries.len(), waited_ms = began.elapsed().as_millis() as u64,
+                        "a listener call ran out of time; answering ReconsumeLater before the client's deadline"
+                    );
+                    true
+                })
             })
             .catch_unwind(),
         );
@@ -332,5 +368,61 @@ pub(crate) fn to_delivery(m: &MessageExt) -> Delivery {
         queue_offset: m.queue_offset(),
         reconsume_times: m.reconsume_times(),
         born_at_ms: m.born_timestamp(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use rocketmq_model::common::message::message_queue::MessageQueue;
+
+    use super::*;
+
+    /// A sink that never answers: a delivery stuck beyond every bound of the gate.
+    struct Stuck;
+
+    #[async_trait]
+    impl Sink for Stuck {
+        async fn consume(&self, _: &Delivery, _: Instant) -> Verdict {
+            std::future::pending().await
+        }
+    }
+
+    #[test]
+    fn a_listener_call_that_runs_out_of_time_answers_reconsume_later_itself() {
+        let runtime =
+            tokio::runtime::Builder::new_multi_thread().worker_threads(1).enable_all().build().unwrap();
+        let (faults, _unused) = tokio::sync::mpsc::unbounded_channel();
+        let counters = Arc::new(ConsumerCounters::default());
+        let listener = SinkListener {
+            sink: Arc::new(Stuck),
+            runtime: runtime.handle().clone(),
+            counters: counters.clone(),
+            faults,
+            answer_within: Duration::from_millis(300),
+        };
+        let message = MessageExt::default();
+        let started = Instant::now();
+        // Called on a thread of its own, as the client's blocking lane calls it.
+        let status = std::thread::scope(|scope| {
+            scope
+                .spawn(|| {
+                    listener
+                        .consume_message(&[&message], &ConsumeConcurrentlyContext::new(MessageQueue::new()))
+                })
+                .join()
+                .unwrap()
+        });
+        let took = started.elapsed();
+        assert!(matches!(status, Ok(ConsumeConcurrentlyStatus::ReconsumeLater)), "{status:?}");
+        assert!(took < Duration::from_secs(2), "answered after {took:?}");
+        assert_eq!(counters.retries_asked.load(Ordering::Relaxed), 1);
+    }
+
+    #[test]
+    fn the_listener_answers_before_the_client_abandons_the_call() {
+        assert_eq!(CONSUME_DEADLINE, Duration::from_secs(30));
+        let gate_longest =
+            Duration::from_millis(crate::gate::MAX_DELIVERY_TIMEOUT_MS) + crate::gate::ANSWER_GRACE;
+        assert!(gate_longest < LISTENER_DEADLINE && LISTENER_DEADLINE < CONSUME_DEADLINE);
     }
 }

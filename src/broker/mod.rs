@@ -14,5 +14,5 @@ pub(crate) mod settings;
 
 pub(crate) use consumer::Consumer;
 pub use producer::Producer;
-pub(crate) use runtime::ClientHost;
+pub(crate) use runtime::{CONSUME_DEADLINE, ClientHost};
 pub(crate) use settings::{BrokerSettings, StartFrom};

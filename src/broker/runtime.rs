@@ -7,15 +7,27 @@
 //! real source of duplicates. The lane is sized here from the consume thread count, so the
 //! client's own consume-thread limit is what bounds concurrency, not admission.
 //!
+//! The same lane holds the client's **consume deadline**: a listener call still running after
+//! the lane's `task_timeout` is abandoned (`consume_message task panicked … DeadlineExceeded`)
+//! and its messages sent back for redelivery, while the call goes on and its transaction may
+//! still commit. It is set here explicitly to [`CONSUME_DEADLINE`], which the gate's deadline
+//! (`consumer.delivery_timeout_ms`) and the listener's own stay below.
+//!
 //! The client's telemetry is left as a no-op so that it never installs a global subscriber of
 //! its own: idemgate keeps control of its logging.
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use anyhow::Context;
 use rocketmq_client_rust::{ClientRuntime, ClientRuntimeConfig};
 use rocketmq_observability::TelemetryRuntimeGuard;
 use rocketmq_runtime::{RuntimeConfig, RuntimeOwner};
+
+/// How long the RocketMQ client lets one listener call run before it abandons it: the listener
+/// lane's `task_timeout`, 30 s by the client's default, set here so that it cannot change under
+/// idemgate's deadlines.
+pub(crate) const CONSUME_DEADLINE: Duration = Duration::from_secs(30);
 
 /// Owns the RocketMQ client's runtime; shut it down after the clients it hosts.
 pub(crate) struct ClientHost {
@@ -36,6 +48,7 @@ impl ClientHost {
         let lane = &mut config.blocking_lane_policies.metadata_io;
         lane.max_concurrency = lane_concurrency;
         lane.max_queue_depth = lane_concurrency * 4;
+        lane.task_timeout = CONSUME_DEADLINE;
         Self::from_config(config)
     }
 

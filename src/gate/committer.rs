@@ -15,6 +15,16 @@
 //! decides nothing: another instance's claim still waits on the unique index, which stays the
 //! only arbiter.
 //!
+//! **Deadlines.** Each delivery carries its deadline (see [`super::core`]). A caller waits for
+//! room in the queue only until then; a delivery whose deadline passed while it waited for a
+//! group is answered retry without running; a group runs by the earliest deadline among its
+//! deliveries.
+//!
+//! **A task that panics** (a handler's defect) takes its group down with it: the group's
+//! transaction rolls back, its callers are answered retry, and the panic is reported through the
+//! gate's fault signal, on which the service stops with the part named (`group commit`), as it
+//! does when a listener call panics. The other tasks go on meanwhile.
+//!
 //! What a group runs is a [`GroupRunner`]: the gate's group transaction, or, in the benchmarks,
 //! the same batching with the handler alone.
 
@@ -25,19 +35,20 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
-use tokio::sync::{Notify, mpsc, oneshot};
+use futures_util::FutureExt;
+use tokio::sync::{Notify, mpsc, oneshot, watch};
 
-use super::core::Core;
+use super::core::{ANSWER_GRACE, Core, until};
 use super::disposition::{Disposition, Phases};
 use super::observer::Observer;
 use super::settings::{GroupSettings, MAX_BATCH};
 use crate::delivery::Delivery;
 use crate::outcome::{Outcome, Verdict};
 
-/// Runs one group of deliveries and answers each, in their order.
+/// Runs one group of deliveries by `due` and answers each, in their order.
 #[async_trait]
 pub(crate) trait GroupRunner: Send + Sync + 'static {
-    async fn run_group(&self, deliveries: &[Delivery]) -> Vec<Disposition>;
+    async fn run_group(&self, deliveries: &[Delivery], due: Instant) -> Vec<Disposition>;
 
     /// A fingerprint of the key `d` will claim, or `None` when it claims none (a key that cannot
     /// be read, a runner without claims). Two deliveries with one fingerprint are never in two
@@ -49,8 +60,8 @@ pub(crate) trait GroupRunner: Send + Sync + 'static {
 
 #[async_trait]
 impl GroupRunner for Core {
-    async fn run_group(&self, deliveries: &[Delivery]) -> Vec<Disposition> {
-        self.process_group(deliveries).await
+    async fn run_group(&self, deliveries: &[Delivery], due: Instant) -> Vec<Disposition> {
+        self.process_group(deliveries, due).await
     }
 
     fn claim_key(&self, d: &Delivery) -> Option<u64> {
@@ -66,18 +77,22 @@ struct KeysUnknown(Arc<Core>);
 
 #[async_trait]
 impl GroupRunner for KeysUnknown {
-    async fn run_group(&self, deliveries: &[Delivery]) -> Vec<Disposition> {
-        self.0.process_group(deliveries).await
+    async fn run_group(&self, deliveries: &[Delivery], due: Instant) -> Vec<Disposition> {
+        self.0.process_group(deliveries, due).await
     }
 }
 
-/// One queued delivery, the fingerprint of its key, and where its answer goes.
+/// One queued delivery, the fingerprint of its key, its deadline, and where its answer goes.
 struct Job {
     delivery: Delivery,
     key: Option<u64>,
     queued: Instant,
+    due: Instant,
     reply: oneshot::Sender<Disposition>,
 }
+
+/// The gate's fault signal: the message of the first committer task that panicked.
+pub(crate) type Faults = watch::Sender<Option<String>>;
 
 /// The queue and the tasks that turn it into groups. Dropping it (with its gate) closes the
 /// queue; the tasks finish the groups they hold, and the deliveries set aside for them, and stop.
@@ -88,21 +103,29 @@ pub(crate) struct Committer {
 }
 
 impl Committer {
-    /// The gate's committer. `defer_held_keys` off lets a key be in two groups in flight, as
-    /// before the committer knew keys: for the benchmarks' comparison only.
-    pub(crate) fn start(core: Arc<Core>, settings: &GroupSettings, defer_held_keys: bool) -> Self {
+    /// The gate's committer, reporting a task's panic to `faults`. `defer_held_keys` off lets a
+    /// key be in two groups in flight, as before the committer knew keys: for the benchmarks'
+    /// comparison only.
+    pub(crate) fn start(
+        core: Arc<Core>,
+        settings: &GroupSettings,
+        defer_held_keys: bool,
+        faults: Faults,
+    ) -> Self {
         let observer = core.observer.clone();
         match defer_held_keys {
-            true => Self::start_with(core, observer, settings),
-            false => Self::start_with(Arc::new(KeysUnknown(core)), observer, settings),
+            true => Self::start_with(core, observer, settings, faults),
+            false => Self::start_with(Arc::new(KeysUnknown(core)), observer, settings, faults),
         }
     }
 
-    /// A committer whose groups `runner` runs, reporting waits to `observer`.
+    /// A committer whose groups `runner` runs, reporting waits to `observer` and a task's panic
+    /// to `faults`.
     pub(crate) fn start_with(
         runner: Arc<dyn GroupRunner>,
         observer: Option<Arc<dyn Observer>>,
         settings: &GroupSettings,
+        faults: Faults,
     ) -> Self {
         let (queue, jobs) = mpsc::channel(settings.queue.max(1));
         let shared = Arc::new(Shared {
@@ -111,24 +134,27 @@ impl Committer {
             released: Notify::new(),
         });
         for _ in 0..settings.in_flight.max(1) {
-            tokio::spawn(commit_groups(runner.clone(), observer.clone(), shared.clone(), settings.clone()));
+            let task = commit_groups(runner.clone(), observer.clone(), shared.clone(), settings.clone());
+            tokio::spawn(reporting_panics(task, faults.clone()));
         }
         Self { queue, runner, observer }
     }
 
-    /// Queues `delivery` and waits for its group's answer. A full queue makes the caller wait
-    /// for room first (counted: the database is not keeping up); the time in the queue is
-    /// measured from when the delivery got in.
-    pub(crate) async fn submit(&self, delivery: Delivery) -> Disposition {
+    /// Queues `delivery` and waits for its group's answer, by `due`. A full queue makes the
+    /// caller wait for room first (counted: the database is not keeping up); the time in the
+    /// queue is measured from when the delivery got in. A group that has not answered by
+    /// [`ANSWER_GRACE`] after `due` (its COMMIT hangs) is not waited for any longer.
+    pub(crate) async fn submit(&self, delivery: Delivery, due: Instant) -> Disposition {
         let room = match self.queue.try_reserve() {
             Ok(room) => room,
             Err(mpsc::error::TrySendError::Full(())) => {
                 if let Some(observer) = &self.observer {
                     observer.group_queue_full();
                 }
-                match self.queue.reserve().await {
-                    Ok(room) => room,
-                    Err(_) => return abandoned(),
+                match until(due, self.queue.reserve()).await {
+                    Some(Ok(room)) => room,
+                    Some(Err(_)) => return abandoned(),
+                    None => return unanswered(LATE_FOR_THE_QUEUE),
                 }
             }
             Err(mpsc::error::TrySendError::Closed(())) => return abandoned(),
@@ -136,14 +162,38 @@ impl Committer {
         // Read in the caller's task, so that the committer's tasks only compare numbers.
         let key = self.runner.claim_key(&delivery);
         let (reply, answer) = oneshot::channel();
-        room.send(Job { delivery, key, queued: Instant::now(), reply });
-        answer.await.unwrap_or_else(|_| abandoned())
+        room.send(Job { delivery, key, queued: Instant::now(), due, reply });
+        match until(due + ANSWER_GRACE, answer).await {
+            Some(answer) => answer.unwrap_or_else(|_| abandoned()),
+            None => unanswered("its group did not answer by its deadline; the answer is retry"),
+        }
     }
 }
 
-/// The answer for a delivery whose group never finished (its runtime is shutting down): not
-/// recorded, so not acknowledged.
+/// Runs a committer task; if it panics, logs it and raises `faults`. The group it held is gone
+/// with it: its transaction rolled back, and its callers' answers (dropped) are retry.
+async fn reporting_panics(task: impl Future<Output = ()>, faults: Faults) {
+    if let Err(panic) = std::panic::AssertUnwindSafe(task).catch_unwind().await {
+        let what = crate::cron::panic_message(panic.as_ref());
+        tracing::error!(
+            panic = %what,
+            "a group-commit task panicked; its group's deliveries will be redelivered, and the service stops"
+        );
+        faults.send_replace(Some(what));
+    }
+}
+
+const LATE_FOR_THE_QUEUE: &str =
+    "its deadline (consumer.delivery_timeout_ms) passed while it waited for a group; not run";
+
+/// The answer for a delivery whose group never finished (its runtime is shutting down, or its
+/// task panicked): not recorded, so not acknowledged.
 fn abandoned() -> Disposition {
+    unanswered("the group committer stopped before this delivery's group committed")
+}
+
+/// Retry, not recorded, for the reason `why`.
+fn unanswered(why: &str) -> Disposition {
     Disposition {
         outcome: Outcome::Failed,
         verdict: Verdict::Retry,
@@ -151,7 +201,7 @@ fn abandoned() -> Disposition {
         cause: None,
         layer: None,
         payload_match: None,
-        error: Some("the group committer stopped before this delivery's group committed".to_owned()),
+        error: Some(why.to_owned()),
         latency: Duration::ZERO,
         logged: false,
         phases: Phases::default(),
@@ -276,9 +326,20 @@ async fn commit_groups(
             }
         }
         let in_flight = InFlight { shared: &shared, id, keys: group.iter().filter_map(|j| j.key).collect() };
+        // A delivery out of time is answered now; the group runs by the earliest deadline left.
+        let now = Instant::now();
+        let (late, group): (Vec<Job>, Vec<Job>) = group.into_iter().partition(|j| j.due <= now);
+        for job in late {
+            let answer = unanswered(LATE_FOR_THE_QUEUE);
+            if let Some(observer) = &observer {
+                observer.delivery(&job.delivery, &answer);
+            }
+            let _ = job.reply.send(answer);
+        }
+        let Some(due) = group.iter().map(|j| j.due).min() else { continue };
         let (deliveries, replies): (Vec<Delivery>, Vec<oneshot::Sender<Disposition>>) =
             group.into_iter().map(|j| (j.delivery, j.reply)).unzip();
-        let answers = runner.run_group(&deliveries).await;
+        let answers = runner.run_group(&deliveries, due).await;
         // Released before the answers go out, so the duplicates set aside can join the next
         // group while the callers acknowledge.
         drop(in_flight);
@@ -376,7 +437,7 @@ mod tests {
 
     #[async_trait]
     impl GroupRunner for Recorder {
-        async fn run_group(&self, deliveries: &[Delivery]) -> Vec<Disposition> {
+        async fn run_group(&self, deliveries: &[Delivery], _due: Instant) -> Vec<Disposition> {
             let keys: HashSet<u64> = deliveries.iter().filter_map(|d| self.claim_key(d)).collect();
             {
                 let mut in_flight = self.in_flight.lock().unwrap();
@@ -408,6 +469,11 @@ mod tests {
         }
     }
 
+    /// A deadline the tests never reach.
+    fn soon() -> Instant {
+        Instant::now() + Duration::from_secs(60)
+    }
+
     fn settings(in_flight: usize, max_batch: usize) -> GroupSettings {
         GroupSettings { enabled: true, max_batch, linger_ms: 3, in_flight, queue: 256, batch: true }
     }
@@ -415,13 +481,15 @@ mod tests {
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn no_key_is_in_two_groups_in_flight_and_every_delivery_is_answered() {
         let recorder = Arc::new(Recorder::default());
-        let committer = Arc::new(Committer::start_with(recorder.clone(), None, &settings(3, 8)));
+        let committer =
+            Arc::new(Committer::start_with(recorder.clone(), None, &settings(3, 8), watch::channel(None).0));
         // 120 deliveries over 10 keys, so that most of them find their key in flight.
         let answers = futures_util::future::join_all((0..120).map(|i| {
             let committer = committer.clone();
             async move {
                 let msg_id = format!("key-{}#{i}", i % 10);
-                let r = committer.submit(Delivery { msg_id: msg_id.clone(), ..Default::default() }).await;
+                let r =
+                    committer.submit(Delivery { msg_id: msg_id.clone(), ..Default::default() }, soon()).await;
                 (msg_id, r)
             }
         }))
@@ -439,15 +507,17 @@ mod tests {
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn many_copies_of_one_key_are_answered_one_group_at_a_time() {
         let recorder = Arc::new(Recorder::default());
-        let committer = Arc::new(Committer::start_with(recorder.clone(), None, &settings(2, 4)));
-        let answers =
-            futures_util::future::join_all((0..40).map(|i| {
-                let committer = committer.clone();
-                async move {
-                    committer.submit(Delivery { msg_id: format!("key-5#{i}"), ..Default::default() }).await
-                }
-            }))
-            .await;
+        let committer =
+            Arc::new(Committer::start_with(recorder.clone(), None, &settings(2, 4), watch::channel(None).0));
+        let answers = futures_util::future::join_all((0..40).map(|i| {
+            let committer = committer.clone();
+            async move {
+                committer
+                    .submit(Delivery { msg_id: format!("key-5#{i}"), ..Default::default() }, soon())
+                    .await
+            }
+        }))
+        .await;
         assert!(answers.iter().all(|r| r.outcome == Outcome::Processed));
         assert_eq!(recorder.overlaps.load(Ordering::SeqCst), 0);
         let groups = recorder.groups.lock().unwrap();
@@ -458,17 +528,18 @@ mod tests {
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_delivery_set_aside_joins_the_group_after_its_holder() {
         let recorder = Arc::new(Recorder::default());
-        let committer = Arc::new(Committer::start_with(recorder.clone(), None, &settings(2, 4)));
+        let committer =
+            Arc::new(Committer::start_with(recorder.clone(), None, &settings(2, 4), watch::channel(None).0));
         let first = {
             let committer = committer.clone();
             tokio::spawn(async move {
-                committer.submit(Delivery { msg_id: "key-1#a".into(), ..Default::default() }).await
+                committer.submit(Delivery { msg_id: "key-1#a".into(), ..Default::default() }, soon()).await
             })
         };
         // The first group is in flight (it sleeps 40 ms) when the copy and a stranger arrive.
         tokio::time::sleep(Duration::from_millis(15)).await;
-        let copy = committer.submit(Delivery { msg_id: "key-1#b".into(), ..Default::default() });
-        let other = committer.submit(Delivery { msg_id: "key-2#c".into(), ..Default::default() });
+        let copy = committer.submit(Delivery { msg_id: "key-1#b".into(), ..Default::default() }, soon());
+        let other = committer.submit(Delivery { msg_id: "key-2#c".into(), ..Default::default() }, soon());
         let (copy, other) = tokio::join!(copy, other);
         assert_eq!(first.await.unwrap().outcome, Outcome::Processed);
         assert_eq!((copy.outcome, other.outcome), (Outcome::Processed, Outcome::Processed));
@@ -478,5 +549,66 @@ mod tests {
         // The stranger was not held back with the copy: it went into the second group.
         assert_eq!(at("key-2#c"), 1, "{groups:?}");
         assert_eq!(recorder.overlaps.load(Ordering::SeqCst), 0);
+    }
+
+    /// Panics on a delivery whose msgId is `boom`; applies the others.
+    struct Fragile;
+
+    #[async_trait]
+    impl GroupRunner for Fragile {
+        async fn run_group(&self, deliveries: &[Delivery], _due: Instant) -> Vec<Disposition> {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+            if deliveries.iter().any(|d| d.msg_id == "boom") {
+                panic!("a handler's defect");
+            }
+            deliveries
+                .iter()
+                .map(|_| Disposition {
+                    outcome: Outcome::Processed,
+                    verdict: Verdict::Ack,
+                    logged: true,
+                    ..abandoned()
+                })
+                .collect()
+        }
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_task_that_panics_answers_its_group_retry_and_raises_the_fault_while_the_others_go_on() {
+        let faults = watch::Sender::new(None);
+        let mut raised = faults.subscribe();
+        let committer = Committer::start_with(Arc::new(Fragile), None, &settings(2, 1), faults);
+        let boom = committer.submit(Delivery { msg_id: "boom".into(), ..Default::default() }, soon()).await;
+        assert_eq!((boom.outcome, boom.verdict, boom.logged), (Outcome::Failed, Verdict::Retry, false));
+        let what = tokio::time::timeout(Duration::from_secs(2), raised.wait_for(Option::is_some))
+            .await
+            .expect("the fault is raised")
+            .expect("the sender lives")
+            .clone();
+        assert_eq!(what.as_deref(), Some("a handler's defect"));
+        let after = committer.submit(Delivery { msg_id: "fine".into(), ..Default::default() }, soon()).await;
+        assert_eq!(after.outcome, Outcome::Processed, "the other task takes the next group");
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_delivery_whose_deadline_passes_in_the_queue_is_answered_retry_without_running() {
+        let recorder = Arc::new(Recorder::default());
+        let committer =
+            Arc::new(Committer::start_with(recorder.clone(), None, &settings(1, 1), watch::channel(None).0));
+        // The first group sleeps 40 ms; the second delivery's deadline is 10 ms away.
+        let first = {
+            let committer = committer.clone();
+            tokio::spawn(async move {
+                committer.submit(Delivery { msg_id: "key-1#a".into(), ..Default::default() }, soon()).await
+            })
+        };
+        tokio::time::sleep(Duration::from_millis(5)).await;
+        let due = Instant::now() + Duration::from_millis(10);
+        let late = committer.submit(Delivery { msg_id: "key-2#b".into(), ..Default::default() }, due).await;
+        assert_eq!(first.await.unwrap().outcome, Outcome::Processed);
+        assert_eq!((late.outcome, late.verdict, late.logged), (Outcome::Failed, Verdict::Retry, false));
+        assert!(late.error.as_deref().is_some_and(|e| e.contains("deadline")), "{:?}", late.error);
+        let groups = recorder.groups.lock().unwrap().clone();
+        assert_eq!(groups, [vec!["key-1#a".to_owned()]], "the late delivery never ran");
     }
 }

@@ -1,5 +1,10 @@
 //! The single path: one delivery, one transaction. The claim, the handler and the log row
 //! commit together or not at all; a duplicate rolls back and is logged in its own statement.
+//!
+//! **Every wait ends by the delivery's deadline** (`due`, [`Policy::delivery_timeout`] after its
+//! listener call began). A transaction not ready to commit by then is dropped (rolled back: no
+//! COMMIT is ever sent after the deadline) and the delivery is answered retry; the log row of a
+//! delivery that did not commit gets [`ANSWER_GRACE`] more. A COMMIT already sent is waited for.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -8,10 +13,10 @@ use super::claim::Claimant;
 use super::disposition::{Disposition, Phases, committed_disposition, rejection_disposition, replay_cause};
 use super::guard;
 use super::observer::Observer;
-use super::settings::{Identity, Policy};
+use super::settings::{Identity, Policy, RETRY_BASE_MS};
 use crate::clock::{Stopwatch, micros, now_ms};
 use crate::delivery::Delivery;
-use crate::delivery_log::{self, Entry};
+use crate::delivery_log::{self, AttemptId, Entry};
 use crate::handler::{Effect, HandlerError, Handlers, Work};
 use crate::layout::Layout;
 use crate::outcome::{Claim, DuplicateCause, Layer, Outcome, Verdict, classify};
@@ -20,8 +25,27 @@ use crate::route::{BizKey, MAX_ID_CHARS, Rejection, Routes, excerpt};
 use crate::store::Store;
 use crate::throttle::{Permit, Throttle};
 
-/// The pause before the n-th retry of a transient conflict is at most this many ms `<< n`.
-const RETRY_BASE_MS: u64 = 5;
+/// After a delivery's deadline, how long its log row may still take to write: the answer of a
+/// delivery that ran out of time is then still in the log. `consumer.delivery_timeout_ms` leaves
+/// room for it below the broker client's deadline.
+pub(crate) const ANSWER_GRACE: Duration = Duration::from_secs(2);
+
+/// Runs `work` until `due`; `None` when `due` came first. The work is dropped then: a
+/// transaction it held rolls back, a statement it waited on is abandoned.
+pub(super) async fn until<T>(due: Instant, work: impl Future<Output = T>) -> Option<T> {
+    if Instant::now() >= due {
+        return None;
+    }
+    tokio::time::timeout_at(tokio::time::Instant::from_std(due), work).await.ok()
+}
+
+/// The refusal of a delivery whose deadline came before its transaction was ready to commit.
+pub(super) fn overdue(policy: &Policy) -> HandlerError {
+    HandlerError::Retryable(format!(
+        "ran out of time: not ready to commit within consumer.delivery_timeout_ms ({} ms) of its listener call; rolled back",
+        policy.delivery_timeout.as_millis()
+    ))
+}
 
 /// Everything a gate knows; the group committer's tasks share it.
 pub(crate) struct Core {
@@ -53,11 +77,20 @@ pub(super) enum Attempt {
     /// Claimed afresh, but the archive holds the key: a duplicate older than the retention.
     Archived(Claim),
     Refused(HandlerError),
+    /// The deadline came before the transaction was ready to commit: rolled back.
+    Overdue,
+}
+
+/// Where an attempt stood when its transaction was ready: to commit, or already ended.
+enum Ready {
+    Commit(sqlx::Transaction<'static, sqlx::Any>, Effect),
+    Ended(Attempt),
 }
 
 impl Core {
-    pub(super) async fn process(&self, d: &Delivery) -> Disposition {
-        let r = self.decide(d).await;
+    /// Decides `d` by `due`, and reports the disposition.
+    pub(super) async fn process(&self, d: &Delivery, due: Instant) -> Disposition {
+        let r = self.decide(d, due).await;
         self.observe(d, &r);
         r
     }
@@ -85,11 +118,11 @@ impl Core {
         (result, retries.count())
     }
 
-    pub(super) async fn decide(&self, d: &Delivery) -> Disposition {
+    pub(super) async fn decide(&self, d: &Delivery, due: Instant) -> Disposition {
         let started = Instant::now();
         let key = match self.routes.resolve(d) {
             Ok(key) => key,
-            Err(rejection) => return self.reject(d, rejection, started).await,
+            Err(rejection) => return self.reject(d, rejection, started, due).await,
         };
         let payload_hash = d.payload_hash();
         let mut phases = Phases::default();
@@ -105,14 +138,15 @@ impl Core {
                 Check::Owned(t) => token = Some(t),
                 Check::Duplicate(earlier) => {
                     let found = Found::Redis(earlier);
-                    let (mut r, _) = self.duplicate(d, key, &payload_hash, found, started, phases).await;
+                    let (mut r, _) =
+                        self.duplicate(d, key, &payload_hash, found, Span { started, due }, phases).await;
                     r.prefilter = report;
                     return r;
                 }
                 Check::InFlight | Check::Fallback(_) => {}
             }
         }
-        let (mut r, settle) = self.conclude(d, key, &payload_hash, started, phases).await;
+        let (mut r, settle) = self.conclude(d, key, &payload_hash, Span { started, due }, phases).await;
         if let (Some(p), Some(token)) = (prefilter, token) {
             let settling = Instant::now();
             let settled = p.settle(token, settle.as_ref().map_or(Settle::Release, Settle::Done)).await;
@@ -133,12 +167,13 @@ impl Core {
         d: &Delivery,
         key: BizKey,
         payload_hash: &str,
-        started: Instant,
+        span: Span,
         phases: Phases,
     ) -> (Disposition, Option<Claim>) {
+        let Span { started, .. } = span;
         // Every attempt's time counts, the failed ones' too.
         let timing = std::sync::Mutex::new(phases);
-        let (attempt, retries) = self.retried(|| self.attempt(d, &key, payload_hash, started, &timing)).await;
+        let (attempt, retries) = self.retried(|| self.attempt(d, &key, payload_hash, span, &timing)).await;
         let mut phases = timing.into_inner().unwrap_or_else(std::sync::PoisonError::into_inner);
         phases.transient_retries += retries;
         match attempt {
@@ -149,17 +184,19 @@ impl Core {
                 (r, Some(claim))
             }
             Ok(Attempt::Taken(table)) => {
-                self.duplicate(d, key, payload_hash, Found::Db(table), started, phases).await
+                self.duplicate(d, key, payload_hash, Found::Db(table), span, phases).await
             }
             Ok(Attempt::Archived(claim)) => {
-                self.duplicate(d, key, payload_hash, Found::Archive(claim), started, phases).await
+                self.duplicate(d, key, payload_hash, Found::Archive(claim), span, phases).await
             }
-            Ok(Attempt::Refused(why)) => {
-                (self.refused(d, key, payload_hash, why, started, phases).await, None)
+            Ok(Attempt::Refused(why)) => (self.refused(d, key, payload_hash, why, span, phases).await, None),
+            Ok(Attempt::Overdue) => {
+                let why = overdue(&self.policy);
+                (self.refused(d, key, payload_hash, why, span, phases).await, None)
             }
             Err(e) => {
                 let why = HandlerError::Retryable(format!("database error: {e}"));
-                (self.refused(d, key, payload_hash, why, started, phases).await, None)
+                (self.refused(d, key, payload_hash, why, span, phases).await, None)
             }
         }
     }
@@ -178,13 +215,14 @@ impl Core {
         self.layout.get_or_try_init(|| crate::layout::recorded(&self.store)).await.copied()
     }
 
-    /// One transaction: claim, handler, log row, commit.
+    /// One transaction: claim, handler, log row, commit; the transaction ready to commit by
+    /// `span.due`, or dropped (rolled back) and the attempt [`Attempt::Overdue`].
     pub(super) async fn attempt(
         &self,
         d: &Delivery,
         key: &BizKey,
         payload_hash: &str,
-        started: Instant,
+        span: Span,
         timing: &std::sync::Mutex<Phases>,
     ) -> Result<Attempt, sqlx::Error> {
         // Held for one lap at a time, never across an await.
@@ -197,52 +235,66 @@ impl Core {
         let who = self.claimant(now_ms);
         let mut watch = Stopwatch::start();
 
-        let table =
-            self.layout().await?.table_for(who.consumer_group, &key.biz_type, &key.biz_id, key.execute_time);
-        let mut tx = self.store.begin().await?;
-        phase(&mut watch, |p| &mut p.begin_us);
-        let claimed = super::claim::claim(&mut tx, backend, table, &who, key, d, payload_hash).await?;
-        let archived = if claimed && self.late_duplicate_guard {
-            guard::archived_claim(&mut tx, backend, who.consumer_group, key).await?
-        } else {
-            None
-        };
-        phase(&mut watch, |p| &mut p.claim_us);
-        if !claimed {
-            tx.rollback().await?;
-            return Ok(Attempt::Taken(table));
-        }
-        if let Some(archived) = archived {
-            tx.rollback().await?;
-            return Ok(Attempt::Archived(archived));
-        }
-
-        let handler =
-            self.handlers.get(&key.handler).expect("Gate::new checked that every route's handler exists");
-        let work = Work { delivery: d, key, backend, now_ms };
-        let result = handler.handle(&work, &mut tx).await;
-        phase(&mut watch, |p| &mut p.handler_us);
-        let effect = match result {
-            Ok(effect) => effect,
-            Err(HandlerError::Database(e)) => {
+        let ready = until(span.due, async {
+            let table = self.layout().await?.table_for(
+                who.consumer_group,
+                &key.biz_type,
+                &key.biz_id,
+                key.execute_time,
+            );
+            let mut tx = self.store.begin().await?;
+            phase(&mut watch, |p| &mut p.begin_us);
+            let claimed = super::claim::claim(&mut tx, backend, table, &who, key, d, payload_hash).await?;
+            let archived = if claimed && self.late_duplicate_guard {
+                guard::archived_claim(&mut tx, backend, who.consumer_group, key).await?
+            } else {
+                None
+            };
+            phase(&mut watch, |p| &mut p.claim_us);
+            if !claimed {
                 tx.rollback().await?;
-                return Err(e);
+                return Ok(Ready::Ended(Attempt::Taken(table)));
             }
-            Err(refusal) => {
+            if let Some(archived) = archived {
                 tx.rollback().await?;
-                return Ok(Attempt::Refused(refusal));
+                return Ok(Ready::Ended(Attempt::Archived(archived)));
             }
-        };
 
-        if let Effect::AlreadyApplied { layer, .. } = &effect {
-            self.warn_duplicate(d, key, DuplicateCause::Unknown, Some(*layer));
-        }
-        let mut done = committed_disposition(d, key.clone(), &effect, Phases::default());
-        done.latency = started.elapsed();
-        let mut entry = self.entry(d, Some(key), Some(payload_hash), &done, now_ms);
-        entry.error = effect.detail();
-        delivery_log::append(&mut tx, backend, &entry).await?;
-        phase(&mut watch, |p| &mut p.log_us);
+            let handler =
+                self.handlers.get(&key.handler).expect("Gate::new checked that every route's handler exists");
+            let work = Work { delivery: d, key, backend, now_ms };
+            let result = handler.handle(&work, &mut tx).await;
+            phase(&mut watch, |p| &mut p.handler_us);
+            let effect = match result {
+                Ok(effect) => effect,
+                Err(HandlerError::Database(e)) => {
+                    tx.rollback().await?;
+                    return Err(e);
+                }
+                Err(refusal) => {
+                    tx.rollback().await?;
+                    return Ok(Ready::Ended(Attempt::Refused(refusal)));
+                }
+            };
+
+            if let Effect::AlreadyApplied { layer, .. } = &effect {
+                self.warn_duplicate(d, key, DuplicateCause::Unknown, Some(*layer));
+            }
+            let mut done = committed_disposition(d, key.clone(), &effect, Phases::default());
+            done.latency = span.started.elapsed();
+            let mut entry = self.entry(d, Some(key), Some(payload_hash), &done, now_ms);
+            entry.error = effect.detail();
+            delivery_log::append(&mut tx, backend, &entry).await?;
+            phase(&mut watch, |p| &mut p.log_us);
+            Ok(Ready::Commit(tx, effect))
+        })
+        .await;
+        let (tx, effect) = match ready {
+            None => return Ok(Attempt::Overdue),
+            Some(Err(e)) => return Err(e),
+            Some(Ok(Ready::Ended(attempt))) => return Ok(attempt),
+            Some(Ok(Ready::Commit(tx, effect))) => (tx, effect),
+        };
         tx.commit().await?;
         phase(&mut watch, |p| &mut p.commit_us);
         Ok(Attempt::Committed { effect })
@@ -256,7 +308,7 @@ impl Core {
         key: BizKey,
         payload_hash: &str,
         found: Found,
-        started: Instant,
+        span: Span,
         mut phases: Phases,
     ) -> (Disposition, Option<Claim>) {
         let backend = self.store.backend();
@@ -267,24 +319,23 @@ impl Core {
                 let lookup_started = Instant::now();
                 // Retried on a fresh connection like the log row below: without the earlier claim
                 // the cause is unknown and a key collision goes unseen.
-                let (earlier, retries) = self
-                    .retried(|| async {
-                        let mut conn = self.store.pool().acquire().await?;
-                        super::claim::find(&mut conn, backend, table, &self.identity.consumer_group, &key)
-                            .await
-                    })
-                    .await;
+                let lookup = self.retried(|| async {
+                    let mut conn = self.store.pool().acquire().await?;
+                    super::claim::find(&mut conn, backend, table, &self.identity.consumer_group, &key).await
+                });
+                let (earlier, retries) =
+                    until(span.due, lookup).await.unwrap_or_else(|| (Err(sqlx::Error::PoolTimedOut), 0));
                 phases.transient_retries += retries;
                 phases.lookup_us += micros(lookup_started.elapsed());
                 let earlier = earlier.unwrap_or_else(|e| {
-                    tracing::warn!(error = %e, "could not read the earlier claim of a duplicate; its cause is logged as unknown");
+                    tracing::warn!(error = %e, "could not read the earlier claim of a duplicate in time; its cause is logged as unknown");
                     None
                 });
                 (Layer::Db, earlier)
             }
         };
         let disposition = self.duplicate_disposition(d, &key, payload_hash, layer, earlier.as_ref(), phases);
-        (self.record(d, Some(key), Some(payload_hash), disposition, started).await, earlier)
+        (self.record(d, Some(key), Some(payload_hash), disposition, span).await, earlier)
     }
 
     /// A duplicate stopped at `layer`, whose key `earlier` claimed: its cause, whether the body
@@ -331,11 +382,11 @@ impl Core {
         key: BizKey,
         payload_hash: &str,
         why: HandlerError,
-        started: Instant,
+        span: Span,
         phases: Phases,
     ) -> Disposition {
         let disposition = self.refusal_disposition(d, &key, why, phases);
-        self.record(d, Some(key), Some(payload_hash), disposition, started).await
+        self.record(d, Some(key), Some(payload_hash), disposition, span).await
     }
 
     /// What a refusal means: retry, dead-letter or invalid, logged at INFO or WARN.
@@ -387,37 +438,51 @@ impl Core {
     }
 
     /// The key could not be read: log `invalid` with the reason and the body.
-    pub(super) async fn reject(&self, d: &Delivery, rejection: Rejection, started: Instant) -> Disposition {
+    pub(super) async fn reject(
+        &self,
+        d: &Delivery,
+        rejection: Rejection,
+        started: Instant,
+        due: Instant,
+    ) -> Disposition {
         let (disposition, key) = rejection_disposition(d, rejection, &self.invalid_warnings);
-        self.record(d, Some(key), None, disposition, started).await
+        self.record(d, Some(key), None, disposition, Span { started, due }).await
     }
 
-    /// Writes the log row of a delivery that did not commit an effect. If the row cannot be
-    /// written, the delivery is not acknowledged: the broker brings it back and nothing is lost.
+    /// Writes the log row of a delivery that did not commit an effect, by [`ANSWER_GRACE`] after
+    /// its deadline. If the row cannot be written, the delivery is not acknowledged: the broker
+    /// brings it back and nothing is lost.
     pub(super) async fn record(
         &self,
         d: &Delivery,
         key: Option<BizKey>,
         payload_hash: Option<&str>,
         mut disposition: Disposition,
-        started: Instant,
+        span: Span,
     ) -> Disposition {
         let backend = self.store.backend();
-        disposition.latency = started.elapsed();
+        disposition.latency = span.started.elapsed();
         let entry = self.entry(d, key.as_ref(), payload_hash, &disposition, now_ms());
         let log_started = Instant::now();
         // A lost connection (a node gone behind the proxy) is retried on a fresh one, so that the
         // attempt is in the log even when the transaction before it failed for the same reason.
-        let (written, retries) = self
-            .retried(|| async {
-                let mut conn = self.store.pool().acquire().await?;
-                delivery_log::append(&mut conn, backend, &entry).await
-            })
-            .await;
+        // The row carries the attempt's id: when the lost answer was that of an insert that
+        // committed, the retry finds the row there and writes no second one.
+        let attempt = AttemptId::new();
+        let write = self.retried(|| async {
+            let mut conn = self.store.pool().acquire().await?;
+            delivery_log::append_once(&mut conn, backend, &entry, &attempt).await
+        });
+        let (written, retries) = until(span.due + ANSWER_GRACE, write).await.unwrap_or_else(|| {
+            let late = sqlx::Error::Protocol(
+                "the log row was not written within its grace after the deadline".into(),
+            );
+            (Err(late), 0)
+        });
         disposition.phases.transient_retries += retries;
         disposition.phases.log_us += micros(log_started.elapsed());
         match written {
-            Ok(()) => disposition.logged = true,
+            Ok(_) => disposition.logged = true,
             Err(e) => {
                 tracing::error!(
                     error = %e, msg_id = ?excerpt(&d.msg_id, MAX_ID_CHARS), outcome = %disposition.outcome,
@@ -482,6 +547,13 @@ impl Core {
             );
         }
     }
+}
+
+/// When a delivery began, and when its answer is due.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Span {
+    pub started: Instant,
+    pub due: Instant,
 }
 
 /// Where the claim of a duplicate was found.

@@ -35,7 +35,13 @@
 //!
 //! A transient conflict (deadlock, busy file, a dropped connection) retries the whole group.
 //! If the group still cannot commit, it is **split**: each delivery goes through the gate
-//! alone, so one delivery that breaks the transaction cannot hold the others back.
+//! alone, so one delivery that breaks the transaction cannot hold the others back. A lock wait
+//! that ran out (`database.lock_timeout_ms`) splits the group at once: the lock is held
+//! elsewhere, maybe for long, and only the deliveries that need it should wait for it again.
+//!
+//! The group's transaction must be ready to commit by the group's deadline, the earliest of its
+//! deliveries' (see [`super::core`]); else it is rolled back and split, and each delivery,
+//! alone and already out of time, is answered retry.
 //!
 //! [`super::committer`] turns single deliveries into groups; the multi-row statements are the
 //! claim's ([`super::claim`]).
@@ -46,7 +52,7 @@ use std::time::Instant;
 use sqlx::{AssertSqlSafe, Executor};
 
 use super::claim::{ClaimPath, Member, claim_many, find_many};
-use super::core::Core;
+use super::core::{Core, until};
 use super::disposition::{Disposition, Phases, committed_disposition, rejection_disposition};
 use super::observer::{GroupEnd, GroupReport};
 use crate::clock::{Stopwatch, micros, now_ms};
@@ -57,7 +63,7 @@ use crate::layout::ClaimTable;
 use crate::outcome::{Claim, DuplicateCause, Layer, Outcome};
 use crate::prefilter::{Check, PrefilterReport, Settle, Token, claim_of};
 use crate::route::{BizKey, Rejection};
-use crate::store::{Backend, Conn, is_transient, query};
+use crate::store::{Backend, Conn, Retries, TransientCause, is_transient, query};
 use crate::throttle::Throttle;
 
 /// A delivery of a group, as far as the gate got before the transaction.
@@ -109,9 +115,19 @@ struct Shared {
     commit_us: u64,
 }
 
+/// Why a group's transaction did not commit.
+enum Unfinished {
+    /// It failed, after its retries of transient conflicts.
+    Failed(sqlx::Error),
+    /// A statement waited for a lock to the end of its lock timeout: not retried as a group.
+    LockWait(sqlx::Error),
+    /// The group's deadline came first.
+    Overdue,
+}
+
 impl Core {
-    /// Processes `deliveries` as one group and answers in their order.
-    pub(crate) async fn process_group(&self, deliveries: &[Delivery]) -> Vec<Disposition> {
+    /// Processes `deliveries` as one group by `due` and answers in their order.
+    pub(crate) async fn process_group(&self, deliveries: &[Delivery], due: Instant) -> Vec<Disposition> {
         if deliveries.is_empty() {
             return Vec::new();
         }
@@ -137,20 +153,55 @@ impl Core {
                 .collect::<Vec<_>>(),
             Err(e) => {
                 tracing::warn!(error = %e, size = deliveries.len(), "could not read the claim layout; the group is split");
-                return self.split(Vec::new(), deliveries, 0).await;
+                return self.split(Vec::new(), deliveries, 0, due).await;
             }
         };
         self.ask_prefilter(&mut slots).await;
 
-        let (answers, retries) = self.retried(|| self.commit_group(&slots, started)).await;
-        let answers = match answers {
+        let galera = self.store.is_galera();
+        let (answers, retries) = self
+            .retried(|| async {
+                match self.commit_group(&slots, started, due).await {
+                    Ok(Some(answers)) => Ok(Ok(answers)),
+                    Ok(None) => Ok(Err(Unfinished::Overdue)),
+                    Err(e) if crate::store::transient_cause(&e, galera) == Some(TransientCause::LockWait) => {
+                        Ok(Err(Unfinished::LockWait(e)))
+                    }
+                    Err(e) => Err(e),
+                }
+            })
+            .await;
+        let unfinished = match answers {
+            Ok(Ok(answers)) => Ok(answers),
+            Ok(Err(unfinished)) => Err(unfinished),
+            Err(e) => Err(Unfinished::Failed(e)),
+        };
+        let answers = match unfinished {
             Ok(answers) => answers,
-            Err(e) => {
-                tracing::warn!(
-                    error = %e, size = slots.len(), retries,
-                    "a group could not commit; each of its deliveries goes through the gate alone"
-                );
-                return self.split(slots, deliveries, retries).await;
+            Err(unfinished) => {
+                let size = slots.len();
+                match &unfinished {
+                    Unfinished::Failed(e) => tracing::warn!(
+                        error = %e, size, retries,
+                        "a group could not commit; each of its deliveries goes through the gate alone"
+                    ),
+                    Unfinished::LockWait(e) => {
+                        // Its deliveries start again alone: a retry of the lock wait, counted so.
+                        if let Some(observer) = &self.observer {
+                            observer.transient_retries(&Retries::of(TransientCause::LockWait));
+                        }
+                        tracing::info!(
+                            error = %e, size,
+                            "a group waited for a lock to the end of database.lock_timeout_ms; each of its deliveries goes through the gate alone"
+                        );
+                    }
+                    Unfinished::Overdue => tracing::warn!(
+                        size,
+                        retries,
+                        "a group was not ready to commit by its deadline (consumer.delivery_timeout_ms); rolled back, each of its deliveries is answered retry"
+                    ),
+                }
+                return self.split(slots, deliveries, retries, due).await;
             }
         };
 
@@ -207,20 +258,47 @@ impl Core {
         }
     }
 
-    /// One try at the group's transaction. Returns each delivery's disposition (not yet
-    /// timed) and the claim that now holds its key, for the pre-filter.
+    /// One try at the group's transaction, ready to commit by `due` or rolled back (`None`).
+    /// Returns each delivery's disposition (not yet timed) and the claim that now holds its
+    /// key, for the pre-filter.
     async fn commit_group(
         &self,
         slots: &[Slot<'_>],
         started: Instant,
-    ) -> Result<Vec<(Disposition, Option<Claim>)>, sqlx::Error> {
+        due: Instant,
+    ) -> Result<Option<Vec<(Disposition, Option<Claim>)>>, sqlx::Error> {
+        let mut shared = Shared::default();
+        let mut watch = Stopwatch::start();
+        let Some(ready) = until(due, self.prepare_group(slots, started, &mut shared, &mut watch)).await
+        else {
+            return Ok(None);
+        };
+        let (tx, mut answers) = ready?;
+        tx.commit().await?;
+        watch.lap(&mut shared.commit_us);
+        for (r, _) in &mut answers {
+            r.logged = true;
+            r.phases.group_size = u32::try_from(slots.len()).unwrap_or(u32::MAX);
+            r.phases.log_us = shared.log_us;
+            r.phases.commit_us = shared.commit_us;
+        }
+        Ok(Some(answers))
+    }
+
+    /// The group's transaction up to its commit: the claims, the handlers, the log rows.
+    #[allow(clippy::type_complexity)]
+    async fn prepare_group(
+        &self,
+        slots: &[Slot<'_>],
+        started: Instant,
+        shared: &mut Shared,
+        watch: &mut Stopwatch,
+    ) -> Result<(sqlx::Transaction<'static, sqlx::Any>, Vec<(Disposition, Option<Claim>)>), sqlx::Error> {
         let backend = self.store.backend();
         let path = ClaimPath::of(&self.store);
         let now_ms = now_ms();
         let who = self.claimant(now_ms);
-        let mut shared = Shared::default();
         let mut handler_us = vec![0u64; slots.len()];
-        let mut watch = Stopwatch::start();
 
         let mut tx = self.store.begin().await?;
         watch.lap(&mut shared.begin_us);
@@ -430,15 +508,7 @@ impl Core {
         delivery_log::append_many(&mut tx, backend, &entries).await?;
         drop(entries);
         watch.lap(&mut shared.log_us);
-        tx.commit().await?;
-        watch.lap(&mut shared.commit_us);
-        for (r, _) in &mut answers {
-            r.logged = true;
-            r.phases.group_size = u32::try_from(slots.len()).unwrap_or(u32::MAX);
-            r.phases.log_us = shared.log_us;
-            r.phases.commit_us = shared.commit_us;
-        }
-        Ok(answers)
+        Ok((tx, answers))
     }
 
     /// The batch path: after one savepoint, each handler's batch form takes its fresh
@@ -554,9 +624,16 @@ impl Core {
         found
     }
 
-    /// Each delivery through the gate alone, after the group could not commit. Keys the
-    /// pre-filter gave this group are released first, so each delivery asks again.
-    async fn split(&self, slots: Vec<Slot<'_>>, deliveries: &[Delivery], retries: u32) -> Vec<Disposition> {
+    /// Each delivery through the gate alone by the group's `due`, after the group could not
+    /// commit. Keys the pre-filter gave this group are released first, so each delivery asks
+    /// again.
+    async fn split(
+        &self,
+        slots: Vec<Slot<'_>>,
+        deliveries: &[Delivery],
+        retries: u32,
+        due: Instant,
+    ) -> Vec<Disposition> {
         if let Some(p) = self.prefilter.as_deref() {
             for mut slot in slots {
                 if let Some(token) = slot.token.take() {
@@ -566,7 +643,7 @@ impl Core {
         }
         let mut out = Vec::with_capacity(deliveries.len());
         for d in deliveries {
-            out.push(self.process(d).await);
+            out.push(self.process(d, due).await);
         }
         self.observe_group(GroupReport { size: out.len(), end: GroupEnd::Split, retries });
         out

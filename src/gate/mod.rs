@@ -13,6 +13,11 @@
 //! still succeed. The unique index is the only arbiter between concurrent deliveries and
 //! between processes: there is no in-process lock for a second instance to bypass.
 //!
+//! **Deadlines.** Every delivery is answered by [`Policy::delivery_timeout`] after its listener
+//! call began: a transaction not ready to commit by then is rolled back and the delivery
+//! answered retry, so that the broker client never abandons a call whose transaction may still
+//! commit ([`core`]).
+//!
 //! **Consumer groups.** The group is part of the claim key. Instances of one group block each
 //! other (they apply the same effect); two groups that apply different effects for the same
 //! business key (say, stock and loyalty points) never block each other.
@@ -27,16 +32,17 @@ mod observer;
 mod settings;
 
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 pub use claim::ClaimPath;
 pub(crate) use committer::{Committer, GroupRunner};
+pub(crate) use core::ANSWER_GRACE;
 pub use disposition::Disposition;
 pub(crate) use disposition::Phases;
 pub(crate) use observer::{GroupEnd, GroupReport, Observer};
 pub(crate) use settings::ConsumerSettings;
-pub(crate) use settings::MAX_BATCH;
 pub use settings::{GroupSettings, Identity, Policy};
+pub(crate) use settings::{MAX_BATCH, MAX_DELIVERY_TIMEOUT_MS};
 
 use self::core::Core;
 use crate::delivery::Delivery;
@@ -69,6 +75,8 @@ pub struct Gate {
     committer: std::sync::OnceLock<committer::Committer>,
     /// The committer keeps a key out of two groups in flight ([`committer`]).
     defer_held_keys: bool,
+    /// Raised by the first committer task that panics ([`Gate::group_commit_fault`]).
+    faults: committer::Faults,
 }
 
 impl std::fmt::Debug for Gate {
@@ -125,6 +133,7 @@ impl Gate {
             group: None,
             committer: std::sync::OnceLock::new(),
             defer_held_keys: true,
+            faults: tokio::sync::watch::Sender::new(None),
         })
     }
 
@@ -208,21 +217,49 @@ impl Gate {
     ///
     /// With group commit on, the delivery waits in the group queue (the queue is bounded, so a
     /// slow database slows the callers down) and the answer comes after its group's commit.
+    ///
+    /// The answer comes within the policy's `delivery_timeout` (and [`ANSWER_GRACE`] for a log
+    /// row after it): a delivery not ready to commit by then is rolled back and answered retry.
     pub async fn process(&self, d: &Delivery) -> Disposition {
+        self.process_since(d, Instant::now()).await
+    }
+
+    /// [`Gate::process`] for a delivery of a listener call that began at `began`: its deadline
+    /// runs from there, so that the deliveries of one call share it.
+    pub async fn process_since(&self, d: &Delivery, began: Instant) -> Disposition {
+        let due = began + self.core.policy.delivery_timeout;
         match &self.group {
-            None => self.core.process(d).await,
+            None => self.core.process(d, due).await,
             Some(settings) => {
                 let committer = self.committer.get_or_init(|| {
-                    committer::Committer::start(self.core.clone(), settings, self.defer_held_keys)
+                    committer::Committer::start(
+                        self.core.clone(),
+                        settings,
+                        self.defer_held_keys,
+                        self.faults.clone(),
+                    )
                 });
-                committer.submit(d.clone()).await
+                committer.submit(d.clone(), due).await
             }
         }
     }
 
     /// Processes `deliveries` as one group, in one transaction, whether or not group commit is
-    /// configured; the answers are in the deliveries' order.
+    /// configured; the answers are in the deliveries' order, within the policy's
+    /// `delivery_timeout`.
     pub async fn process_group(&self, deliveries: &[Delivery]) -> Vec<Disposition> {
-        self.core.process_group(deliveries).await
+        self.core.process_group(deliveries, Instant::now() + self.core.policy.delivery_timeout).await
+    }
+
+    /// Resolves when a group-commit task has panicked, with the panic's message; never
+    /// otherwise. The group it held was rolled back and answered retry, and so is every
+    /// delivery that task would have taken: the service stops on it ([`crate::app`]).
+    pub(crate) async fn group_commit_fault(&self) -> String {
+        let mut faults = self.faults.subscribe();
+        let what = faults.wait_for(Option::is_some).await.ok().and_then(|what| what.clone());
+        match what {
+            Some(what) => what,
+            None => std::future::pending().await,
+        }
     }
 }

@@ -21,13 +21,33 @@ pub struct ConsumerSettings {
     /// `IDEMGATE_CONSUMER__MAX_RECONSUME_TIMES`: the broker's retry budget; the failure at this
     /// reconsume count is logged `dead_lettered`.
     pub max_reconsume_times: i32,
-    /// `IDEMGATE_CONSUMER__TRANSIENT_RETRIES`: in-gate retries of a deadlock or busy database
-    /// before the broker is asked to redeliver.
+    /// `IDEMGATE_CONSUMER__TRANSIENT_RETRIES`: in-gate retries of a deadlock, a lock wait that
+    /// timed out or a busy database before the broker is asked to redeliver, 0 to
+    /// [`MAX_TRANSIENT_RETRIES`].
     pub transient_retries: u32,
     /// `IDEMGATE_CONSUMER__DUPLICATE_WARNINGS_PER_SECOND`: WARN lines for duplicates per second;
     /// the rest are counted and reported with the next one.
     pub duplicate_warnings_per_second: u32,
+    /// `IDEMGATE_CONSUMER__DELIVERY_TIMEOUT_MS`: the longest the gate works on the deliveries of
+    /// one listener call, from the call's start, 1000 to [`MAX_DELIVERY_TIMEOUT_MS`]. A delivery
+    /// still unfinished then is rolled back and answered retry itself, before the broker
+    /// client's own consume deadline abandons the call while its transaction may still commit.
+    pub delivery_timeout_ms: u64,
 }
+
+/// The most in-gate retries of one transient conflict: with the pauses capped
+/// ([`crate::store::MAX_RETRY_PAUSE`]) and every lock wait bounded, more retries only move the
+/// redelivery later.
+pub(crate) const MAX_TRANSIENT_RETRIES: u32 = 10;
+
+/// The longest `consumer.delivery_timeout_ms`: five seconds below the RocketMQ client's consume
+/// deadline (`crate::broker::CONSUME_DEADLINE`, 30 s), which leaves the failed delivery's log row
+/// its grace and the listener its answer before the client gives up on the call.
+pub(crate) const MAX_DELIVERY_TIMEOUT_MS: u64 = 25_000;
+
+/// The pause before the n-th retry of a transient conflict is at most this many ms `<< n`
+/// (and never more than [`crate::store::MAX_RETRY_PAUSE`]).
+pub(crate) const RETRY_BASE_MS: u64 = 5;
 
 /// Who is consuming: part of every claim and log row.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -60,11 +80,26 @@ pub struct Policy {
     pub transient_retries: u32,
     /// How many duplicate warnings a second may log; the rest are counted and reported.
     pub duplicate_warnings_per_second: u32,
+    /// How long the gate may work on a delivery, from the start of the listener call that holds
+    /// it: then the delivery is rolled back and answered retry.
+    pub delivery_timeout: Duration,
+}
+
+impl Policy {
+    /// What the pauses between a delivery's transient retries add up to at most.
+    pub fn longest_retry_pauses(&self) -> Duration {
+        crate::store::longest_pauses(self.transient_retries, RETRY_BASE_MS)
+    }
 }
 
 impl Default for Policy {
     fn default() -> Self {
-        Self { max_reconsume_times: 16, transient_retries: 3, duplicate_warnings_per_second: 20 }
+        Self {
+            max_reconsume_times: 16,
+            transient_retries: 3,
+            duplicate_warnings_per_second: 20,
+            delivery_timeout: Duration::from_millis(MAX_DELIVERY_TIMEOUT_MS),
+        }
     }
 }
 
@@ -77,6 +112,7 @@ impl Default for ConsumerSettings {
             max_reconsume_times: policy.max_reconsume_times,
             transient_retries: policy.transient_retries,
             duplicate_warnings_per_second: policy.duplicate_warnings_per_second,
+            delivery_timeout_ms: policy.delivery_timeout.as_millis() as u64,
         }
     }
 }
@@ -93,7 +129,26 @@ impl ConsumerSettings {
                 "must be between 0 and 32 (RocketMQ's own limit)",
             ));
         }
+        if self.transient_retries > MAX_TRANSIENT_RETRIES {
+            return Err(invalid(
+                "consumer.transient_retries",
+                format!("is {}; use 0 to {MAX_TRANSIENT_RETRIES}", self.transient_retries),
+            ));
+        }
+        if !(1_000..=MAX_DELIVERY_TIMEOUT_MS).contains(&self.delivery_timeout_ms) {
+            return Err(invalid(
+                "consumer.delivery_timeout_ms",
+                format!(
+                    "is {}; use 1000 to {MAX_DELIVERY_TIMEOUT_MS} (the RocketMQ client abandons a listener call after 30 s)",
+                    self.delivery_timeout_ms
+                ),
+            ));
+        }
         Ok(())
+    }
+
+    pub fn delivery_timeout(&self) -> Duration {
+        Duration::from_millis(self.delivery_timeout_ms)
     }
 
     /// Who this process is: the group, and `instance` or `hostname-pid`.
@@ -108,6 +163,7 @@ impl ConsumerSettings {
             max_reconsume_times: self.max_reconsume_times,
             transient_retries: self.transient_retries,
             duplicate_warnings_per_second: self.duplicate_warnings_per_second,
+            delivery_timeout: self.delivery_timeout(),
         }
     }
 }

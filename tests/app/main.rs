@@ -97,6 +97,7 @@ settings_table! {
         "consumer.max_reconsume_times" => consumer_max_reconsume_times,
         "consumer.transient_retries" => consumer_transient_retries,
         "consumer.duplicate_warnings_per_second" => consumer_duplicate_warnings_per_second,
+        "consumer.delivery_timeout_ms" => consumer_delivery_timeout_ms,
     ],
     // SQLite has no server to hold a lock or count sessions on.
     servers: [
@@ -1019,4 +1020,351 @@ async fn consumer_duplicate_warnings_per_second(b: Backend) {
         "{warnings} warnings for six duplicates (the default allows 20 a second)"
     );
     app.stop().await;
+}
+
+/// A handler's own wait (here a sleep; an HTTP call, many statements) past the deadline: the
+/// delivery is answered retry at the deadline, and its transaction never commits.
+async fn consumer_delivery_timeout_ms(b: Backend) {
+    let app =
+        spawn_app_with(b, quick_bounds, Handlers::new().with("slow", Sleepy(Duration::from_secs(6)))).await;
+    let started = Instant::now();
+    let d = app.gate().process(&for_handler("slow", "dt-1")).await;
+    let took = started.elapsed();
+    assert_eq!((d.outcome, d.verdict), (Outcome::Failed, Verdict::Retry), "{d:?} (the default waits 25 s)");
+    assert!(d.error.as_deref().is_some_and(|e| e.contains("ran out of time")), "{:?}", d.error);
+    assert!(took >= Duration::from_millis(2_500) && took < Duration::from_secs(4), "answered after {took:?}");
+    assert!(d.logged, "the failed attempt is in the log");
+    // Past the handler's own six seconds: its transaction was rolled back, not committed.
+    tokio::time::sleep(Duration::from_secs(6) - took + Duration::from_secs(1)).await;
+    assert_eq!(claims_of(&app, "dt-1").await, 0, "the abandoned transaction committed its claim");
+    app.stop().await;
+}
+
+/// A delivery timeout of 2.5 s and bounds whose waits fit it (`delivery_budget`), with or without
+/// group commit.
+fn quick_bounds(s: &mut Settings) {
+    s.consumer.delivery_timeout_ms = 2_500;
+    s.database.acquire_timeout_ms = 100;
+    s.database.lock_timeout_ms = 300;
+    s.database.statement_timeout_ms = 1_000;
+    s.consumer.transient_retries = 0;
+}
+
+async fn claims_of(app: &TestApp, biz_id: &str) -> i64 {
+    app.scalar("SELECT COUNT(*) FROM idempotent_record WHERE biz_id = ?", &[biz_id]).await
+}
+
+// ---------------------------------------------------------------------------------------------
+// Bounded waits: a claim or a handler's statement behind a lock another connection holds, a
+// group past its deadline, a group-commit task that panics.
+
+/// Runs `$case(backend)` as a test on SQLite, PostgreSQL and MariaDB.
+macro_rules! on_every_backend {
+    ($($case:ident),* $(,)?) => {
+        $(mod $case {
+            #[tokio::test] async fn sqlite() { super::$case(idemgate::testing::store::Backend::Sqlite).await }
+            #[tokio::test] async fn postgres() { super::$case(idemgate::testing::store::Backend::Postgres).await }
+            #[tokio::test] async fn mariadb() { super::$case(idemgate::testing::store::Backend::MySql).await }
+        })*
+    };
+}
+
+on_every_backend!(
+    a_claim_behind_an_uncommitted_claim_of_its_key_is_retried_as_a_lock_wait_and_goes_through_once_released,
+    a_group_behind_an_uncommitted_claim_splits_and_its_delivery_is_retried_as_a_lock_wait,
+    a_configured_handler_behind_a_row_lock_answers_retry_long_before_the_lock_goes_and_never_commits,
+    a_group_not_ready_by_its_deadline_is_rolled_back_and_answered_retry,
+    a_handler_that_panics_inside_a_group_stops_the_service_with_the_group_committer_named,
+);
+
+/// A connection of the test's own, in a transaction that holds what `statement` locks, until
+/// released: another instance paused or cut off with its transaction open.
+struct Holder(sqlx::pool::PoolConnection<sqlx::Any>);
+
+impl Holder {
+    async fn take(app: &TestApp, statement: &str, binds: &[&str]) -> Self {
+        use sqlx::Executor;
+        let store = &app.db.store;
+        let mut conn = store.pool().acquire().await.expect("a connection");
+        // SQLite's writer lock is the whole file's: a deferred BEGIN would not take it.
+        let begin = if store.backend() == Backend::Sqlite { "BEGIN IMMEDIATE" } else { "BEGIN" };
+        conn.execute(begin).await.expect("begin");
+        let mut q = idemgate::testing::store::query_built(store.backend(), statement.to_owned());
+        for b in binds {
+            q = q.bind(b.to_string());
+        }
+        q.execute(&mut *conn).await.unwrap_or_else(|e| panic!("{e}: {statement}"));
+        Self(conn)
+    }
+
+    /// The other instance's claim of `biz_id`, inserted and not committed.
+    async fn claim(app: &TestApp, biz_id: &str) -> Self {
+        let claim = "INSERT INTO idempotent_record (consumer_group, biz_type, biz_id, execute_time, msg_id, uniq_key, \
+                     payload_hash, instance_id, claimed_at_ms) VALUES (?, ?, ?, 0, 'M-other', 'U-other', 'h', 'app-2', 0)";
+        Self::take(app, claim, &[GROUP, shop::STOCK_DEDUCT, biz_id]).await
+    }
+
+    async fn release(mut self) {
+        use sqlx::Executor;
+        self.0.execute("ROLLBACK").await.expect("rollback");
+    }
+}
+
+/// The lock bounds of these cases: 300 ms (a whole second on MariaDB, which counts in seconds),
+/// two retries.
+fn lock_bounds(s: &mut Settings) {
+    s.database.lock_timeout_ms = 300;
+    s.database.statement_timeout_ms = 1_500;
+    s.consumer.transient_retries = 2;
+}
+
+/// The lock wait the backend allows for [`lock_bounds`].
+fn lock_wait(b: Backend) -> Duration {
+    if b == Backend::MySql { Duration::from_secs(1) } else { Duration::from_millis(300) }
+}
+
+/// The cause a lock wait that ran out is counted under: SQLite's file is busy.
+fn lock_cause(b: Backend) -> &'static str {
+    if b == Backend::Sqlite { "busy" } else { "lock_wait" }
+}
+
+/// The gate's retries of `cause` so far, from `/metrics`.
+async fn retries_of(app: &TestApp, cause: &str) -> f64 {
+    let reply = app.get("/metrics").await;
+    reply
+        .body
+        .lines()
+        .filter(|l| {
+            l.starts_with("idemgate_transient_retries_total{") && l.contains(&format!("cause=\"{cause}\""))
+        })
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum()
+}
+
+/// Processes `d` through the service's gate, failing the test if no answer comes within 20 s;
+/// the answer and how long it took.
+async fn answer_within_20_s(
+    app: &TestApp,
+    d: &idemgate::testing::delivery::Delivery,
+) -> (Disposition, Duration) {
+    let started = Instant::now();
+    let r = tokio::time::timeout(Duration::from_secs(20), app.gate().process(d))
+        .await
+        .expect("an answer within 20 s: the lock wait is bounded");
+    (r, started.elapsed())
+}
+
+type Disposition = idemgate::testing::gate::Disposition;
+
+async fn a_claim_behind_an_uncommitted_claim_of_its_key_is_retried_as_a_lock_wait_and_goes_through_once_released(
+    b: Backend,
+) {
+    let app = spawn_app(b, lock_bounds).await;
+    let holder = Holder::claim(&app, "held-1").await;
+    let (d, took) = answer_within_20_s(&app, &deduct("held-1")).await;
+    assert_eq!((d.outcome, d.verdict), (Outcome::Failed, Verdict::Retry), "{d:?}");
+    // Three tries, each waiting for the lock to its bound. SQLite's log row waits for the same
+    // writer lock, three times more, and cannot be written: the delivery is not acknowledged.
+    let tries = if b == Backend::Sqlite { 6 } else { 3 };
+    assert!(took >= lock_wait(b) * 3, "answered after {took:?}: the lock was not waited for");
+    assert!(took < lock_wait(b) * tries + Duration::from_secs(2), "answered after {took:?}");
+    assert!(retries_of(&app, lock_cause(b)).await >= 2.0, "the retries are counted as {}", lock_cause(b));
+    assert_eq!(d.logged, b != Backend::Sqlite, "{d:?}");
+    holder.release().await;
+    let again = app.gate().process(&deduct("held-1")).await;
+    assert_eq!(again.outcome, Outcome::Processed, "{again:?}");
+    assert_eq!(
+        app.scalar("SELECT COUNT(*) FROM shop_stock_ledger WHERE deduction_id = ?", &["held-1"]).await,
+        1
+    );
+    app.stop().await;
+}
+
+async fn a_group_behind_an_uncommitted_claim_splits_and_its_delivery_is_retried_as_a_lock_wait(b: Backend) {
+    let app = spawn_app(b, |s| {
+        lock_bounds(s);
+        s.group_commit.enabled = true;
+    })
+    .await;
+    let holder = Holder::claim(&app, "held-g").await;
+    let gate = app.gate();
+    let started = Instant::now();
+    let (held, free) = (deduct("held-g"), deduct("free-g"));
+    let (held, free) = tokio::join!(gate.process(&held), gate.process(&free));
+    let took = started.elapsed();
+    assert_eq!((held.outcome, held.verdict), (Outcome::Failed, Verdict::Retry), "{held:?}");
+    if b == Backend::Sqlite {
+        // The whole file is locked: nothing can be written until the other writer is gone.
+        assert_eq!(free.verdict, Verdict::Retry, "{free:?}");
+    } else {
+        assert_eq!(
+            free.outcome,
+            Outcome::Processed,
+            "the other delivery of the group is not held back: {free:?}"
+        );
+    }
+    // On a server, the group waits once and splits; alone, the delivery tries three times.
+    // SQLite's whole file is locked: the group tries three times, then each of the two
+    // deliveries alone, and three times more for its log row.
+    let waits = if b == Backend::Sqlite { 15 } else { 4 };
+    assert!(took < lock_wait(b) * waits + Duration::from_secs(2), "answered after {took:?}");
+    assert!(retries_of(&app, lock_cause(b)).await >= 3.0);
+    holder.release().await;
+    assert_eq!(app.gate().process(&deduct("held-g")).await.outcome, Outcome::Processed);
+    app.stop().await;
+}
+
+const WALLET: &str =
+    "CREATE TABLE wallet (user_id VARCHAR(64) NOT NULL PRIMARY KEY, balance_cents BIGINT NOT NULL)";
+const WALLET_LEDGER: &str = "CREATE TABLE wallet_ledger (credit_id VARCHAR(128) NOT NULL PRIMARY KEY, user_id VARCHAR(64) NOT NULL, \
+     cents BIGINT NOT NULL)";
+
+/// The wallet credit of docs/own-business.md, as configuration, on the test topic.
+fn wallet_credit(s: &mut Settings) {
+    let business: toml::Value = toml::from_str(&format!(
+        r#"
+        [[sql_handlers]]
+        name = "wallet.credit"
+        statements = [
+          {{ sql = "UPDATE wallet SET balance_cents = balance_cents + :cents WHERE user_id = :user", expect = "one", on_zero = "retry" }},
+          {{ sql = "INSERT INTO wallet_ledger (credit_id, user_id, cents) VALUES (:biz_id, :user, :cents)", expect = "one" }},
+        ]
+        params = {{ cents = "json:/cents:int", user = "json:/user_id" }}
+
+        [[routes]]
+        topic = "{TEST_TOPIC}"
+        tags = "credit"
+        biz_type = "wallet.credit"
+        biz_id = "json:/credit_id"
+        "#
+    ))
+    .expect("the business as TOML");
+    s.sql_handlers = business["sql_handlers"].clone().try_into().expect("sql_handlers");
+    s.routes.extend(
+        business["routes"].clone().try_into::<Vec<idemgate::testing::route::RouteConfig>>().expect("routes"),
+    );
+}
+
+fn credit(credit_id: &str) -> idemgate::testing::delivery::Delivery {
+    idemgate::testing::delivery::Delivery {
+        msg_id: format!("M-{credit_id}-{}", rand::random::<u32>()),
+        uniq_key: format!("U-{credit_id}"),
+        topic: TEST_TOPIC.to_owned(),
+        tags: "credit".to_owned(),
+        body: serde_json::json!({ "credit_id": credit_id, "user_id": "user-1", "cents": 250 })
+            .to_string()
+            .into_bytes(),
+        ..Default::default()
+    }
+}
+
+/// A row lock on the configured handler's table outlasting the client's patience (40 s in the
+/// field; six seconds here): the delivery answers retry within its lock bounds, long before the
+/// lock goes, and its statements never commit, not even once the lock is released.
+async fn a_configured_handler_behind_a_row_lock_answers_retry_long_before_the_lock_goes_and_never_commits(
+    b: Backend,
+) {
+    const HELD: Duration = Duration::from_secs(6);
+    let db = scratch_db(b).await;
+    for ddl in [WALLET, WALLET_LEDGER, "INSERT INTO wallet (user_id, balance_cents) VALUES ('user-1', 0)"] {
+        sqlx::query(sqlx::AssertSqlSafe(ddl)).execute(db.store.pool()).await.expect(ddl);
+    }
+    let app = spawn_app_on(
+        db,
+        |s| {
+            lock_bounds(s);
+            wallet_credit(s);
+        },
+        Handlers::new(),
+    )
+    .await;
+    let holder =
+        Holder::take(&app, "UPDATE wallet SET balance_cents = balance_cents WHERE user_id = ?", &["user-1"])
+            .await;
+    let locked_at = Instant::now();
+    let gate = app.gate();
+    let delivery = credit("C-locked");
+    let answer = tokio::spawn(async move {
+        let r = gate.process(&delivery).await;
+        (r, Instant::now())
+    });
+    tokio::time::sleep(HELD).await;
+    holder.release().await;
+    let released_at = Instant::now();
+    let (r, answered_at) = answer.await.expect("no panic");
+    assert_eq!((r.outcome, r.verdict), (Outcome::Failed, Verdict::Retry), "{r:?}");
+    assert!(
+        answered_at < released_at,
+        "answered only once the lock went, after {:?}",
+        answered_at - locked_at
+    );
+    assert!(answered_at - locked_at < Duration::from_secs(5), "answered after {:?}", answered_at - locked_at);
+    // Nothing of the delivery committed then, nor afterwards.
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let ledger = "SELECT COUNT(*) FROM wallet_ledger WHERE credit_id = ?";
+    assert_eq!(app.scalar(ledger, &["C-locked"]).await, 0, "the abandoned statements committed");
+    assert_eq!(app.scalar("SELECT balance_cents FROM wallet WHERE user_id = ?", &["user-1"]).await, 0);
+    assert_eq!(claims_of(&app, "C-locked").await, 0);
+    // The redelivery applies it, once.
+    assert_eq!(app.gate().process(&credit("C-locked")).await.outcome, Outcome::Processed);
+    assert_eq!(app.scalar(ledger, &["C-locked"]).await, 1);
+    assert_eq!(app.scalar("SELECT balance_cents FROM wallet WHERE user_id = ?", &["user-1"]).await, 250);
+    app.stop().await;
+}
+
+async fn a_group_not_ready_by_its_deadline_is_rolled_back_and_answered_retry(b: Backend) {
+    let app = spawn_app_with(
+        b,
+        |s| {
+            quick_bounds(s);
+            s.group_commit.enabled = true;
+        },
+        Handlers::new().with("slow", Sleepy(Duration::from_secs(6))),
+    )
+    .await;
+    let started = Instant::now();
+    let d = app.gate().process(&for_handler("slow", "gdt-1")).await;
+    let took = started.elapsed();
+    assert_eq!((d.outcome, d.verdict), (Outcome::Failed, Verdict::Retry), "{d:?}");
+    assert!(d.error.as_deref().is_some_and(|e| e.contains("ran out of time")), "{:?}", d.error);
+    assert!(took >= Duration::from_millis(2_500) && took < Duration::from_secs(4), "answered after {took:?}");
+    assert!(d.logged);
+    tokio::time::sleep(Duration::from_secs(6) - took + Duration::from_secs(1)).await;
+    assert_eq!(claims_of(&app, "gdt-1").await, 0, "the group's transaction committed after its deadline");
+    let split = format!("idemgate_group_commits_total{{consumer_group=\"{GROUP}\",result=\"split\"}}");
+    assert_eq!(app.metric(&split).await, 1.0, "the group was rolled back and split");
+    app.stop().await;
+}
+
+/// Panics in every call: a defect in business code.
+struct Panicking;
+
+#[async_trait::async_trait]
+impl idemgate::testing::handler::Handler for Panicking {
+    async fn handle(
+        &self,
+        _: &idemgate::testing::handler::Work<'_>,
+        _: &mut idemgate::testing::store::Conn,
+    ) -> Result<idemgate::testing::handler::Effect, idemgate::testing::handler::HandlerError> {
+        panic!("a defect in the business code")
+    }
+}
+
+async fn a_handler_that_panics_inside_a_group_stops_the_service_with_the_group_committer_named(b: Backend) {
+    let mut app =
+        spawn_app_with(b, |s| s.group_commit.enabled = true, Handlers::new().with("panicky", Panicking))
+            .await;
+    assert!(app.running().parts().contains(&"group commit"), "{:?}", app.running().parts());
+    assert_eq!(app.get("/readyz").await.status, 200);
+    let d = app.gate().process(&for_handler("panicky", "pan-1")).await;
+    assert_eq!((d.verdict, d.logged), (Verdict::Retry, false), "{d:?}");
+    // Ready no more, at once: nothing else has to notice first.
+    let ready = app.get("/readyz").await;
+    assert_eq!(ready.status, 503, "{}", ready.body);
+    let (part, ended) = app.part_ended(Duration::from_secs(5)).await.expect("a part ended on its own");
+    assert_eq!(part, "group commit");
+    assert!(ended.contains("a group-commit task panicked: a defect in the business code"), "{ended}");
+    assert_eq!(claims_of(&app, "pan-1").await, 0, "the group rolled back");
+    let fault = app.stop_with_fault().await;
+    assert!(fault.contains("the group commit did not stop cleanly"), "{fault}");
 }

@@ -47,9 +47,18 @@ pub async fn spawn_app_with(
     configure: impl FnOnce(&mut Settings),
     extra: Handlers,
 ) -> TestApp {
-    let db = ScratchDb::create(backend, &StoreOptions { max_connections: 4, ..Default::default() })
+    spawn_app_on(scratch_db(backend).await, configure, extra).await
+}
+
+/// A fresh scratch database on `backend`, for [`spawn_app_on`].
+pub async fn scratch_db(backend: Backend) -> ScratchDb {
+    ScratchDb::create(backend, &StoreOptions { max_connections: 4, ..Default::default() })
         .await
-        .unwrap_or_else(|e| panic!("{e}. Start the service (scripts/services.sh)."));
+        .unwrap_or_else(|e| panic!("{e}. Start the service (scripts/services.sh)."))
+}
+
+/// [`spawn_app_with`] on `db`, which the test has prepared (business tables of its own).
+pub async fn spawn_app_on(db: ScratchDb, configure: impl FnOnce(&mut Settings), extra: Handlers) -> TestApp {
     shop::seed_stock(&db.store, SKU, 1_000_000).await.expect("stock");
     let mut settings = Settings::default();
     settings.database.url = db.url.clone();
@@ -87,6 +96,22 @@ impl TestApp {
 
     pub async fn get(&self, path: &str) -> Reply {
         request(&self.addr, "GET", path, &[], b"").await
+    }
+
+    /// Waits at most `limit` for a part of the service to end on its own: its name and how it
+    /// ended.
+    pub async fn part_ended(&mut self, limit: Duration) -> Option<(&'static str, String)> {
+        let running = self.running.as_mut().expect("running");
+        tokio::time::timeout(limit, running.failed()).await.ok()
+    }
+
+    /// Stops the service, which must report a part that did not stop cleanly, and drops its
+    /// database. Returns the report.
+    pub async fn stop_with_fault(mut self) -> String {
+        let running = self.running.take().expect("running");
+        let fault = running.stop().await.expect_err("a part that ended on its own is reported at stop");
+        self.db.drop_now().await;
+        format!("{fault:#}")
     }
 
     /// Stops the service (it must stop cleanly) and drops its database.
