@@ -26,6 +26,7 @@ pub(crate) mod plan;
 mod redact;
 mod settings;
 mod sql;
+mod unique;
 
 pub use backend::Backend;
 pub(crate) use backend::UnknownScheme;
@@ -38,6 +39,7 @@ pub(crate) use sql::{
     Pad, bind_rows, filtered_insert, number_placeholders, padded, padded_values, placeholders,
 };
 pub use sql::{Sql, query, query_built};
+pub(crate) use unique::{UniqueKey, Violated, unique_keys};
 
 static POSTGRES_MIGRATIONS: Migrator = sqlx::migrate!("migrations/postgres");
 static MYSQL_MIGRATIONS: Migrator = sqlx::migrate!("migrations/mysql");
