@@ -666,9 +666,11 @@ mod tests {
               { sql = "INSERT INTO wallet_ledger (credit_id, user_id, cents) VALUES (:biz_id, :user, :cents)", expect = "one" },
             ]
             params = { cents = "json:/cents:int", user = "json:/user_id" }
+            business_unique = ["wallet_ledger(credit_id)"]
             "#;
         let s = Settings::load_from(Some(&write(&dir, file)), no_env()).unwrap();
         assert_eq!(s.sql_handlers[0].statements.len(), 2);
+        assert_eq!(s.sql_handlers[0].business_unique, ["wallet_ledger(credit_id)"]);
         assert_eq!(s.sql_handlers[0].statements[1].on_zero, crate::sql_handler::OnZero::Retry, "the default");
         assert!(s.handlers().unwrap().get("wallet.credit").is_some());
         let bad = file.replace("expect = \"one\" }", "expect = \"two\" }");
@@ -680,10 +682,11 @@ mod tests {
         figment::Jail::expect_with(|jail| {
             jail.set_env(
                 "IDEMGATE_SQL_TEST_SQL_HANDLERS",
-                r#"[{name="coupon.redeem", statements=[{sql="UPDATE coupon SET state = 'USED' WHERE code = :biz_id AND state = 'NEW'", expect="one", on_zero="duplicate"}]}]"#,
+                r#"[{name="coupon.redeem", statements=[{sql="UPDATE coupon SET state = 'USED' WHERE code = :biz_id AND state = 'NEW'", expect="one", on_zero="duplicate"}], business_unique=["coupon_pkey"]}]"#,
             );
             let s = Settings::load_from(None, Env::prefixed("IDEMGATE_SQL_TEST_")).unwrap();
             assert_eq!(s.sql_handlers.len(), 1);
+            assert_eq!(s.sql_handlers[0].business_unique, ["coupon_pkey"]);
             assert_eq!(s.sql_handlers[0].statements[0].on_zero, crate::sql_handler::OnZero::Duplicate);
             Ok(())
         });

@@ -26,6 +26,7 @@ pub(crate) mod plan;
 mod redact;
 mod settings;
 mod sql;
+mod unique;
 
 pub use backend::Backend;
 pub(crate) use backend::UnknownScheme;
@@ -38,6 +39,7 @@ pub(crate) use sql::{
     Pad, bind_rows, filtered_insert, number_placeholders, padded, padded_values, placeholders,
 };
 pub use sql::{Sql, query, query_built};
+pub(crate) use unique::{UniqueKey, Violated, unique_keys};
 
 static POSTGRES_MIGRATIONS: Migrator = sqlx::migrate!("migrations/postgres");
 static MYSQL_MIGRATIONS: Migrator = sqlx::migrate!("migrations/mysql");
@@ -138,7 +140,7 @@ pub enum MySqlFlavour {
 impl MySqlFlavour {
     /// Reads a server's `VERSION()`, such as `10.11.6-MariaDB-0+deb12u1` or `8.0.36`.
     pub fn from_version(version: &str) -> Self {
-        if !version.to_ascii_lowercase().contains("mariadb") {
+        if !is_mariadb(version) {
             return Self::MySql;
         }
         let mut parts = version.split(|c: char| !c.is_ascii_digit()).map(|p| p.parse::<u32>().ok());
@@ -154,6 +156,19 @@ impl MySqlFlavour {
             Self::MySql => "mysql",
         }
     }
+}
+
+/// True when a MySQL-protocol server's `VERSION()` is MariaDB's (`10.11.6-MariaDB-0+deb12u1`,
+/// or `5.5.5-10.11.6-MariaDB` through some proxies), whatever its version; MySQL says only
+/// its number (`8.0.36`).
+fn is_mariadb(version: &str) -> bool {
+    version.to_ascii_lowercase().contains("mariadb")
+}
+
+/// The connection's server's `VERSION()`.
+async fn server_version(conn: &mut AnyConnection) -> Result<String, sqlx::Error> {
+    use sqlx::Row;
+    conn.fetch_one("SELECT VERSION()").await?.try_get(0)
 }
 
 /// A pool on one backend. Cheap to clone.
@@ -183,8 +198,9 @@ pub struct StoreOptions {
     pub max_connections: u32,
     pub acquire_timeout: Duration,
     /// A server-side limit on every statement of the pool's connections (PostgreSQL
-    /// `statement_timeout`, MariaDB `max_statement_time`), set when each connection opens. A
-    /// query abandoned by its caller then also stops on the server. SQLite has no such limit.
+    /// `statement_timeout`, MariaDB `max_statement_time`; MySQL's `max_execution_time` bounds
+    /// read-only SELECTs only), set when each connection opens. A query abandoned by its caller
+    /// then also stops on the server. SQLite has no such limit.
     pub statement_timeout: Option<Duration>,
     /// The longest a statement of the pool's connections waits for a lock before it fails
     /// (see `lock_timeout`), set when each connection opens. `None` leaves the server's own:
@@ -208,17 +224,16 @@ impl Store {
     pub async fn connect(url: &str, options: &StoreOptions) -> Result<Self, StoreError> {
         install_default_drivers();
         let backend = Backend::from_url(url)?;
-        let limit = options.statement_timeout.and_then(|t| statement_timeout(backend, t));
+        let limit = options.statement_timeout;
         let lock_limit = options.lock_timeout.map(|t| lock_timeout(backend, t));
         let pool_options = AnyPoolOptions::new()
             .max_connections(options.max_connections)
             .acquire_timeout(options.acquire_timeout)
             .after_connect(move |conn, _| {
-                let limit = limit.clone();
                 let lock_limit = lock_limit.clone();
                 Box::pin(async move {
                     if let Some(limit) = limit {
-                        conn.execute(AssertSqlSafe(limit)).await?;
+                        limit_statements(conn, backend, limit).await?;
                     }
                     if let Some(lock_limit) = lock_limit {
                         conn.execute(AssertSqlSafe(lock_limit)).await?;
@@ -242,10 +257,10 @@ impl Store {
         }
         let (mysql_flavour, galera) = match backend {
             Backend::MySql => {
-                use sqlx::Row;
-                let version: String = sqlx::query("SELECT VERSION()").fetch_one(&pool).await?.try_get(0)?;
+                let mut conn = pool.acquire().await?;
+                let version = server_version(&mut conn).await?;
                 let flavour = MySqlFlavour::from_version(&version);
-                let galera = galera::is_node(&mut *pool.acquire().await?).await?;
+                let galera = galera::is_node(&mut conn).await?;
                 tracing::debug!(%version, flavour = flavour.name(), galera, "connected to a MySQL-protocol server");
                 (Some(flavour), galera)
             }
@@ -358,11 +373,18 @@ impl Store {
 }
 
 /// The session statement that bounds every later statement of a connection to `limit`, on
-/// the servers that have one. The value is a number this process formats, never outside text.
-fn statement_timeout(backend: Backend, limit: Duration) -> Option<String> {
+/// the servers that have one; `version` is a MySQL-protocol server's `VERSION()`. The value is
+/// a number this process formats, never outside text.
+fn statement_timeout(backend: Backend, version: Option<&str>, limit: Duration) -> Option<String> {
     match backend {
         Backend::Postgres => Some(format!("SET statement_timeout = {}", limit.as_millis())),
-        Backend::MySql => Some(format!("SET SESSION max_statement_time = {:.3}", limit.as_secs_f64())),
+        // MariaDB's limit is in seconds and bounds every statement.
+        Backend::MySql if version.is_some_and(is_mariadb) => {
+            Some(format!("SET SESSION max_statement_time = {:.3}", limit.as_secs_f64()))
+        }
+        // MySQL has no max_statement_time: its max_execution_time is in milliseconds and
+        // bounds read-only SELECTs only.
+        Backend::MySql => Some(format!("SET SESSION max_execution_time = {}", limit.as_millis())),
         Backend::Sqlite => None,
     }
 }
@@ -388,6 +410,24 @@ pub(crate) fn effective_lock_timeout(backend: Backend, limit: Duration) -> Durat
         Backend::MySql => Duration::from_secs(limit.as_millis().div_ceil(1_000).max(1) as u64),
         Backend::Postgres | Backend::Sqlite => limit,
     }
+}
+
+/// Bounds every later statement of `conn` to `limit` on the server ([`statement_timeout`]),
+/// asking a MySQL-protocol server first which one it is: behind a proxy each connection may
+/// reach another server.
+pub(crate) async fn limit_statements(
+    conn: &mut AnyConnection,
+    backend: Backend,
+    limit: Duration,
+) -> Result<(), sqlx::Error> {
+    let version = match backend {
+        Backend::MySql => Some(server_version(conn).await?),
+        Backend::Postgres | Backend::Sqlite => None,
+    };
+    if let Some(statement) = statement_timeout(backend, version.as_deref(), limit) {
+        conn.execute(AssertSqlSafe(statement)).await?;
+    }
+    Ok(())
 }
 
 impl Bound {
@@ -555,6 +595,29 @@ mod tests {
         assert_eq!(MySqlFlavour::from_version("8.0.36"), MySqlFlavour::MySql);
         assert_eq!(MySqlFlavour::from_version("8.4.0-0ubuntu0.24.04.1"), MySqlFlavour::MySql);
         assert_eq!(MySqlFlavour::from_version(""), MySqlFlavour::MySql);
+    }
+
+    #[test]
+    fn the_statement_limit_is_chosen_by_the_server_mariadb_or_mysql() {
+        let limit = Duration::from_millis(1_500);
+        let mysql = |version: &str| statement_timeout(Backend::MySql, Some(version), limit);
+        for mariadb in
+            ["10.11.6-MariaDB-0+deb12u1", "10.4.34-MariaDB", "5.5.5-10.11.6-MariaDB-log", "11.4.2-mariadb"]
+        {
+            assert_eq!(
+                mysql(mariadb).as_deref(),
+                Some("SET SESSION max_statement_time = 1.500"),
+                "{mariadb}"
+            );
+        }
+        for mysql_8 in ["8.0.36", "8.4.0-0ubuntu0.24.04.1", "8.0.36-28 Percona Server"] {
+            assert_eq!(mysql(mysql_8).as_deref(), Some("SET SESSION max_execution_time = 1500"), "{mysql_8}");
+        }
+        assert_eq!(
+            statement_timeout(Backend::Postgres, None, limit).as_deref(),
+            Some("SET statement_timeout = 1500")
+        );
+        assert_eq!(statement_timeout(Backend::Sqlite, None, limit), None);
     }
 
     #[test]

@@ -386,12 +386,7 @@ async fn timed(
     no_nestloop: bool,
 ) -> Result<Timing, sqlx::Error> {
     let mut conn = store.pool().acquire().await?;
-    let ms = timeout.as_millis();
-    let setup = match store.backend() {
-        Backend::Postgres => format!("SET statement_timeout = {ms}"),
-        _ => format!("SET SESSION max_statement_time = {:.3}", timeout.as_secs_f64()),
-    };
-    conn.execute(AssertSqlSafe(setup)).await?;
+    crate::store::limit_statements(&mut conn, store.backend(), timeout).await?;
     if no_nestloop {
         conn.execute("SET enable_nestloop = off").await?;
     }
@@ -401,8 +396,12 @@ async fn timed(
     conn.close().await?;
     match result {
         Ok(_) => Ok(Timing::Done(elapsed)),
-        // PostgreSQL's query_canceled, MariaDB's query interrupted by max_statement_time.
-        Err(sqlx::Error::Database(e)) if matches!(e.code().as_deref(), Some("57014" | "70100")) => {
+        // PostgreSQL's query_canceled, MariaDB's query interrupted by max_statement_time,
+        // MySQL's by max_execution_time (error 3024, SQLSTATE HY000).
+        Err(sqlx::Error::Database(e))
+            if matches!(e.code().as_deref(), Some("57014" | "70100"))
+                || e.message().contains("maximum statement execution time exceeded") =>
+        {
             Ok(Timing::Cancelled(timeout))
         }
         Err(e) => Err(e),

@@ -151,6 +151,7 @@ pub(crate) fn configured() -> SqlHandlerConfig {
             .into(),
         describe: None,
         checks: vec![],
+        business_unique: vec![],
     }
 }
 

@@ -1,22 +1,24 @@
 //! A `[[sql_handlers]]` entry as a [`Handler`]: its statements run in order on the gate's
-//! connection, each value bound, each row count held to its expectation; a business unique key
-//! that already holds a row is a duplicate. The describe statement and the checks run on the
-//! store for the trace page and the reconciler. This file runs the statements checked in
-//! [`super`]; it must not commit, open connections of its own, or format a value into SQL.
+//! connection, each value bound, each row count held to its expectation; a violation of a
+//! unique key the entry names in `business_unique` is a duplicate, any other is an error. The
+//! describe statement and the checks run on the store for the trace page and the reconciler.
+//! This file runs the statements checked in [`super`]; it must not commit, open connections of
+//! its own, or format a value into SQL.
 
 use std::borrow::Cow;
 use std::collections::BTreeMap;
+use std::sync::OnceLock;
 
 use async_trait::async_trait;
 use futures_util::TryStreamExt;
 use sqlx::{AssertSqlSafe, Executor, Row, ValueRef};
 
 use super::params::{self, Body, Parsed, Source, Value};
-use super::{CheckStatement, Expect, OnZero, Statement};
+use super::{BusinessKey, CheckStatement, Expect, OnZero, Statement};
 use crate::handler::{Effect, Fact, Handler, HandlerError, Work};
 use crate::outcome::Layer;
 use crate::reconcile::check::{Check, CheckSql};
-use crate::store::{AnyQuery, Backend, Conn, Store};
+use crate::store::{AnyQuery, Backend, Conn, Store, UniqueKey, Violated};
 
 /// The savepoint the statements run in where a duplicate must take back what earlier ones
 /// changed (and, on PostgreSQL, where a failed statement would otherwise end the transaction).
@@ -36,6 +38,11 @@ pub(crate) struct SqlHandler {
     sources: BTreeMap<String, Source>,
     describe: Option<Parsed>,
     checks: Vec<CheckStatement>,
+    /// `business_unique` as written.
+    business_unique: Vec<BusinessKey>,
+    /// The unique keys `business_unique` names, as the database's catalog holds them: found by
+    /// [`Handler::verify`] when the service is assembled. Until then no violation is a duplicate.
+    business_keys: OnceLock<Vec<UniqueKey>>,
 }
 
 /// Why a statement did not do what it should.
@@ -56,8 +63,61 @@ impl SqlHandler {
         sources: BTreeMap<String, Source>,
         describe: Option<Parsed>,
         checks: Vec<CheckStatement>,
+        business_unique: Vec<BusinessKey>,
     ) -> Self {
-        Self { at, name, statements, sources, describe, checks }
+        Self {
+            at,
+            name,
+            statements,
+            sources,
+            describe,
+            checks,
+            business_unique,
+            business_keys: OnceLock::new(),
+        }
+    }
+
+    /// True when `error`, raised by statement `j`, is a violation of a `business_unique` key.
+    fn breaks_business_key(
+        &self,
+        j: usize,
+        backend: Backend,
+        error: &dyn sqlx::error::DatabaseError,
+    ) -> bool {
+        let Some(violated) = Violated::of(backend, error) else { return false };
+        let writes = self.statements[j].parsed.table.as_deref();
+        self.business_keys.get().is_some_and(|keys| keys.iter().any(|k| k.is_named_by(&violated, writes)))
+    }
+
+    /// The unique keys of the database that `business_unique` names, each found at least once;
+    /// the first one missing is refused with its key and what the statements' tables do have.
+    fn business_keys_in(&self, keys: &[UniqueKey]) -> Result<Vec<UniqueKey>, String> {
+        let mut named = Vec::new();
+        for (k, wanted) in self.business_unique.iter().enumerate() {
+            let found: Vec<&UniqueKey> = keys.iter().filter(|key| wanted.is(key)).collect();
+            if found.is_empty() {
+                let tables: Vec<&str> =
+                    self.statements.iter().filter_map(|s| s.parsed.table.as_deref()).collect();
+                let theirs: Vec<String> = keys
+                    .iter()
+                    .filter(|key| tables.iter().any(|t| t.eq_ignore_ascii_case(&key.table)))
+                    .map(UniqueKey::describe)
+                    .collect();
+                let text = match wanted {
+                    BusinessKey::Name(name) => format!("{name:?}"),
+                    BusinessKey::Columns { table, columns } => format!("{table}({})", columns.join(", ")),
+                };
+                return Err(format!(
+                    "{}.business_unique[{k}] ({:?}): the database has no unique constraint or index {text}; \
+                     the unique keys of the tables the statements write are: {}",
+                    self.at,
+                    self.name,
+                    if theirs.is_empty() { "none".to_owned() } else { theirs.join("; ") }
+                ));
+            }
+            named.extend(found.into_iter().cloned());
+        }
+        Ok(named)
     }
 
     /// `sql_handlers[i].statements[j] ("name")`: how messages name statement `j`.
@@ -70,7 +130,7 @@ impl SqlHandler {
         let s = &self.statements[j];
         let done = match bind(s.parsed.written.query(work.backend), values).execute(&mut *conn).await {
             Ok(done) => done,
-            Err(sqlx::Error::Database(db)) if db.is_unique_violation() => {
+            Err(sqlx::Error::Database(db)) if self.breaks_business_key(j, work.backend, db.as_ref()) => {
                 return Err(Stop::Duplicate {
                     layer: Layer::BusinessUnique,
                     detail: format!(
@@ -81,6 +141,13 @@ impl SqlHandler {
                 });
             }
             Err(e) if crate::store::is_transient(&e) => return Err(Stop::Refused(HandlerError::Database(e))),
+            Err(sqlx::Error::Database(db)) if db.is_unique_violation() => {
+                return Err(Stop::Refused(HandlerError::Retryable(format!(
+                    "{}: {} (a unique key not named in business_unique: an error, not a duplicate)",
+                    self.statement_key(j),
+                    db.message()
+                ))));
+            }
             Err(sqlx::Error::Database(db)) => {
                 return Err(Stop::Refused(HandlerError::Retryable(format!(
                     "{}: {}",
@@ -248,8 +315,19 @@ impl Handler for SqlHandler {
                 return Err(format!("{key}: the database refused the statement: {why}"));
             }
         }
+        let named = if self.business_unique.is_empty() {
+            Ok(Vec::new())
+        } else {
+            crate::store::unique_keys(&mut tx, backend)
+                .await
+                .map_err(|e| format!("{}.business_unique: reading the unique keys: {e}", self.at))
+                .and_then(|keys| self.business_keys_in(&keys))
+        };
         tx.rollback().await.map_err(|e| format!("{}: {e}", self.at))?;
         let _ = conn.close().await;
+        // The first assembly's answer stands: every store a handler is verified against holds
+        // the same business tables.
+        let _ = self.business_keys.set(named?);
         Ok(())
     }
 }

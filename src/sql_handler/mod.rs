@@ -43,6 +43,13 @@ pub struct SqlHandlerConfig {
     /// `checks`: invariants the reconciler runs, each a SELECT that returns the keys breaking it.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub checks: Vec<CheckConfig>,
+    /// `business_unique`: the unique keys whose violation by a statement means the effect was
+    /// applied before (a duplicate at layer `business_unique`), each a constraint's or unique
+    /// index's name (`wallet_ledger_pkey`, MySQL's `PRIMARY`) or a table's columns
+    /// (`wallet_ledger(credit_id)`). Any other unique violation is an error: retried, then
+    /// dead-lettered. Each is looked up in the database when the service is assembled.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub business_unique: Vec<String>,
 }
 
 /// One statement of a `[[sql_handlers]]` entry.
@@ -150,6 +157,57 @@ pub(crate) struct Statement {
     pub on_zero: OnZero,
 }
 
+/// A unique key a handler names in `business_unique`, as written.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum BusinessKey {
+    /// A constraint's or unique index's name.
+    Name(String),
+    /// A table's unique key by its columns, in any order.
+    Columns { table: String, columns: Vec<String> },
+}
+
+impl BusinessKey {
+    /// Reads `name` or `table(col, …)`: plain SQL identifiers, in any case.
+    fn parse(text: &str) -> Result<Self, String> {
+        let plain = |s: &str| {
+            let s = s.trim();
+            let ok = s.chars().next().is_some_and(|c| c.is_ascii_alphabetic() || c == '_')
+                && s.len() <= 64
+                && s.chars().all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '$');
+            ok.then(|| s.to_owned())
+        };
+        let refused = || {
+            format!(
+                "{:?} is neither a constraint or index name nor table(column, …) of plain SQL identifiers",
+                text.chars().take(80).collect::<String>()
+            )
+        };
+        match text.split_once('(') {
+            None => plain(text).map(Self::Name).ok_or_else(refused),
+            Some((table, rest)) => {
+                let columns = rest.trim_end().strip_suffix(')').ok_or_else(refused)?;
+                let columns =
+                    columns.split(',').map(plain).collect::<Option<Vec<_>>>().ok_or_else(refused)?;
+                Ok(Self::Columns { table: plain(table).ok_or_else(refused)?, columns })
+            }
+        }
+    }
+
+    /// True when the catalog's `key` is this one.
+    pub(crate) fn is(&self, key: &crate::store::UniqueKey) -> bool {
+        match self {
+            Self::Name(name) => key.name.as_deref().is_some_and(|n| n.eq_ignore_ascii_case(name)),
+            Self::Columns { table, columns } => {
+                key.table.eq_ignore_ascii_case(table)
+                    && key.columns.len() == columns.len()
+                    && columns.iter().all(|c| {
+                        key.columns.iter().any(|k| k.as_deref().is_some_and(|k| k.eq_ignore_ascii_case(c)))
+                    })
+            }
+        }
+    }
+}
+
 /// A configured check, checked and rewritten.
 #[derive(Debug, Clone)]
 pub(crate) struct CheckStatement {
@@ -248,7 +306,23 @@ fn build(config: &SqlHandlerConfig, at: &str) -> Result<SqlHandler, Invalid> {
             .collect::<Result<_, _>>()?;
         checks.push(CheckStatement { name: c.name.clone(), kind, parsed, binds });
     }
-    Ok(SqlHandler::new(at.to_owned(), config.name.clone(), statements, sources, describe, checks))
+    let business_unique = config
+        .business_unique
+        .iter()
+        .enumerate()
+        .map(|(k, text)| {
+            BusinessKey::parse(text).map_err(|m| invalid(format!("{at}.business_unique[{k}]"), m))
+        })
+        .collect::<Result<_, _>>()?;
+    Ok(SqlHandler::new(
+        at.to_owned(),
+        config.name.clone(),
+        statements,
+        sources,
+        describe,
+        checks,
+        business_unique,
+    ))
 }
 
 /// `sql` parsed, its first word one of `verbs`; the error names `key`.
@@ -292,6 +366,7 @@ mod tests {
                 sql: "SELECT credit_id FROM wallet_ledger GROUP BY credit_id HAVING COUNT(*) > 1".into(),
                 kind: double_applied(),
             }],
+            business_unique: vec!["wallet_ledger(credit_id)".into()],
         }
     }
 
@@ -379,6 +454,21 @@ mod tests {
         let mut c = credit();
         c.checks[0].sql = "SELECT credit_id FROM wallet_ledger WHERE user_id = :user".into();
         assert!(refused(c).contains("sql_handlers[0].checks[0].sql: uses :user"));
+        for wrong in ["", "wallet ledger", "wallet_ledger(", "wallet_ledger()", "t(a, b c)", "x;drop"] {
+            let mut c = credit();
+            c.business_unique = vec!["wallet_ledger_pkey".into(), wrong.into()];
+            let err = refused(c);
+            assert!(err.contains("sql_handlers[0].business_unique[1]: "), "{wrong:?}: {err}");
+            assert!(err.contains("is neither a constraint or index name nor table(column, …)"), "{err}");
+        }
+        assert_eq!(
+            BusinessKey::parse(" wallet_ledger ( credit_id, User_Id ) "),
+            Ok(BusinessKey::Columns {
+                table: "wallet_ledger".into(),
+                columns: vec!["credit_id".into(), "User_Id".into()]
+            })
+        );
+        assert_eq!(BusinessKey::parse("PRIMARY"), Ok(BusinessKey::Name("PRIMARY".into())));
         let twice = handlers(&[credit(), credit()], &Handlers::new()).map(|_| ()).unwrap_err();
         assert_eq!(twice.key, "sql_handlers[1].name");
     }

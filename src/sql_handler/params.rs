@@ -23,6 +23,9 @@ pub(crate) struct Parsed {
     pub names: Vec<String>,
     /// The statement's first word, upper-cased: `INSERT`, `SELECT`, …
     pub verb: String,
+    /// The table an INSERT, UPDATE or DELETE writes (the first one named; without its schema
+    /// and quotes), when [`target_table`] can tell.
+    pub table: Option<String>,
 }
 
 /// Finds the `:name` placeholders of `sql` and rewrites them as positional ones. Refused, with
@@ -151,8 +154,75 @@ pub(crate) fn parse(sql: &str) -> Result<Parsed, String> {
     Ok(Parsed {
         written: Written::new(portable.trim_end().to_owned(), numbered.trim_end().to_owned()),
         names,
+        table: target_table(&chars),
         verb,
     })
+}
+
+/// The words between the verb and the table: `INSERT [LOW_PRIORITY | DELAYED | HIGH_PRIORITY]
+/// [IGNORE] [INTO]`, SQLite's `INSERT OR REPLACE INTO`, `UPDATE [LOW_PRIORITY] [IGNORE]
+/// [ONLY]`, `DELETE [LOW_PRIORITY] [QUICK] [IGNORE] FROM [ONLY]`.
+const BEFORE_TABLE: [&str; 13] = [
+    "LOW_PRIORITY",
+    "DELAYED",
+    "HIGH_PRIORITY",
+    "IGNORE",
+    "INTO",
+    "QUICK",
+    "FROM",
+    "ONLY",
+    "OR",
+    "REPLACE",
+    "ABORT",
+    "FAIL",
+    "ROLLBACK",
+];
+
+/// The table an INSERT, UPDATE or DELETE (already parsed, so its quotes and comments close)
+/// writes: the name after the verb and its modifiers, a `schema.` before it dropped, quotes
+/// taken off. `None` for any other verb or a shape it does not know.
+fn target_table(chars: &[char]) -> Option<String> {
+    let mut i = 0;
+    let mut words = 0;
+    let mut name: Option<String> = None;
+    while i < chars.len() {
+        let c = chars[i];
+        let next = chars.get(i + 1).copied();
+        if c.is_whitespace() {
+            i += 1;
+        } else if c == '-' && next == Some('-') {
+            i = chars[i..].iter().position(|&c| c == '\n').map_or(chars.len(), |p| i + p);
+        } else if c == '/' && next == Some('*') {
+            i = (i + 2..chars.len().saturating_sub(1)).find(|&j| chars[j] == '*' && chars[j + 1] == '/')? + 2;
+        } else if c == '.' && name.is_some() {
+            // `schema.table`: the part after the dot is the table.
+            name = None;
+            i += 1;
+        } else if name.is_some() {
+            break;
+        } else if c == '"' || c == '`' {
+            let end = close_quote(chars, i, c, false)?;
+            let doubled: String = [c, c].iter().collect();
+            name = Some(chars[i + 1..end - 1].iter().collect::<String>().replace(&doubled, &c.to_string()));
+            i = end;
+        } else if is_word(c) {
+            let end = (i..chars.len()).find(|&j| !is_word(chars[j])).unwrap_or(chars.len());
+            let word: String = chars[i..end].iter().collect();
+            words += 1;
+            let upper = word.to_ascii_uppercase();
+            if words == 1 {
+                if !["INSERT", "UPDATE", "DELETE"].contains(&upper.as_str()) {
+                    return None;
+                }
+            } else if !BEFORE_TABLE.contains(&upper.as_str()) {
+                name = Some(word);
+            }
+            i = end;
+        } else {
+            return None;
+        }
+    }
+    name
 }
 
 fn is_word(c: char) -> bool {
@@ -378,6 +448,22 @@ mod tests {
         assert_eq!(q, "UPDATE w SET b = b + ? WHERE u = ? AND ? > 0");
         assert_eq!(n, "UPDATE w SET b = b + $1 WHERE u = $2 AND $3 > 0");
         assert_eq!(names, ["cents", "user", "cents"]);
+    }
+
+    #[test]
+    fn the_table_a_statement_writes_is_read_past_its_modifiers_schema_and_quotes() {
+        let table = |sql: &str| parse(sql).unwrap_or_else(|e| panic!("{sql:?}: {e}")).table;
+        for (sql, expected) in [
+            ("INSERT INTO wallet_ledger (credit_id) VALUES (:biz_id)", Some("wallet_ledger")),
+            ("insert /* a note */ ignore into `shop`.`wallet ledger`(a) VALUES (1)", Some("wallet ledger")),
+            ("INSERT OR REPLACE INTO t VALUES (1)", Some("t")),
+            ("UPDATE ONLY public.\"Wallet\"\"s\" SET b = 1", Some("Wallet\"s")),
+            ("UPDATE LOW_PRIORITY wallet SET b = 1", Some("wallet")),
+            ("DELETE -- old rows\n FROM coupon WHERE code = :biz_id", Some("coupon")),
+            ("SELECT x FROM t", None),
+        ] {
+            assert_eq!(table(sql).as_deref(), expected, "{sql}");
+        }
     }
 
     #[test]

@@ -169,10 +169,7 @@ impl InsertIfAbsent {
 /// True when a MySQL/MariaDB duplicate-key message ("… for key 'idx'", or 'table.idx' on
 /// MySQL 8) names `index`.
 fn names_index(message: &str, index: &str) -> bool {
-    message
-        .strip_suffix('\'')
-        .and_then(|m| m.strip_suffix(index))
-        .is_some_and(|m| m.ends_with('\'') || m.ends_with('.'))
+    super::unique::mysql_duplicate_key(message).is_some_and(|(_, name)| name == index)
 }
 
 /// A query on the `Any` driver.

@@ -30,6 +30,7 @@ statements = [
   {{ sql = "INSERT INTO wallet_ledger (credit_id, user_id, cents) VALUES (:biz_id, :user, :cents)", expect = "one" }},
 ]
 params = {{ cents = "json:/cents:int", user = "json:/user_id" }}
+business_unique = ["wallet_ledger(credit_id)"]
 describe = "SELECT user_id, cents FROM wallet_ledger WHERE credit_id = :biz_id"
 checks = [
   {{ name = "credit_once", sql = "SELECT credit_id FROM wallet_ledger GROUP BY credit_id HAVING COUNT(*) > 1" }},

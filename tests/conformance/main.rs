@@ -674,3 +674,27 @@ async fn each_test_server_is_recognised_and_claims_groups_with_a_returning_inser
         assert_eq!(ClaimPath::of(&forced), expected, "{backend}");
     }
 }
+
+/// The UI's pool bounds each statement on the server with the setting the server has: on
+/// MariaDB `max_statement_time` in seconds (MySQL's `max_execution_time` would be refused
+/// there), on PostgreSQL `statement_timeout`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_statement_limit_is_set_on_each_server_in_its_own_words() {
+    use idemgate::testing::store::StoreOptions;
+    let options = StoreOptions {
+        statement_timeout: Some(std::time::Duration::from_millis(1_500)),
+        ..StoreOptions::default()
+    };
+    for (backend, read, expected) in [
+        (Backend::MySql, "SELECT CAST(ROUND(@@SESSION.max_statement_time * 1000) AS CHAR)", "1500"),
+        (Backend::Postgres, "SHOW statement_timeout", "1500ms"),
+    ] {
+        let db = TestDb::new(backend).await;
+        let store = idemgate::testing::store::Store::connect(db.url(), &options)
+            .await
+            .expect("a pool with a statement limit");
+        let shown: String = sqlx::query(read).fetch_one(store.pool()).await.expect(read).get(0);
+        assert_eq!(shown, expected, "{backend}");
+        store.close().await;
+    }
+}

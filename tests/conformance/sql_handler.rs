@@ -4,7 +4,10 @@
 //! a coupon redeemed by one conditional update. Racing copies apply once; a failing statement
 //! takes the claim and the earlier statement back; each zero-row mapping, a business-unique
 //! duplicate, missing and mistyped parameters, hostile values, the trace page's rows, a
-//! configured reconciler check and the start-up refusals.
+//! configured reconciler check and the start-up refusals. Only the unique keys an entry names
+//! in `business_unique` make a duplicate: a wallet event whose credit is already recorded is
+//! one, while its reference or primary key taken by another row is an error, retried and then
+//! dead-lettered.
 
 use idemgate::testing::app::{Application, Feed};
 use idemgate::testing::config::Settings;
@@ -38,6 +41,7 @@ pub fn configs() -> Vec<SqlHandlerConfig> {
         params,
         describe: None,
         checks: vec![],
+        business_unique: vec![],
     };
     vec![
         SqlHandlerConfig {
@@ -55,6 +59,7 @@ pub fn configs() -> Vec<SqlHandlerConfig> {
                     kind: "orphan".into(),
                 },
             ],
+            business_unique: vec!["wallet_ledger(credit_id)".into()],
             ..config(
                 "wallet.credit",
                 vec![
@@ -105,11 +110,23 @@ pub fn configs() -> Vec<SqlHandlerConfig> {
             )],
             params(&[("user", "property:USER")]),
         ),
+        SqlHandlerConfig {
+            business_unique: vec!["wallet_event_credit".into()],
+            ..config(
+                "wallet.event",
+                vec![statement(
+                    "INSERT INTO wallet_event (event_no, credit_id, ref) VALUES (:event_no, :credit, :ref)",
+                    Expect::One,
+                    OnZero::Retry,
+                )],
+                params(&[("event_no", "json:/event_no:int"), ("credit", "json:/credit_id"), ("ref", "json:/ref")]),
+            )
+        },
     ]
 }
 
 fn routes() -> Vec<RouteConfig> {
-    ["credit", "debit", "bonus", "redeem"]
+    ["credit", "debit", "bonus", "redeem", "event"]
         .into_iter()
         .map(|tag| {
             let handler = if tag == "redeem" { "coupon.redeem".to_owned() } else { format!("wallet.{tag}") };
@@ -142,6 +159,16 @@ static CREATE_LEDGER: Sql = Sql::new(
 static CREATE_COUPON: Sql = Sql::new(
     "CREATE TABLE coupon (code VARCHAR(64) NOT NULL PRIMARY KEY, state VARCHAR(16) NOT NULL, used_by VARCHAR(64))",
 );
+/// A wallet's events: one per credit (the business key, a unique index of the same name on
+/// every backend), numbered by the producer, each with a reference of its own.
+static CREATE_EVENT: Sql = Sql::new(
+    "CREATE TABLE wallet_event (event_no BIGINT NOT NULL PRIMARY KEY, credit_id VARCHAR(128) NOT NULL, \
+     ref VARCHAR(64) NOT NULL)",
+);
+static CREATE_EVENT_CREDIT: Sql =
+    Sql::new("CREATE UNIQUE INDEX wallet_event_credit ON wallet_event (credit_id)");
+static CREATE_EVENT_REF: Sql = Sql::new("CREATE UNIQUE INDEX wallet_event_ref ON wallet_event (ref)");
+static EVENTS: Sql = Sql::new("SELECT COUNT(*) FROM wallet_event");
 static ADD_WALLET: Sql = Sql::new("INSERT INTO wallet (user_id, balance_cents) VALUES (?, ?)");
 static ADD_COUPON: Sql = Sql::new("INSERT INTO coupon (code, state) VALUES (?, ?)");
 static BALANCE: Sql = Sql::new("SELECT balance_cents FROM wallet WHERE user_id = ?");
@@ -154,7 +181,14 @@ static COUPON: Sql = Sql::new("SELECT state, used_by FROM coupon WHERE code = ?"
 /// A test database with the wallet's tables and `wallets` in it.
 async fn wallet_db(backend: Backend, wallets: &[(&str, i64)]) -> TestDb {
     let db = TestDb::new(backend).await;
-    for ddl in [&CREATE_WALLET, &CREATE_LEDGER, &CREATE_COUPON] {
+    for ddl in [
+        &CREATE_WALLET,
+        &CREATE_LEDGER,
+        &CREATE_COUPON,
+        &CREATE_EVENT,
+        &CREATE_EVENT_CREDIT,
+        &CREATE_EVENT_REF,
+    ] {
         db.store.query(ddl).execute(db.store.pool()).await.expect("business table");
     }
     for (user, cents) in wallets {
@@ -370,6 +404,74 @@ pub mod cases {
         assert_eq!(balance(&db, "u-1").await, 351);
     }
 
+    /// A wallet event under message key `key`: event number `no` of credit `credit_id`.
+    fn event(key: &str, no: i64, credit_id: &str, reference: &str, msg_id: &str) -> Delivery {
+        let body = serde_json::json!({ "event_no": no, "credit_id": credit_id, "ref": reference });
+        message("event", key, msg_id, body)
+    }
+
+    pub async fn only_a_named_business_unique_key_makes_a_duplicate_any_other_is_retried_then_dead_lettered(
+        backend: Backend,
+    ) {
+        let db = wallet_db(backend, &[]).await;
+        let g = wallet_gate(db.store.clone(), "a").await;
+        let last = g.policy().max_reconsume_times;
+        assert_eq!(g.process(&event("E-1", 1, "CR-1", "R-1", "M-1")).await.outcome, Outcome::Processed);
+
+        // The credit again, under another message key: the named key, a duplicate.
+        let again = g.process(&event("E-2", 2, "CR-1", "R-2", "M-2")).await;
+        assert_eq!(
+            outcome(&again),
+            (Outcome::Duplicate, Some(Layer::BusinessUnique), Verdict::Ack),
+            "{again:?}"
+        );
+        assert_eq!(db.scalar(&CLAIMS_OF, &["E-2"]).await, 1, "the duplicate's claim commits");
+
+        // Another credit whose reference another row holds, and one whose event number another
+        // row holds (the numbers handed out again after a restore): errors, not duplicates.
+        for (key, no, reference, index) in [("E-3", 3, "R-1", "ref"), ("E-4", 1, "R-4", "primary key")] {
+            let credit = format!("CR-{key}");
+            let msg = format!("M-{key}");
+            let first = g.process(&event(key, no, &credit, reference, &msg)).await;
+            assert_eq!(outcome(&first), (Outcome::Failed, None, Verdict::Retry), "{index}: {first:?}");
+            let error = first.error.clone().unwrap_or_default();
+            assert!(
+                error.starts_with("sql_handlers[4].statements[0] (\"wallet.event\"): "),
+                "{index}: {error}"
+            );
+            assert!(
+                error.ends_with("(a unique key not named in business_unique: an error, not a duplicate)"),
+                "{error}"
+            );
+            let words = match (backend, index) {
+                (Backend::Postgres, "ref") => {
+                    "duplicate key value violates unique constraint \"wallet_event_ref\""
+                }
+                (Backend::Postgres, _) => {
+                    "duplicate key value violates unique constraint \"wallet_event_pkey\""
+                }
+                (Backend::MySql, "ref") => "Duplicate entry 'R-1' for key 'wallet_event_ref'",
+                (Backend::MySql, _) => "Duplicate entry '1' for key 'PRIMARY'",
+                (Backend::Sqlite, "ref") => "UNIQUE constraint failed: wallet_event.ref",
+                (Backend::Sqlite, _) => "UNIQUE constraint failed: wallet_event.event_no",
+            };
+            assert!(error.contains(words), "{index}: the database's own words {words:?} in {error}");
+            assert_eq!(db.scalar(&CLAIMS_OF, &[key]).await, 0, "{index}: the claim is not committed");
+
+            let mut last_try = event(key, no, &credit, reference, &format!("{msg}-last"));
+            last_try.reconsume_times = last;
+            let dead = g.process(&last_try).await;
+            // At the last attempt the broker moves the message to its DLQ when asked to retry.
+            assert_eq!(outcome(&dead), (Outcome::DeadLettered, None, Verdict::Retry), "{index}: {dead:?}");
+            let row = only_log_row(&db, &format!("{msg}-last")).await;
+            assert_eq!(row.outcome, "dead_lettered");
+            assert!(row.error.unwrap_or_default().contains(words), "{index}: the dead letter says why");
+            assert_eq!(row.payload.as_deref(), Some(&last_try.body[..]), "the body is kept for replay");
+            assert_eq!(db.scalar(&CLAIMS_OF, &[key]).await, 0, "{index}: still unclaimed");
+        }
+        assert_eq!(db.scalar(&EVENTS, &[]).await, 1, "only the first event was written");
+    }
+
     pub async fn a_missing_or_mistyped_parameter_is_invalid_with_its_name(backend: Backend) {
         let db = wallet_db(backend, &[("u-1", 100)]).await;
         let g = wallet_gate(db.store.clone(), "a").await;
@@ -503,6 +605,33 @@ pub mod cases {
         .await;
         assert!(describe.contains("sql_handlers[0].describe (\"wallet.credit\")"), "{describe}");
 
+        let unknown_key =
+            start(&|s| s.sql_handlers[4].business_unique = vec!["wallet_event_pkey_typo".into()]).await;
+        assert!(
+            unknown_key.contains(
+                "sql_handlers[4].business_unique[0] (\"wallet.event\"): the database has no unique constraint or index \"wallet_event_pkey_typo\""
+            ),
+            "{unknown_key}"
+        );
+        assert!(
+            unknown_key.contains("wallet_event_credit on wallet_event(credit_id)")
+                && unknown_key.contains("wallet_event_ref on wallet_event(ref)"),
+            "what the table has: {unknown_key}"
+        );
+        let wrong_columns =
+            start(&|s| s.sql_handlers[0].business_unique = vec!["wallet_ledger(user_id)".into()]).await;
+        assert!(
+            wrong_columns.contains("sql_handlers[0].business_unique[0] (\"wallet.credit\"): the database has no unique constraint or index wallet_ledger(user_id)"),
+            "{wrong_columns}"
+        );
+        let malformed = start(&|s| s.sql_handlers[4].business_unique = vec!["wallet_event(".into()]).await;
+        assert!(
+            malformed.contains(
+                "configuration key sql_handlers[4].business_unique[0]: \"wallet_event(\" is neither"
+            ),
+            "{malformed}"
+        );
+
         let undefined = start(&|s| s.sql_handlers[1].statements[0].sql.push_str(" AND :limit > 0")).await;
         assert!(
             undefined.contains(
@@ -531,6 +660,7 @@ on_every_backend!(
     a_failing_second_statement_takes_back_the_first_and_the_claim,
     each_zero_row_mapping_and_a_statement_that_touches_too_many_rows,
     a_business_unique_duplicate_keeps_the_claim_and_takes_back_the_credit,
+    only_a_named_business_unique_key_makes_a_duplicate_any_other_is_retried_then_dead_lettered,
     a_missing_or_mistyped_parameter_is_invalid_with_its_name,
     hostile_values_are_bound_never_executed,
     the_trace_page_shows_the_rows_and_the_reconciler_runs_the_checks,
@@ -542,4 +672,5 @@ on_every_backend_with_group_commit!(
     a_failing_second_statement_takes_back_the_first_and_the_claim,
     each_zero_row_mapping_and_a_statement_that_touches_too_many_rows,
     a_business_unique_duplicate_keeps_the_claim_and_takes_back_the_credit,
+    only_a_named_business_unique_key_makes_a_duplicate_any_other_is_retried_then_dead_lettered,
 );
