@@ -416,6 +416,16 @@ impl Core {
                 biz_type = %key.biz_type, biz_id = %key.biz_id, msg_id = ?d.msg_id,
                 reconsume_times = d.reconsume_times, error = %error, "delivery failed; the broker will redeliver it"
             ),
+            // A handler's invalid refusals share the rate limit of the gate's own.
+            Outcome::Invalid => {
+                if let Permit::Emit { held_back } = self.invalid_warnings.check() {
+                    tracing::warn!(
+                        biz_type = %key.biz_type, biz_id = %key.biz_id, msg_id = ?d.msg_id,
+                        reconsume_times = d.reconsume_times, outcome = %outcome, error = %error,
+                        similar_warnings_held_back = held_back, "delivery given up"
+                    );
+                }
+            }
             _ => tracing::warn!(
                 biz_type = %key.biz_type, biz_id = %key.biz_id, msg_id = ?d.msg_id,
                 reconsume_times = d.reconsume_times, outcome = %outcome, error = %error, "delivery given up"

@@ -69,10 +69,10 @@ impl BizKey {
 }
 
 /// Whether `c` is a character of a word in some script: a letter, a combining mark (Mn, Mc,
-/// Me: vowel signs, the virama and the pulli, Thai tone marks, Arabic and Hebrew points) or a
-/// number (digits of every script, and the letter-like numbers `is_alphanumeric` has always
-/// let through). Controls, format characters, separators, symbols, private-use and unassigned
-/// code points are not.
+/// Me: vowel signs, the virama and the pulli, Thai tone marks, Arabic and Hebrew points), a
+/// number (digits of every script), or what `is_alphanumeric` has always let through besides
+/// (letter-like symbols such as `Ⓐ`), so that no key valid before is refused now. Controls,
+/// format characters, separators, other symbols, private-use and unassigned code points are not.
 fn is_word_char(c: char) -> bool {
     c.is_alphanumeric()
         || matches!(

@@ -1368,3 +1368,33 @@ async fn a_handler_that_panics_inside_a_group_stops_the_service_with_the_group_c
     let fault = app.stop_with_fault().await;
     assert!(fault.contains("the group commit did not stop cleanly"), "{fault}");
 }
+
+/// Invalid deliveries' warnings keep to the duplicates' budget
+/// (`consumer.duplicate_warnings_per_second`), counted apart from them: six refused by the
+/// gate (no KEYS) and six by the handler (a body it cannot read) log one or two lines, not
+/// twelve (the default allows 20 a second). Every one is still logged `invalid`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn invalid_delivery_warnings_are_rate_limited_like_duplicates() {
+    let (log, _guard) = LogCapture::start();
+    let app = spawn_app(Backend::Sqlite, |s| s.consumer.duplicate_warnings_per_second = 1).await;
+    let gate = app.gate();
+    for i in 0..6 {
+        let no_key = idemgate::testing::delivery::Delivery { keys: vec![], ..deduct(&format!("inv-{i}")) };
+        assert_eq!(gate.process(&no_key).await.outcome, Outcome::Invalid);
+        let unreadable = idemgate::testing::delivery::Delivery {
+            body: b"{\"sku\":".to_vec(),
+            ..deduct(&format!("inv-b{i}"))
+        };
+        assert_eq!(gate.process(&unreadable).await.outcome, Outcome::Invalid);
+    }
+    let text = log.text();
+    let warnings = text
+        .lines()
+        .filter(|l| {
+            l.contains("invalid delivery") || (l.contains("delivery given up") && l.contains("invalid"))
+        })
+        .count();
+    // One a second: the twelve fall in one window, or two when a second boundary cuts them.
+    assert!((1..=2).contains(&warnings), "{warnings} warnings for twelve invalid deliveries:\n{text}");
+    app.stop().await;
+}
