@@ -25,7 +25,7 @@ pub(crate) const MAX_ERROR_CHARS: usize = 2_000;
 pub const MAX_KEPT_PAYLOAD: usize = 4 * 1024 * 1024;
 
 /// The columns of one row, in the order [`bind`] binds them.
-pub(crate) const COLUMNS: [&str; 22] = [
+pub(crate) const COLUMNS: [&str; 23] = [
     "logged_at_ms",
     "instance_id",
     "consumer_group",
@@ -48,12 +48,14 @@ pub(crate) const COLUMNS: [&str; 22] = [
     "latency_us",
     "payload",
     "payload_truncated",
+    "kept_headers",
 ];
 static APPEND: Sql = Sql::new(
     "INSERT INTO delivery_log (logged_at_ms, instance_id, consumer_group, msg_id, uniq_key, \
      topic, tags, queue_id, queue_offset, reconsume_times, biz_type, biz_id, execute_time, \
-     outcome, cause, layer, payload_match, payload_hash, error, latency_us, payload, payload_truncated) \
-     VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+     outcome, cause, layer, payload_match, payload_hash, error, latency_us, payload, payload_truncated, \
+     kept_headers) \
+     VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
 );
 /// [`APPEND`] with the attempt's id, skipped when the table already holds a row of that
 /// attempt. The unique index keeps only the rows that carry an id (PostgreSQL and SQLite: a
@@ -63,8 +65,8 @@ static APPEND_ONCE: InsertIfAbsent = crate::insert_if_absent!(
     "INSERT INTO delivery_log (logged_at_ms, instance_id, consumer_group, msg_id, uniq_key, \
      topic, tags, queue_id, queue_offset, reconsume_times, biz_type, biz_id, execute_time, \
      outcome, cause, layer, payload_match, payload_hash, error, latency_us, payload, payload_truncated, \
-     attempt_id) \
-     VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+     kept_headers, attempt_id) \
+     VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
     conflict = "(attempt_id) WHERE attempt_id IS NOT NULL",
     index = "delivery_log_attempt"
 );
@@ -90,7 +92,7 @@ impl Default for AttemptId {
     }
 }
 
-/// The most rows one multi-row append carries (23 values each with its `keep_row`, far below
+/// The most rows one multi-row append carries (24 values each with its `keep_row`, far below
 /// every backend's limit on bound values).
 pub(crate) const MAX_ROWS_PER_STATEMENT: usize = 64;
 
@@ -159,7 +161,7 @@ pub(crate) async fn append_many(
     Ok(())
 }
 
-/// Binds one row's 22 values, in column order.
+/// Binds one row's 23 values, in column order.
 fn bind(q: AnyQuery, entry: &Entry<'_>) -> AnyQuery {
     let d = entry.delivery;
     let mut error = entry.error.map(|e| clip(e, MAX_ERROR_CHARS));
@@ -195,6 +197,34 @@ fn bind(q: AnyQuery, entry: &Entry<'_>) -> AnyQuery {
         .bind(entry.latency_us)
         .bind(payload)
         .bind(i16::from(truncated))
+        .bind(entry.keep_payload.then(|| kept_headers(d)).flatten())
+}
+
+/// The most bytes of KEYS and properties kept beside a body (RocketMQ bounds a message's
+/// properties to 32 KiB; a stand-in broker might not).
+const MAX_KEPT_HEADERS: usize = 64 * 1024;
+
+/// What a message carries beside its body, as JSON (`{"keys": [...], "properties": {...}}`),
+/// kept with a dead letter's or invalid delivery's body: a route fixed to read its key from a
+/// KEY or a property the refusing route did not read can still read it when the message is
+/// replayed. `None` past [`MAX_KEPT_HEADERS`]; replay then rebuilds the message from its key.
+fn kept_headers(d: &Delivery) -> Option<String> {
+    let headers = KeptHeaders { keys: d.keys.clone(), properties: d.properties.clone() };
+    serde_json::to_string(&headers).ok().filter(|json| json.len() <= MAX_KEPT_HEADERS)
+}
+
+/// The KEYS and properties of a logged delivery (`delivery_log.kept_headers`).
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub(crate) struct KeptHeaders {
+    pub keys: Vec<String>,
+    pub properties: std::collections::BTreeMap<String, String>,
+}
+
+impl KeptHeaders {
+    /// Reads a row's `kept_headers`; `None` when absent or not of this shape.
+    pub(crate) fn read(json: Option<&str>) -> Option<Self> {
+        serde_json::from_str(json?).ok()
+    }
 }
 
 /// Cuts `text` to `max` characters without splitting one.

@@ -22,7 +22,7 @@ use sqlx::any::AnyRow;
 
 use crate::broker::Producer;
 use crate::delivery::{Delivery, REPLAY_PROPERTY};
-use crate::delivery_log::MAX_KEPT_PAYLOAD;
+use crate::delivery_log::{KeptHeaders, MAX_KEPT_PAYLOAD};
 use crate::inspect::trace::{ClaimRecord, KeyRef, claims};
 use crate::route::{MAX_BIZ_ID_CHARS, Routes, delivered_text, excerpt};
 use crate::store::{Sql, Store};
@@ -128,7 +128,7 @@ impl Line {
 macro_rules! replay_columns {
     () => {
         "SELECT consumer_group, biz_type, biz_id, execute_time, msg_id, logged_at_ms, topic, tags, payload, \
-         payload_truncated, outcome FROM delivery_log "
+         payload_truncated, outcome, kept_headers FROM delivery_log "
     };
 }
 
@@ -162,6 +162,8 @@ struct Candidate {
     payload: Option<Vec<u8>>,
     /// The log's `payload_truncated`: the body was cut at the size limit.
     cut: bool,
+    /// The KEYS and properties the message was delivered with, where the log kept them.
+    headers: Option<KeptHeaders>,
 }
 
 fn candidate(r: &AnyRow) -> Result<Candidate, sqlx::Error> {
@@ -180,6 +182,7 @@ fn candidate(r: &AnyRow) -> Result<Candidate, sqlx::Error> {
         tags: r.try_get(7)?,
         payload: r.try_get(8)?,
         cut: r.try_get::<i16, _>(9)? != 0,
+        headers: KeptHeaders::read(r.try_get::<Option<String>, _>(11)?.as_deref()),
     })
 }
 
@@ -237,7 +240,7 @@ fn message_for(routes: &Routes, c: &mut Candidate) -> Result<Delivery, Action> {
     let Some(body) = c.payload.take() else { return Err(Action::RefusedNoBody) };
     let line = &mut c.line;
     let invalid = line.outcome == "invalid";
-    let (keys, mut properties) = if invalid {
+    let rebuilt = if invalid {
         // The bizId as delivered, where the log holds it (whole, or as an excerpt to read back);
         // the execute_time of a refused delivery was not logged, so the route must find it in
         // the body or not at all.
@@ -245,8 +248,17 @@ fn message_for(routes: &Routes, c: &mut Candidate) -> Result<Delivery, Action> {
         routes.republish(&line.topic, &c.tags, biz_id.as_deref(), None)
     } else {
         routes.republish(&line.topic, &c.tags, Some(&line.biz_id), Some(line.execute_time))
-    }
-    .ok_or(Action::RefusedNoRoute)?;
+    };
+    let (keys, mut properties) = match (invalid, rebuilt, c.headers.take()) {
+        (_, None, _) => return Err(Action::RefusedNoRoute),
+        // An invalid delivery goes out as it came, with its own KEYS and properties: what the
+        // refusing route could not read, the fixed one may.
+        (true, Some(_), Some(kept)) => {
+            let user = kept.properties.into_iter().filter(|(name, _)| !Producer::is_system_property(name));
+            (kept.keys, user.collect())
+        }
+        (_, Some(rebuilt), _) => rebuilt,
+    };
     properties.insert(REPLAY_PROPERTY.to_owned(), line.dead_letter_msg_id.clone());
     let message = Delivery {
         topic: line.topic.clone(),

@@ -48,6 +48,13 @@ impl Producer {
         Ok(Self { producer, host })
     }
 
+    /// True for a property name the broker reserves for itself (UNIQ_KEY, KEYS, TAGS, the
+    /// queue offsets it adds on delivery, ...): a message sent again as it was delivered carries
+    /// only its user properties.
+    pub(crate) fn is_system_property(name: &str) -> bool {
+        rocketmq_model::common::message::STRING_HASH_SET.contains(name)
+    }
+
     /// Sends `d`'s topic, tags, KEYS, properties, body and (when set) UNIQ_KEY.
     pub async fn send(&self, d: &Delivery) -> anyhow::Result<Sent> {
         let mut builder = Message::builder().topic(d.topic.as_str()).body_slice(&d.body);

@@ -137,9 +137,65 @@ mod cases {
         assert!(matches!(&lines[..], [l] if matches!(l.action, Action::RefusedClaimed { .. })), "{lines:?}");
         assert_eq!(db.scalar(&BOOKED, &["E-1"]).await, 1);
     }
+
+    /// The refusing release read the id from a property the producers never set; the fixed
+    /// one reads it from the KEYS and the scheduled time from a user property, neither of which
+    /// a key rebuilt from the log would carry. The replay sends the message with the KEYS and
+    /// user properties it was delivered with, and without the broker's own properties.
+    pub async fn an_invalid_delivery_is_replayed_with_the_keys_and_properties_it_was_delivered_with(
+        backend: Backend,
+    ) {
+        let db = TestDb::new(backend).await;
+        let store = &db.store;
+        let books = || Handlers::new().with("test.books", Books);
+        let broken = gate(store.clone(), identity(GROUP, "a"), vec![route("property:ENTRY")], books());
+        let delivered = Delivery {
+            keys: vec!["E-K".to_owned()],
+            properties: [("AT", "1700000000000"), ("TENANT", "acme"), ("UNIQ_KEY", "U-M-K"), ("MAX_OFFSET", "9")]
+                .into_iter()
+                .map(|(k, v)| (k.to_owned(), v.to_owned()))
+                .collect(),
+            body: b"{}".to_vec(),
+            ..entry("", "M-K", "entry")
+        };
+        assert_eq!(broken.process(&delivered).await.outcome, Outcome::Invalid);
+
+        let fixed_route = RouteConfig { execute_time: Some("property:AT".into()), ..route("keys") };
+        let fixed = gate(store.clone(), identity(GROUP, "b"), vec![fixed_route.clone()], books());
+        let fixed_routes = Routes::new(&[fixed_route]).unwrap();
+        let seen = Recording { to: ToTheGate { gate: &fixed }, sent: Default::default() };
+        let by_message = Selection::Message { msg_id: "M-K".to_owned() };
+        let lines = replay::replay_to(store, &fixed_routes, GROUP, &by_message, Some(&seen)).await.unwrap();
+        assert!(matches!(&lines[..], [l] if matches!(l.action, Action::Sent { .. })), "{lines:?}");
+        assert_eq!((lines[0].biz_id.as_str(), lines[0].execute_time), ("E-K", 1_700_000_000_000));
+        assert_eq!(db.scalar(&BOOKED, &["E-K"]).await, 1, "E-K booked once");
+        let sent = seen.sent.lock().unwrap().clone();
+        let [message] = &sent[..] else { panic!("one message sent: {sent:?}") };
+        assert_eq!(message.keys, ["E-K"]);
+        let names: Vec<_> = message.properties.keys().map(String::as_str).collect();
+        assert_eq!(names, ["AT", "IDEMGATE_REPLAY_OF", "TENANT"], "the broker's own properties are left out");
+    }
 }
 
-on_every_backend!(an_invalid_delivery_is_replayed_after_its_route_is_fixed_through_every_guard);
+/// A stand-in broker that also keeps what it was handed.
+struct Recording<'a> {
+    to: ToTheGate<'a>,
+    sent: std::sync::Mutex<Vec<Delivery>>,
+}
+
+#[async_trait]
+impl replay::Publish for Recording<'_> {
+    async fn publish(&self, message: &Delivery) -> anyhow::Result<String> {
+        self.sent.lock().unwrap().push(message.clone());
+        self.to.publish(message).await
+    }
+}
+
+on_every_backend!(
+    an_invalid_delivery_is_replayed_after_its_route_is_fixed_through_every_guard,
+    an_invalid_delivery_is_replayed_with_the_keys_and_properties_it_was_delivered_with
+);
 on_every_backend_with_group_commit!(
-    an_invalid_delivery_is_replayed_after_its_route_is_fixed_through_every_guard
+    an_invalid_delivery_is_replayed_after_its_route_is_fixed_through_every_guard,
+    an_invalid_delivery_is_replayed_with_the_keys_and_properties_it_was_delivered_with
 );
