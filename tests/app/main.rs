@@ -7,6 +7,7 @@
 //! does not have. A setting that is parsed but not honoured fails its probe, and a new key
 //! without a probe fails `every_setting_of_the_service_sections_has_a_probe`.
 
+mod instances;
 #[path = "../layers/redis_server.rs"]
 mod redis_server;
 mod support;
