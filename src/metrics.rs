@@ -22,6 +22,7 @@ use crate::broker::lag::{LagReading, ReadResult};
 use crate::clock::now_ms;
 use crate::delivery::Delivery;
 use crate::gate::{Disposition, GroupEnd, GroupReport, Observer};
+use crate::labelled::labelled;
 use crate::outcome::{DuplicateCause, Layer, Outcome};
 use crate::prefilter::{FallbackCause, Settled, Step};
 use crate::reconcile::AnomalyKind;
@@ -78,6 +79,9 @@ pub struct Metrics {
     group_deferred: IntCounterVec,
     group_fallbacks: IntCounterVec,
     http_shed: IntCounterVec,
+    http_timeouts: IntCounterVec,
+    http_connection_limit: IntCounterVec,
+    http_open_connections: IntGaugeVec,
     lag_messages: IntGaugeVec,
     lag_seconds: GaugeVec,
     lag_reads: IntCounterVec,
@@ -104,6 +108,25 @@ struct FromDatabase {
     /// The group's latest successful reconcile run: when it finished (Unix seconds) and its
     /// anomalies by kind.
     reconcile: Option<(f64, BTreeMap<AnomalyKind, i64>)>,
+}
+
+labelled! {
+    /// Where the HTTP server's timeouts cut a client short.
+    HttpTimeout {
+        /// No whole request head within `http.header_read_timeout_ms`.
+        Header => "header",
+        /// No answer (the body still arriving) within `http.request_timeout_ms`.
+        Request => "request",
+    }
+}
+
+/// One open client connection in `idemgate_http_open_connections`, until dropped.
+pub(crate) struct OpenConnection(prometheus::IntGauge);
+
+impl Drop for OpenConnection {
+    fn drop(&mut self) {
+        self.0.dec();
+    }
 }
 
 /// What a scrape needs to know about the process.
@@ -302,6 +325,21 @@ impl Metrics {
                 "Pages and API calls answered 503 at once because http.max_concurrent_requests were already in flight.",
                 &[],
             ),
+            http_timeouts: counter(
+                "idemgate_http_timeouts_total",
+                "Client connections cut short by the HTTP server's timeouts, by phase: header (closed because no whole request head arrived within http.header_read_timeout_ms: a half-sent request, or a kept-alive connection left idle), request (answered 408 and closed because the request, its body most often, was not through within http.request_timeout_ms).",
+                &["phase"],
+            ),
+            http_connection_limit: counter(
+                "idemgate_http_connection_limit_reached_total",
+                "Times the HTTP server stopped accepting connections because http.max_client_connections were open; new connections waited in the listen queue until one closed.",
+                &[],
+            ),
+            http_open_connections: int_gauge(
+                "idemgate_http_open_connections",
+                "Client connections the HTTP server has open (at most http.max_client_connections).",
+                &[],
+            ),
             lag_messages: int_gauge(
                 "idemgate_consumer_lag_messages",
                 "Messages stored in a queue and not yet consumed by the group: the broker's max offset minus the group's committed offset, read through the admin API every broker.lag_interval_seconds.",
@@ -411,6 +449,11 @@ impl Metrics {
         self.group_size.with_label_values(&[g]);
         self.group_wait_seconds.with_label_values(&[g]);
         self.http_shed.with_label_values(NO_LABELS);
+        for phase in HttpTimeout::ALL {
+            self.http_timeouts.with_label_values(&[phase.as_str()]);
+        }
+        self.http_connection_limit.with_label_values(NO_LABELS);
+        self.http_open_connections.with_label_values(NO_LABELS);
         self.group_queue_full.with_label_values(&[g]);
         self.group_deferred.with_label_values(&[g]);
         for kind in AnomalyKind::ALL {
@@ -421,6 +464,23 @@ impl Metrics {
     /// Counts a page or API call turned away because too many were in flight.
     pub fn observe_http_shed(&self) {
         self.http_shed.with_label_values(NO_LABELS).inc();
+    }
+
+    /// Counts a connection or a request the HTTP server cut short.
+    pub(crate) fn observe_http_timeout(&self, phase: HttpTimeout) {
+        self.http_timeouts.with_label_values(&[phase.as_str()]).inc();
+    }
+
+    /// Counts a time the HTTP server reached `http.max_client_connections`.
+    pub(crate) fn observe_http_connection_limit(&self) {
+        self.http_connection_limit.with_label_values(NO_LABELS).inc();
+    }
+
+    /// Counts a client connection open until the guard is dropped.
+    pub(crate) fn open_http_connection(&self) -> OpenConnection {
+        let gauge = self.http_open_connections.with_label_values(NO_LABELS);
+        gauge.inc();
+        OpenConnection(gauge)
     }
 
     /// Sets the lag gauges from a reading: a queue no longer read loses its series, a topic whose

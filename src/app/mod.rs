@@ -88,8 +88,20 @@ impl Application {
         crate::shop::ensure_example_stock(&store).await.context("creating the example shop's stock")?;
         let ui_store =
             ui_store(&settings, &store).await.with_context(|| format!("opening the UI's pool on {shown}"))?;
-        let server = http::Server::bind(&settings.http.bind).await?;
-        let url = format!("http://{}", server.local_addr()?);
+        let server = http::Server::bind(&settings.http).await?;
+        let bound = server.local_addr()?;
+        let url = format!("http://{bound}");
+        if settings.http.public_url.is_empty() && bound.ip().is_unspecified() {
+            tracing::warn!(
+                bind = %settings.http.bind,
+                ui_url = %settings.http.ui_url(bound),
+                "http.public_url is not set and http.bind listens on every address: the links of the \
+                 metrics and alerts name this machine; set http.public_url (IDEMGATE_HTTP__PUBLIC_URL) \
+                 to the address people open the web UI at"
+            );
+        }
+        // Fixed once, so that the metrics, the alerts' links and the pages name one address.
+        settings.http.public_url = settings.http.ui_url(bound);
         if settings.http.binds_every_address() && settings.http.allowed_hosts.is_empty() {
             tracing::warn!(
                 bind = %settings.http.bind,
@@ -106,7 +118,7 @@ impl Application {
             backend: store.backend(),
             consumer_group: identity.consumer_group.clone(),
             instance_id: identity.instance_id.clone(),
-            ui_url: url.clone(),
+            ui_url: settings.http.public_url.clone(),
         };
         let metrics = Arc::new(Metrics::new(&info, &routes.biz_types(), &topics));
         let web = Web::new(&settings.http, &settings.archive, handlers.by_biz_type(&routes));
@@ -149,7 +161,8 @@ impl Application {
         &self.state.web
     }
 
-    /// The settings the service runs with (the instance id filled in).
+    /// The settings the service runs with (the instance id and the web UI's public URL filled
+    /// in).
     pub fn settings(&self) -> &Settings {
         &self.settings
     }
