@@ -141,7 +141,9 @@ impl Application {
         Ok(Self { settings, feed, store, ui_store, gate, state, server, url, checks })
     }
 
-    /// The web UI's base URL, such as `http://127.0.0.1:8080`.
+    /// The address the web UI listens on, as a URL such as `http://127.0.0.1:8080` (the port
+    /// that port 0 picked): for connecting from this machine. Links for others use
+    /// `http.public_url`.
     pub fn url(&self) -> &str {
         &self.url
     }
@@ -335,7 +337,9 @@ impl Running {
         &self.gate
     }
 
-    /// The web UI's base URL, such as `http://127.0.0.1:8080`.
+    /// The address the web UI listens on, as a URL such as `http://127.0.0.1:8080` (the port
+    /// that port 0 picked): for connecting from this machine. Links for others use
+    /// `http.public_url`.
     pub fn url(&self) -> &str {
         &self.url
     }
