@@ -110,7 +110,7 @@ impl Settings {
         Self::load_from(file, Env::prefixed("IDEMGATE_"))
     }
 
-    fn load_from(file: Option<&Path>, env: Env) -> Result<Self, ConfigError> {
+    pub(crate) fn load_from(file: Option<&Path>, env: Env) -> Result<Self, ConfigError> {
         let mut figment = Figment::from(Serialized::defaults(Settings::default()));
         if let Some(path) = file {
             if !path.is_file() {

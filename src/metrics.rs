@@ -17,10 +17,12 @@ use prometheus::{
 };
 use sqlx::Row;
 
+use crate::archive::RunStatus;
 use crate::broker::lag::{LagReading, ReadResult};
 use crate::clock::now_ms;
 use crate::delivery::Delivery;
 use crate::gate::{Disposition, GroupEnd, GroupReport, Observer};
+use crate::labelled::labelled;
 use crate::outcome::{DuplicateCause, Layer, Outcome};
 use crate::prefilter::{FallbackCause, Settled, Step};
 use crate::reconcile::AnomalyKind;
@@ -43,6 +45,10 @@ const TABLE_SIZE_TTL: Duration = Duration::from_secs(15);
 pub struct Metrics {
     registry: Registry,
     group: String,
+    /// This process's instance id, and when it started (Unix ms): the archive counters count
+    /// the passes this process ended.
+    instance_id: String,
+    started_ms: i64,
     deliveries: IntCounterVec,
     conflicts: IntCounterVec,
     redeliveries: IntCounterVec,
@@ -73,6 +79,9 @@ pub struct Metrics {
     group_deferred: IntCounterVec,
     group_fallbacks: IntCounterVec,
     http_shed: IntCounterVec,
+    http_timeouts: IntCounterVec,
+    http_connection_limit: IntCounterVec,
+    http_open_connections: IntGaugeVec,
     lag_messages: IntGaugeVec,
     lag_seconds: GaugeVec,
     lag_reads: IntCounterVec,
@@ -89,13 +98,35 @@ pub struct Metrics {
 #[derive(Debug, Clone, Default)]
 struct FromDatabase {
     rows: [i64; 2],
-    /// Dedup archive passes by status, and the rows they moved.
-    runs: BTreeMap<String, (u64, u64)>,
+    /// The dedup archive passes this process ended, by status.
+    runs: BTreeMap<String, u64>,
+    /// The claims this process's dedup archive passes moved.
+    rows_moved: u64,
+    /// The last successful and the last finished dedup pass of any instance.
     last_success_s: Option<f64>,
     last_duration_s: Option<f64>,
     /// The group's latest successful reconcile run: when it finished (Unix seconds) and its
     /// anomalies by kind.
     reconcile: Option<(f64, BTreeMap<AnomalyKind, i64>)>,
+}
+
+labelled! {
+    /// Where the HTTP server's timeouts cut a client short.
+    HttpTimeout {
+        /// No whole request head within `http.header_read_timeout_ms`.
+        Header => "header",
+        /// No answer (the body still arriving) within `http.request_timeout_ms`.
+        Request => "request",
+    }
+}
+
+/// One open client connection in `idemgate_http_open_connections`, until dropped.
+pub(crate) struct OpenConnection(prometheus::IntGauge);
+
+impl Drop for OpenConnection {
+    fn drop(&mut self) {
+        self.0.dec();
+    }
 }
 
 /// What a scrape needs to know about the process.
@@ -198,23 +229,23 @@ impl Metrics {
             ),
             archive_runs: counter(
                 "idemgate_archive_runs_total",
-                "Archive passes over the dedup table, by status (success, failed, skipped, running), from archive_run.",
-                &["status"],
+                "Archive passes over the dedup table that this process ended since it started, by status (success, failed, skipped), from archive_run: a pass is counted by the one instance that ran it, or, left running by a process that died, by the instance that marked it failed; sum over instances.",
+                &["consumer_group", "status"],
             ),
             archive_rows_moved: counter(
                 "idemgate_archive_rows_moved_total",
-                "Claims moved to the archive table, from archive_run.",
-                &[],
+                "Claims moved to the archive table by this process's archive passes since it started, from archive_run; sum over instances.",
+                &["consumer_group"],
             ),
             archive_last_success: gauge(
                 "idemgate_archive_last_success_timestamp_seconds",
-                "When the last successful archive pass over the dedup table finished (Unix time).",
-                &[],
+                "When the last successful archive pass over the dedup table finished, whichever instance ran it (Unix time), from archive_run: every instance on the database reports the same; take the max.",
+                &["consumer_group"],
             ),
             archive_last_duration: gauge(
                 "idemgate_archive_last_run_duration_seconds",
-                "How long the last finished archive pass over the dedup table took.",
-                &[],
+                "How long the last finished archive pass over the dedup table took, whichever instance ran it, from archive_run.",
+                &["consumer_group"],
             ),
             reconcile_anomalies: int_gauge(
                 "idemgate_reconcile_anomalies",
@@ -294,6 +325,21 @@ impl Metrics {
                 "Pages and API calls answered 503 at once because http.max_concurrent_requests were already in flight.",
                 &[],
             ),
+            http_timeouts: counter(
+                "idemgate_http_timeouts_total",
+                "Client connections cut short by the HTTP server's timeouts, by phase: header (closed because no whole request head arrived within http.header_read_timeout_ms: a half-sent request, or a kept-alive connection left idle), request (answered 408 and closed because the request, its body most often, was not through within http.request_timeout_ms).",
+                &["phase"],
+            ),
+            http_connection_limit: counter(
+                "idemgate_http_connection_limit_reached_total",
+                "Times the HTTP server stopped accepting connections because http.max_client_connections were open; new connections waited in the listen queue until one closed.",
+                &[],
+            ),
+            http_open_connections: int_gauge(
+                "idemgate_http_open_connections",
+                "Client connections the HTTP server has open (at most http.max_client_connections).",
+                &[],
+            ),
             lag_messages: int_gauge(
                 "idemgate_consumer_lag_messages",
                 "Messages stored in a queue and not yet consumed by the group: the broker's max offset minus the group's committed offset, read through the admin API every broker.lag_interval_seconds.",
@@ -319,6 +365,8 @@ impl Metrics {
             windows: Mutex::new(BTreeMap::new()),
             from_database: tokio::sync::Mutex::new(None),
             group: info.consumer_group.clone(),
+            instance_id: info.instance_id.clone(),
+            started_ms: now_ms(),
             registry: registry.clone(),
         };
         int_gauge(
@@ -387,10 +435,10 @@ impl Metrics {
         for table in ["live", "archive"] {
             self.dedup_rows.with_label_values(&[table]);
         }
-        for status in ["success", "failed", "skipped"] {
-            self.archive_runs.with_label_values(&[status]);
+        for status in ENDED_PASSES {
+            self.archive_runs.with_label_values(&[g, status.as_str()]);
         }
-        self.archive_rows_moved.with_label_values(NO_LABELS);
+        self.archive_rows_moved.with_label_values(&[g]);
         for end in GroupEnd::ALL {
             self.group_commits.with_label_values(&[g, end.as_str()]);
         }
@@ -401,6 +449,11 @@ impl Metrics {
         self.group_size.with_label_values(&[g]);
         self.group_wait_seconds.with_label_values(&[g]);
         self.http_shed.with_label_values(NO_LABELS);
+        for phase in HttpTimeout::ALL {
+            self.http_timeouts.with_label_values(&[phase.as_str()]);
+        }
+        self.http_connection_limit.with_label_values(NO_LABELS);
+        self.http_open_connections.with_label_values(NO_LABELS);
         self.group_queue_full.with_label_values(&[g]);
         self.group_deferred.with_label_values(&[g]);
         for kind in AnomalyKind::ALL {
@@ -411,6 +464,23 @@ impl Metrics {
     /// Counts a page or API call turned away because too many were in flight.
     pub fn observe_http_shed(&self) {
         self.http_shed.with_label_values(NO_LABELS).inc();
+    }
+
+    /// Counts a connection or a request the HTTP server cut short.
+    pub(crate) fn observe_http_timeout(&self, phase: HttpTimeout) {
+        self.http_timeouts.with_label_values(&[phase.as_str()]).inc();
+    }
+
+    /// Counts a time the HTTP server reached `http.max_client_connections`.
+    pub(crate) fn observe_http_connection_limit(&self) {
+        self.http_connection_limit.with_label_values(NO_LABELS).inc();
+    }
+
+    /// Counts a client connection open until the guard is dropped.
+    pub(crate) fn open_http_connection(&self) -> OpenConnection {
+        let gauge = self.http_open_connections.with_label_values(NO_LABELS);
+        gauge.inc();
+        OpenConnection(gauge)
     }
 
     /// Sets the lag gauges from a reading: a queue no longer read loses its series, a topic whose
@@ -491,7 +561,7 @@ impl Metrics {
         let mut cached = self.from_database.lock().await;
         let read = match &*cached {
             Some((at, read)) if at.elapsed() < TABLE_SIZE_TTL => read.clone(),
-            _ => match read_database(store, &self.group).await {
+            _ => match read_database(store, &self.group, &self.instance_id, self.started_ms).await {
                 Ok(read) => {
                     *cached = Some((Instant::now(), read.clone()));
                     read
@@ -504,20 +574,19 @@ impl Metrics {
         };
         self.dedup_rows.with_label_values(&["live"]).set(read.rows[0]);
         self.dedup_rows.with_label_values(&["archive"]).set(read.rows[1]);
-        // Counters mirror the archive_run table: raise each to the table's total.
-        let mut moved = 0;
-        for (status, (passes, rows)) in &read.runs {
-            let c = self.archive_runs.with_label_values(&[status]);
+        // Counters mirror this process's rows of archive_run: raise each to the rows' total.
+        let g = self.group.as_str();
+        for (status, passes) in &read.runs {
+            let c = self.archive_runs.with_label_values(&[g, status]);
             c.inc_by(passes.saturating_sub(c.get()));
-            moved += rows;
         }
-        let c = self.archive_rows_moved.with_label_values(NO_LABELS);
-        c.inc_by(moved.saturating_sub(c.get()));
+        let c = self.archive_rows_moved.with_label_values(&[g]);
+        c.inc_by(read.rows_moved.saturating_sub(c.get()));
         if let Some(at) = read.last_success_s {
-            self.archive_last_success.with_label_values(NO_LABELS).set(at);
+            self.archive_last_success.with_label_values(&[g]).set(at);
         }
         if let Some(d) = read.last_duration_s {
-            self.archive_last_duration.with_label_values(NO_LABELS).set(d);
+            self.archive_last_duration.with_label_values(&[g]).set(d);
         }
         if let Some((finished_s, counts)) = &read.reconcile {
             self.reconcile_last_run.with_label_values(&[&self.group]).set(*finished_s);
@@ -669,25 +738,52 @@ static SQLITE_LIVE_ROWS: Sql = Sql::new("SELECT COUNT(*) FROM idempotent_record_
 static SQLITE_ARCHIVE_ROWS: Sql = Sql::new("SELECT COUNT(*) FROM idempotent_record_archive");
 
 static ARCHIVE_PASSES: Sql = Sql::new(
-    "SELECT status, rows_moved, started_at_ms, finished_at_ms FROM archive_run WHERE kind = 'dedup' ORDER BY id",
+    "SELECT status, rows_moved, started_at_ms, finished_at_ms, instance_id, closed_by FROM archive_run \
+     WHERE kind = 'dedup' ORDER BY id",
 );
 
-async fn read_database(store: &Store, group: &str) -> Result<FromDatabase, sqlx::Error> {
+/// The statuses a pass ends with: what `idemgate_archive_runs_total` counts.
+const ENDED_PASSES: [RunStatus; 3] = [RunStatus::Success, RunStatus::Failed, RunStatus::Skipped];
+
+/// What a scrape of `instance`, a process started at `started_ms`, reads of the database.
+///
+/// Every instance on one database reads the same `archive_run`, so its counters take only the
+/// rows this process wrote: the passes it ended since it started (`closed_by`, the instance
+/// that ran a pass or, for one whose process died, the one that marked it failed) and the
+/// rows its own passes moved. A sum over the instances then counts each pass once, also when
+/// an instance dies and another takes the lease. The last success and the last duration are
+/// the database's, the same on every instance.
+async fn read_database(
+    store: &Store,
+    group: &str,
+    instance: &str,
+    started_ms: i64,
+) -> Result<FromDatabase, sqlx::Error> {
     let mut read = FromDatabase { rows: table_sizes(store).await?, ..FromDatabase::default() };
+    for status in ENDED_PASSES {
+        read.runs.insert(status.as_str().to_owned(), 0);
+    }
     // One row per pass (a few a day), so reading them all is cheap.
     for row in store.query(&ARCHIVE_PASSES).fetch_all(store.pool()).await? {
         let status: String = row.try_get(0)?;
         let rows_moved: i64 = row.try_get(1)?;
         let started: i64 = row.try_get(2)?;
         let finished: Option<i64> = row.try_get(3)?;
-        let entry = read.runs.entry(status.clone()).or_default();
-        entry.0 += 1;
-        entry.1 += u64::try_from(rows_moved).unwrap_or(0);
-        if let Some(finished) = finished {
-            read.last_duration_s = Some((finished - started).max(0) as f64 / 1e3);
-            if status == "success" {
-                read.last_success_s = Some(finished as f64 / 1e3);
-            }
+        let ran_by: String = row.try_get(4)?;
+        let closed_by: Option<String> = row.try_get(5)?;
+        if ran_by == instance && started >= started_ms {
+            read.rows_moved += u64::try_from(rows_moved).unwrap_or(0);
+        }
+        let Some(finished) = finished else { continue };
+        if closed_by.as_deref() == Some(instance)
+            && finished >= started_ms
+            && let Some(passes) = read.runs.get_mut(&status)
+        {
+            *passes += 1;
+        }
+        read.last_duration_s = Some((finished - started).max(0) as f64 / 1e3);
+        if status == RunStatus::Success.as_str() {
+            read.last_success_s = Some(finished as f64 / 1e3);
         }
     }
     if let Some(run) = crate::reconcile::runs::last_success(store, group).await? {

@@ -1,6 +1,6 @@
 //! What a settings section answers when a value cannot be used: the key, as the file spells
 //! it, and why. Every section validates itself and answers with this; `config` only gathers
-//! the sections and loads them.
+//! the sections and loads them. Beside it, the machine's name, which defaults derive from.
 
 /// A setting that cannot be used.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -14,4 +14,14 @@ pub struct Invalid {
 /// An [`Invalid`] for `key`.
 pub(crate) fn invalid(key: impl Into<String>, message: impl Into<String>) -> Invalid {
     Invalid { key: key.into(), message: message.into() }
+}
+
+/// This machine's name (in a container, its host name), for the defaults that name this
+/// process: the instance id and the web UI's address. `localhost` when it cannot be read.
+pub(crate) fn host_name() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .ok()
+        .map(|h| h.trim().to_owned())
+        .filter(|h| !h.is_empty())
+        .unwrap_or_else(|| "localhost".to_owned())
 }

@@ -80,7 +80,7 @@ pub mod layout {
     pub use crate::layout::{Layout, LayoutError, current, ensure, shard_of};
 }
 pub mod metrics {
-    pub use crate::metrics::{BuildInfo, Metrics};
+    pub use crate::metrics::{BuildInfo, HttpTimeout, Metrics};
 }
 pub mod outcome {
     pub use crate::outcome::{DuplicateCause, Layer, Outcome, Verdict};

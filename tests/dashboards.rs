@@ -322,12 +322,21 @@ fn the_template_variables_filter_by_biz_type_topic_and_instance() {
 fn links_go_to_the_idemgate_ui_through_the_url_variable() {
     let dashboard = dashboard();
     let url = variable(&dashboard, "idemgate_url");
+    // Filled from the service's own http.public_url, never typed in: a fixed default would
+    // send every link to one machine.
+    assert_eq!(url["type"], "query", "idemgate_url is a {} variable", url["type"]);
+    let query = url["query"]["query"].as_str().unwrap_or("");
     assert!(
-        url["type"] == "textbox" || url["type"] == "constant",
-        "idemgate_url is a {} variable",
-        url["type"]
+        query.starts_with("label_values(idemgate_build_info{") && query.ends_with("}, ui_url)"),
+        "idemgate_url is not filled from label_values(idemgate_build_info…, ui_url): {query}"
     );
-    assert_eq!(url["query"], "http://127.0.0.1:8080");
+    for name in ["consumer_group", "instance"] {
+        assert!(query.contains(&format!("{name}=~\"${name}\"")), "idemgate_url ignores ${name}: {query}");
+    }
+    assert_eq!(url["definition"], url["query"]["query"]);
+    assert_eq!(url["multi"], false, "a link opens one UI");
+    assert_eq!(url["includeAll"], false, "a link opens one UI");
+    assert!(url["current"].get("value").is_none(), "a saved value would outlive the deployment it named");
 
     let mut all_links: Vec<(String, String)> = Vec::new();
     for link in dashboard["links"].as_array().into_iter().flatten() {

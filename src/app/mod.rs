@@ -91,8 +91,20 @@ impl Application {
             .with_context(|| format!("opening the gate's pool on {shown}"))?;
         let ui_store =
             ui_store(&settings, &store).await.with_context(|| format!("opening the UI's pool on {shown}"))?;
-        let server = http::Server::bind(&settings.http.bind).await?;
-        let url = format!("http://{}", server.local_addr()?);
+        let server = http::Server::bind(&settings.http).await?;
+        let bound = server.local_addr()?;
+        let url = format!("http://{bound}");
+        if settings.http.public_url.is_empty() && bound.ip().is_unspecified() {
+            tracing::warn!(
+                bind = %settings.http.bind,
+                ui_url = %settings.http.ui_url(bound),
+                "http.public_url is not set and http.bind listens on every address: the links of the \
+                 metrics and alerts name this machine; set http.public_url (IDEMGATE_HTTP__PUBLIC_URL) \
+                 to the address people open the web UI at"
+            );
+        }
+        // Fixed once, so that the metrics, the alerts' links and the pages name one address.
+        settings.http.public_url = settings.http.ui_url(bound);
         if settings.http.binds_every_address() && settings.http.allowed_hosts.is_empty() {
             tracing::warn!(
                 bind = %settings.http.bind,
@@ -109,7 +121,7 @@ impl Application {
             backend: store.backend(),
             consumer_group: identity.consumer_group.clone(),
             instance_id: identity.instance_id.clone(),
-            ui_url: url.clone(),
+            ui_url: settings.http.public_url.clone(),
         };
         let metrics = Arc::new(Metrics::new(&info, &routes.biz_types(), &topics));
         let web = Web::new(&settings.http, &settings.archive, handlers.by_biz_type(&routes));
@@ -132,7 +144,9 @@ impl Application {
         Ok(Self { settings, feed, store, ui_store, gate, state, server, url, checks })
     }
 
-    /// The web UI's base URL, such as `http://127.0.0.1:8080`.
+    /// The address the web UI listens on, as a URL such as `http://127.0.0.1:8080` (the port
+    /// that port 0 picked): for connecting from this machine. Links for others use
+    /// `http.public_url`.
     pub fn url(&self) -> &str {
         &self.url
     }
@@ -152,7 +166,8 @@ impl Application {
         &self.state.web
     }
 
-    /// The settings the service runs with (the instance id filled in).
+    /// The settings the service runs with (the instance id and the web UI's public URL filled
+    /// in).
     pub fn settings(&self) -> &Settings {
         &self.settings
     }
@@ -335,7 +350,9 @@ impl Running {
         &self.gate
     }
 
-    /// The web UI's base URL, such as `http://127.0.0.1:8080`.
+    /// The address the web UI listens on, as a URL such as `http://127.0.0.1:8080` (the port
+    /// that port 0 picked): for connecting from this machine. Links for others use
+    /// `http.public_url`.
     pub fn url(&self) -> &str {
         &self.url
     }

@@ -190,7 +190,8 @@ pub(crate) async fn archive_observed(
         Ok(lease) => lease,
         Err(held) => return skipped(store, options, &clock, dedup_cutoff, log_cutoff, held).await,
     };
-    let abandoned = runs::abandon_stale(store, clock.now()).await.map_err(db(RunKind::Dedup))?;
+    let abandoned =
+        runs::abandon_stale(store, clock.now(), &options.instance_id).await.map_err(db(RunKind::Dedup))?;
     if abandoned > 0 {
         tracing::warn!(abandoned, "archive passes left running by a process that died are now marked failed");
     }

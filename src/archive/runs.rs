@@ -63,22 +63,25 @@ const COLUMNS: &str = "id, kind, status, started_by, instance_id, started_at_ms,
 
 static START: Sql = Sql::new(
     "INSERT INTO archive_run (kind, status, started_by, instance_id, started_at_ms, finished_at_ms, \
-     cutoff_ms, rows_moved, batches, error, note) VALUES (?, ?, ?, ?, ?, ?, ?, 0, 0, NULL, ?)",
+     cutoff_ms, rows_moved, batches, error, note, closed_by) VALUES (?, ?, ?, ?, ?, ?, ?, 0, 0, NULL, ?, ?)",
 );
 // PostgreSQL has no last-insert id on the connection and sqlx's SQLite driver does not report
 // one through `Any`: both return the new id (SQLite since 3.35). MySQL has no RETURNING and
 // reports LAST_INSERT_ID() instead.
 static START_RETURNING: Sql = Sql::new(
     "INSERT INTO archive_run (kind, status, started_by, instance_id, started_at_ms, finished_at_ms, \
-     cutoff_ms, rows_moved, batches, error, note) VALUES (?, ?, ?, ?, ?, ?, ?, 0, 0, NULL, ?) RETURNING id",
+     cutoff_ms, rows_moved, batches, error, note, closed_by) VALUES (?, ?, ?, ?, ?, ?, ?, 0, 0, NULL, ?, ?) \
+     RETURNING id",
 );
 static PROGRESS: Sql = Sql::new("UPDATE archive_run SET rows_moved = ?, batches = ? WHERE id = ?");
+// The instance that ran a pass closes it; a pass its dead process left running is closed by
+// the instance that next holds the lease (`closed_by`, which the metrics count passes by).
 static FINISH: Sql = Sql::new(
-    "UPDATE archive_run SET status = ?, finished_at_ms = ?, rows_moved = ?, batches = ?, error = ?, note = ? \
-     WHERE id = ?",
+    "UPDATE archive_run SET status = ?, finished_at_ms = ?, rows_moved = ?, batches = ?, error = ?, note = ?, \
+     closed_by = instance_id WHERE id = ?",
 );
 static ABANDON: Sql = Sql::new(
-    "UPDATE archive_run SET status = 'failed', finished_at_ms = ?, \
+    "UPDATE archive_run SET status = 'failed', finished_at_ms = ?, closed_by = ?, \
      error = 'the run stopped before finishing (its process died); its lease expired' \
      WHERE status = 'running'",
 );
@@ -115,6 +118,7 @@ pub(crate) async fn start(
                 .bind(finished)
                 .bind(cutoff_ms)
                 .bind(note.map(str::to_owned))
+                .bind(finished.map(|_| instance_id.to_owned()))
         })
         .await
 }
@@ -151,10 +155,11 @@ pub(crate) async fn finish(
     Ok(())
 }
 
-/// Marks the passes left `running` by a process that died as failed. Called by the holder of
-/// the lease only, when no other run can be going.
-pub(crate) async fn abandon_stale(store: &Store, now_ms: i64) -> Result<u64, sqlx::Error> {
-    Ok(store.query(&ABANDON).bind(now_ms).execute(store.pool()).await?.rows_affected())
+/// Marks the passes left `running` by a process that died as failed, closed by `closer`. Called
+/// by the holder of the lease only, when no other run can be going.
+pub(crate) async fn abandon_stale(store: &Store, now_ms: i64, closer: &str) -> Result<u64, sqlx::Error> {
+    let abandon = store.query(&ABANDON).bind(now_ms).bind(closer.to_owned());
+    Ok(abandon.execute(store.pool()).await?.rows_affected())
 }
 
 /// The latest `limit` passes, newest first: the UI's table of runs.

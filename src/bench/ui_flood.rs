@@ -324,8 +324,9 @@ async fn shared_pool_server(
 ) -> anyhow::Result<(String, tokio::sync::oneshot::Sender<()>)> {
     let mut naive = settings.clone();
     naive.http.max_concurrent_requests = 1_000_000;
+    naive.http.bind = "127.0.0.1:0".to_owned();
     let handlers = naive.handlers()?;
-    let server = http::Server::bind("127.0.0.1:0").await?;
+    let server = http::Server::bind(&naive.http).await?;
     let addr = server.local_addr()?.to_string();
     let info = BuildInfo {
         backend: store.backend(),

@@ -60,12 +60,7 @@ pub struct Identity {
 impl Identity {
     /// `host-pid`: unique among the processes sharing a database.
     pub fn default_instance_id() -> String {
-        let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
-            .ok()
-            .map(|h| h.trim().to_owned())
-            .filter(|h| !h.is_empty())
-            .unwrap_or_else(|| "localhost".to_owned());
-        format!("{host}-{}", std::process::id())
+        format!("{}-{}", crate::setting::host_name(), std::process::id())
     }
 }
 

@@ -4,8 +4,8 @@
 //! looked it up once) is, to the browser, same-origin with whatever answers there: it could
 //! read every page and post the replay form. What gives it away is the `Host` it sends: its own
 //! domain. So every route but `/healthz` and `/readyz` answers only to `localhost`, to an IP
-//! address, and to the names `http.allowed_hosts` lists; any other `Host` gets 421 Misdirected
-//! Request before credentials are even asked for.
+//! address, to the names `http.allowed_hosts` lists and to the host of `http.public_url`; any
+//! other `Host` gets 421 Misdirected Request before credentials are even asked for.
 //!
 //! An IP address is always accepted because a browser sends one only when it was pointed at
 //! that address itself: the page's origin is then this server, not someone else's domain.
@@ -31,8 +31,11 @@ pub struct AllowedHosts {
 }
 
 impl AllowedHosts {
+    /// `http.allowed_hosts`, and the host of `http.public_url`: the links the service hands
+    /// out lead to it.
     pub fn from_settings(http: &HttpSettings) -> Self {
-        Self { names: http.allowed_hosts.iter().map(|n| canonical(n)).collect() }
+        let public = url::Url::parse(&http.public_url).ok().and_then(|u| u.host_str().map(canonical));
+        Self { names: http.allowed_hosts.iter().map(|n| canonical(n)).chain(public).collect() }
     }
 
     /// True when a `Host` value (`name`, `name:port`, `[v6]:port`) may be served.
@@ -133,5 +136,18 @@ mod tests {
         for host in ["example.com", "idemgate.example.com.evil.example", "evil.idemgate.example.com"] {
             assert!(!listed.admits(host), "{host}");
         }
+    }
+
+    #[test]
+    fn the_host_of_the_public_url_is_served_without_being_listed() {
+        let http = HttpSettings {
+            public_url: "https://Ops.Example.com/idemgate".to_owned(),
+            ..HttpSettings::default()
+        };
+        let hosts = AllowedHosts::from_settings(&http);
+        assert!(hosts.admits("ops.example.com"));
+        assert!(hosts.admits("ops.example.com:443"));
+        assert!(!hosts.admits("example.com"));
+        assert!(!allowed(&[]).admits("ops.example.com"), "without the public URL it is not");
     }
 }

@@ -34,20 +34,29 @@ mod trace;
 mod view;
 
 use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
 
 use anyhow::Context;
 use axum::Router;
 use axum::extract::Request;
-use axum::http::{HeaderValue, header};
+use axum::http::{HeaderValue, StatusCode, header};
 use axum::middleware::{self, Next};
 use axum::response::Response;
 use axum::routing::get;
+use hyper_util::rt::{TokioIo, TokioTimer};
+use hyper_util::server::graceful::GracefulShutdown;
+use hyper_util::service::TowerToHyperService;
 use tokio::net::TcpListener;
+use tokio::sync::Semaphore;
+use tower_http::timeout::TimeoutLayer;
 
 pub(crate) use state::AppState;
 pub use state::Web;
 
+use crate::metrics::HttpTimeout;
 use problem::{ApiError, Problem};
+use settings::HttpSettings;
 
 /// Pages may load only their own stylesheet: no scripts, no frames, no foreign forms.
 const CONTENT_SECURITY_POLICY: &str = "default-src 'none'; style-src 'self'; img-src 'self' data:; \
@@ -99,8 +108,9 @@ async fn not_found(uri: axum::http::Uri) -> Response {
     }
 }
 
-/// The whole application's routes. Outside in: the host name, then the credentials, then the
-/// same-origin rule for state-changing requests; health needs none of them.
+/// The whole application's routes. Outside in: the request timeout, which health too is held
+/// to, then the host name, the credentials and the same-origin rule for state-changing
+/// requests, which health needs none of.
 pub(crate) fn router(state: AppState) -> Router {
     let pages = Router::new()
         .merge(overview::router())
@@ -117,39 +127,139 @@ pub(crate) fn router(state: AppState) -> Router {
         .route_layer(middleware::from_fn(csrf::same_origin_writes))
         .route_layer(middleware::from_fn_with_state(state.web.auth.clone(), auth::require))
         .layer(middleware::from_fn_with_state(state.web.hosts.clone(), host::require_allowed));
+    let request_timeout = state.web.request_timeout;
     Router::new()
         .merge(health::router())
         .merge(guarded)
+        .layer(TimeoutLayer::with_status_code(StatusCode::REQUEST_TIMEOUT, request_timeout))
+        .layer(middleware::from_fn_with_state(state.clone(), close_after_timeout))
         .layer(middleware::from_fn(security_headers))
         .with_state(state)
+}
+
+/// A request not answered within `http.request_timeout_ms` (its body still arriving, most
+/// often) is answered 408 by the timeout layer inside: counted here, and its connection closed,
+/// so that what is left of its body is never read as the next request.
+async fn close_after_timeout(
+    axum::extract::State(state): axum::extract::State<AppState>,
+    request: Request,
+    next: Next,
+) -> Response {
+    let mut response = next.run(request).await;
+    if response.status() == StatusCode::REQUEST_TIMEOUT {
+        state.metrics.observe_http_timeout(HttpTimeout::Request);
+        response.headers_mut().insert(header::CONNECTION, HeaderValue::from_static("close"));
+    }
+    response
 }
 
 /// A bound listener, not yet serving: bind first so that the address (port 0 picks a free
 /// one) is known to what is built before serving.
 pub(crate) struct Server {
     listener: TcpListener,
+    header_read_timeout: Duration,
+    max_client_connections: usize,
 }
 
 impl Server {
-    pub(crate) async fn bind(addr: &str) -> anyhow::Result<Self> {
+    /// Binds `http.bind`, to serve with `http`'s limits on what a client may hold.
+    pub(crate) async fn bind(http: &HttpSettings) -> anyhow::Result<Self> {
+        let addr = &http.bind;
         let listener =
             TcpListener::bind(addr).await.with_context(|| format!("binding the HTTP server to {addr}"))?;
-        Ok(Self { listener })
+        Ok(Self {
+            listener,
+            header_read_timeout: Duration::from_millis(http.header_read_timeout_ms),
+            max_client_connections: http.max_client_connections as usize,
+        })
     }
 
     pub(crate) fn local_addr(&self) -> std::io::Result<SocketAddr> {
         self.listener.local_addr()
     }
 
-    /// Serves `state`'s routes until `shutdown` resolves, then finishes the requests in flight.
+    /// Serves `state`'s routes until `shutdown` resolves, then stops accepting, lets each
+    /// connection finish the request it is serving and waits for them all to close.
+    ///
+    /// Each connection speaks HTTP/1.1 through hyper, with a header read timeout: a request
+    /// head that has not arrived whole within `http.header_read_timeout_ms` closes the
+    /// connection (the request timeout of [`router`] bounds the rest). At most
+    /// `http.max_client_connections` are open at once; at the limit the loop stops accepting,
+    /// so that further connections wait in the listen queue, as the kernel holds them, until
+    /// one closes.
     pub(crate) async fn run(
         self,
         state: AppState,
         shutdown: impl std::future::Future<Output = ()> + Send + 'static,
     ) -> anyhow::Result<()> {
-        axum::serve(self.listener, router(state))
-            .with_graceful_shutdown(shutdown)
-            .await
-            .context("serving HTTP")
+        let metrics = state.metrics.clone();
+        let service = TowerToHyperService::new(router(state));
+        let mut http1 = hyper::server::conn::http1::Builder::new();
+        http1.timer(TokioTimer::new()).header_read_timeout(self.header_read_timeout);
+        let places = Arc::new(Semaphore::new(self.max_client_connections));
+        let open = GracefulShutdown::new();
+        tokio::pin!(shutdown);
+        loop {
+            let place = match places.clone().try_acquire_owned() {
+                Ok(place) => place,
+                Err(_) => {
+                    metrics.observe_http_connection_limit();
+                    tokio::select! {
+                        place = places.clone().acquire_owned() => match place {
+                            Ok(place) => place,
+                            Err(_) => break,
+                        },
+                        () = &mut shutdown => break,
+                    }
+                }
+            };
+            let stream = tokio::select! {
+                accepted = self.listener.accept() => match accepted {
+                    Ok((stream, _)) => stream,
+                    Err(e) => {
+                        if pause_after_accept_error(e, &mut shutdown).await {
+                            break;
+                        }
+                        continue;
+                    }
+                },
+                () = &mut shutdown => break,
+            };
+            let connection = open.watch(http1.serve_connection(TokioIo::new(stream), service.clone()));
+            let metrics = metrics.clone();
+            tokio::spawn(async move {
+                let _open = metrics.open_http_connection();
+                match connection.await {
+                    Err(e) if e.is_timeout() => metrics.observe_http_timeout(HttpTimeout::Header),
+                    Err(e) => tracing::debug!(error = %e, "an HTTP connection ended in error"),
+                    Ok(()) => {}
+                }
+                drop(place);
+            });
+        }
+        drop(self.listener);
+        open.shutdown().await;
+        Ok(())
+    }
+}
+
+/// After a failed accept: a connection that went away before it was accepted is nothing;
+/// anything else (out of file descriptors, most often) is logged, and accepting resumes a
+/// second later rather than spinning. True when `shutdown` came meanwhile.
+async fn pause_after_accept_error(
+    error: std::io::Error,
+    shutdown: &mut std::pin::Pin<&mut (impl std::future::Future<Output = ()> + Send)>,
+) -> bool {
+    use std::io::ErrorKind;
+    if matches!(
+        error.kind(),
+        ErrorKind::ConnectionAborted | ErrorKind::ConnectionReset | ErrorKind::ConnectionRefused
+    ) {
+        return false;
+    }
+    tracing::warn!(error = %error, "the HTTP server could not accept a connection; trying again in a second");
+    tokio::select! {
+        () = tokio::time::sleep(Duration::from_secs(1)) => false,
+        () = shutdown.as_mut() => true,
     }
 }

@@ -51,6 +51,28 @@ pub struct HttpSettings {
     /// valid after the page was shown, 60 to 86400. An older form is refused with a request
     /// to reload the page.
     pub csrf_token_ttl_seconds: u64,
+
+    /// `IDEMGATE_HTTP__PUBLIC_URL`: the web UI's address as the people who follow its links
+    /// open it, such as `https://idemgate.example.com` (an ingress, a load balancer): the
+    /// `ui_url` label of `idemgate_build_info`, from which the alerts build their links, and
+    /// the link back from the trace page's Grafana link. Empty: `http://` and the bound
+    /// address, with this machine's name in place of a wildcard address ([`Self::ui_url`]).
+    pub public_url: String,
+
+    // What a client may hold of the server: a connection, and a request in the making.
+    /// `IDEMGATE_HTTP__HEADER_READ_TIMEOUT_MS`: the longest the server waits for a request's
+    /// line and headers, 100 to 600000, counted from when it starts waiting: on a new
+    /// connection, and on a kept-alive one after each answer. Then the connection is closed.
+    pub header_read_timeout_ms: u64,
+    /// `IDEMGATE_HTTP__REQUEST_TIMEOUT_MS`: the longest from a request's headers to its
+    /// answer, the reading of its body included, 100 to 600000 and above
+    /// `query_timeout_ms`; a request not answered by then gets 408 and its connection is
+    /// closed, so a body that trickles in cannot hold a connection.
+    pub request_timeout_ms: u64,
+    /// `IDEMGATE_HTTP__MAX_CLIENT_CONNECTIONS`: client connections open at once, 1 to 10000.
+    /// At the limit the server stops accepting: a new connection waits in the listen queue
+    /// until an open one closes (the timeouts above close those that send too slowly).
+    pub max_client_connections: u32,
 }
 
 impl std::fmt::Debug for HttpSettings {
@@ -67,6 +89,10 @@ impl std::fmt::Debug for HttpSettings {
             .field("max_concurrent_requests", &shown.max_concurrent_requests)
             .field("allowed_hosts", &shown.allowed_hosts)
             .field("csrf_token_ttl_seconds", &shown.csrf_token_ttl_seconds)
+            .field("public_url", &shown.public_url)
+            .field("header_read_timeout_ms", &shown.header_read_timeout_ms)
+            .field("request_timeout_ms", &shown.request_timeout_ms)
+            .field("max_client_connections", &shown.max_client_connections)
             .finish()
     }
 }
@@ -125,7 +151,45 @@ impl HttpSettings {
         if !(60..=86_400).contains(&self.csrf_token_ttl_seconds) {
             return Err(invalid("http.csrf_token_ttl_seconds", "must be from 60 to 86400"));
         }
+        if !self.public_url.is_empty() {
+            check_public_url(&self.public_url)
+                .map_err(|why| invalid("http.public_url", format!("{:?} {why}", self.public_url)))?;
+        }
+        if !(100..=600_000).contains(&self.header_read_timeout_ms) {
+            return Err(invalid("http.header_read_timeout_ms", "must be from 100 to 600000"));
+        }
+        if !(100..=600_000).contains(&self.request_timeout_ms) {
+            return Err(invalid("http.request_timeout_ms", "must be from 100 to 600000"));
+        }
+        if self.request_timeout_ms <= self.query_timeout_ms {
+            return Err(invalid(
+                "http.request_timeout_ms",
+                format!(
+                    "must be above http.query_timeout_ms ({}), or a page waiting on the database is cut \
+                     off before it can answer",
+                    self.query_timeout_ms
+                ),
+            ));
+        }
+        if !(1..=10_000).contains(&self.max_client_connections) {
+            return Err(invalid("http.max_client_connections", "must be from 1 to 10000"));
+        }
         Ok(())
+    }
+
+    /// The web UI's base URL for links from outside, without a trailing `/`: `public_url`
+    /// when set. Otherwise `http://` and `bound`, the address the server listens on, except
+    /// that a wildcard address (`0.0.0.0`, `[::]`), which no browser can open, becomes this
+    /// machine's name: in a container that is its host name, the one name of it that other
+    /// machines may resolve. Set `public_url` when even that is not how the UI is reached.
+    pub fn ui_url(&self, bound: std::net::SocketAddr) -> String {
+        if !self.public_url.is_empty() {
+            return self.public_url.trim_end_matches('/').to_owned();
+        }
+        if bound.ip().is_unspecified() {
+            return format!("http://{}:{}", crate::setting::host_name(), bound.port());
+        }
+        format!("http://{bound}")
     }
 
     /// True when the server listens on every address (`0.0.0.0`, `[::]`): then it is reached
@@ -133,6 +197,34 @@ impl HttpSettings {
     pub fn binds_every_address(&self) -> bool {
         self.bind.parse::<std::net::SocketAddr>().is_ok_and(|a| a.ip().is_unspecified())
     }
+}
+
+/// Checks `http.public_url`: an absolute `http` or `https` URL of a host others can open,
+/// without credentials (it is shown in metrics), a query or a fragment.
+fn check_public_url(text: &str) -> Result<(), &'static str> {
+    let url =
+        url::Url::parse(text).map_err(|_| "is not an absolute URL such as https://idemgate.example.com")?;
+    if !matches!(url.scheme(), "http" | "https") {
+        return Err("must start with http:// or https://");
+    }
+    let unspecified = match url.host() {
+        None => return Err("names no host"),
+        Some(url::Host::Ipv4(ip)) => ip.is_unspecified(),
+        Some(url::Host::Ipv6(ip)) => ip.is_unspecified(),
+        Some(url::Host::Domain(_)) => false,
+    };
+    if unspecified {
+        return Err(
+            "names every address (0.0.0.0, [::]), which no browser can open: give the name people reach it by",
+        );
+    }
+    if !url.username().is_empty() || url.password().is_some() {
+        return Err("carries credentials, which would be shown in metrics and alerts");
+    }
+    if url.query().is_some() || url.fragment().is_some() {
+        return Err("has a query or a fragment: give the base address only");
+    }
+    Ok(())
 }
 
 /// Checks one `http.allowed_hosts` entry: a DNS name or an IP address, without a scheme, a
@@ -177,6 +269,113 @@ impl Default for HttpSettings {
             max_concurrent_requests: 16,
             allowed_hosts: Vec::new(),
             csrf_token_ttl_seconds: 3_600,
+            public_url: String::new(),
+            header_read_timeout_ms: 10_000,
+            request_timeout_ms: 30_000,
+            max_client_connections: 256,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn with(change: impl FnOnce(&mut HttpSettings)) -> HttpSettings {
+        let mut http = HttpSettings::default();
+        change(&mut http);
+        http
+    }
+
+    fn refusal(change: impl FnOnce(&mut HttpSettings)) -> String {
+        with(change).validate().expect_err("refused").to_string()
+    }
+
+    #[test]
+    fn the_public_url_is_an_absolute_web_address_of_a_host_people_can_open() {
+        for good in [
+            "https://idemgate.example.com",
+            "http://10.0.0.5:8080/",
+            "https://ops.example.com/idemgate",
+            "http://[::1]:8080",
+        ] {
+            assert_eq!(with(|h| h.public_url = good.to_owned()).validate(), Ok(()), "{good}");
+        }
+        for (bad, why) in [
+            ("idemgate.example.com", "is not an absolute URL"),
+            ("/idemgate", "is not an absolute URL"),
+            ("ftp://idemgate.example.com", "must start with http:// or https://"),
+            ("http://0.0.0.0:8080", "names every address"),
+            ("http://[::]:8080", "names every address"),
+            ("https://oncall:secret@idemgate.example.com", "carries credentials"),
+            ("https://idemgate.example.com/?tab=1", "has a query or a fragment"),
+            ("https://idemgate.example.com/#top", "has a query or a fragment"),
+            ("https://idem gate.example.com", "is not an absolute URL"),
+        ] {
+            let err = refusal(|h| h.public_url = bad.to_owned());
+            assert!(err.starts_with("configuration key http.public_url: "), "{bad}: {err}");
+            assert!(err.contains(why), "{bad}: {err}");
+        }
+    }
+
+    #[test]
+    fn the_ui_url_is_the_public_url_else_the_bound_address_but_never_a_wildcard() {
+        let bound = |a: &str| a.parse::<std::net::SocketAddr>().unwrap();
+        let public = with(|h| h.public_url = "https://idemgate.example.com/".to_owned());
+        assert_eq!(public.ui_url(bound("0.0.0.0:8080")), "https://idemgate.example.com");
+        let default = HttpSettings::default();
+        assert_eq!(default.ui_url(bound("127.0.0.1:8080")), "http://127.0.0.1:8080");
+        assert_eq!(default.ui_url(bound("10.1.2.3:9000")), "http://10.1.2.3:9000");
+        assert_eq!(default.ui_url(bound("[::1]:8080")), "http://[::1]:8080");
+        let machine = crate::setting::host_name();
+        for wildcard in ["0.0.0.0:8080", "[::]:8080"] {
+            let url = default.ui_url(bound(wildcard));
+            assert_eq!(url, format!("http://{machine}:8080"), "{wildcard}");
+            assert!(!url.contains("0.0.0.0") && !url.contains("[::]"), "{url}");
+        }
+    }
+
+    #[test]
+    fn the_timeouts_and_the_connection_limit_are_held_to_their_ranges() {
+        assert_eq!(HttpSettings::default().validate(), Ok(()));
+        for (change, key) in [
+            (with(|h| h.header_read_timeout_ms = 99), "http.header_read_timeout_ms"),
+            (with(|h| h.header_read_timeout_ms = 600_001), "http.header_read_timeout_ms"),
+            (with(|h| h.request_timeout_ms = 600_001), "http.request_timeout_ms"),
+            (with(|h| h.max_client_connections = 0), "http.max_client_connections"),
+            (with(|h| h.max_client_connections = 10_001), "http.max_client_connections"),
+        ] {
+            let err = change.validate().expect_err(key).to_string();
+            assert!(err.starts_with(&format!("configuration key {key}: must be from")), "{err}");
+        }
+        let cut_short = refusal(|h| {
+            h.query_timeout_ms = 5_000;
+            h.request_timeout_ms = 5_000;
+        });
+        assert!(
+            cut_short.starts_with(
+                "configuration key http.request_timeout_ms: must be above http.query_timeout_ms (5000)"
+            ),
+            "{cut_short}"
+        );
+    }
+
+    #[test]
+    #[allow(clippy::result_large_err)] // figment::Jail's own error type
+    fn the_new_keys_come_from_their_environment_variables() {
+        use figment::providers::Env;
+        figment::Jail::expect_with(|jail| {
+            jail.set_env("IDEMGATE_HTTPKEYS_TEST_HTTP__PUBLIC_URL", "https://idemgate.example.com");
+            jail.set_env("IDEMGATE_HTTPKEYS_TEST_HTTP__HEADER_READ_TIMEOUT_MS", "2500");
+            jail.set_env("IDEMGATE_HTTPKEYS_TEST_HTTP__REQUEST_TIMEOUT_MS", "45000");
+            jail.set_env("IDEMGATE_HTTPKEYS_TEST_HTTP__MAX_CLIENT_CONNECTIONS", "32");
+            let s = crate::config::Settings::load_from(None, Env::prefixed("IDEMGATE_HTTPKEYS_TEST_"))
+                .expect("loads");
+            assert_eq!(s.http.public_url, "https://idemgate.example.com");
+            assert_eq!(s.http.header_read_timeout_ms, 2_500);
+            assert_eq!(s.http.request_timeout_ms, 45_000);
+            assert_eq!(s.http.max_client_connections, 32);
+            Ok(())
+        });
     }
 }

@@ -38,6 +38,8 @@ pub struct Web {
     pub hosts: host::AllowedHosts,
     /// The tokens of the replay form, under a per-process secret.
     pub forms: csrf::FormTokens,
+    /// How long a request may take from its headers to its answer (`http.request_timeout_ms`).
+    pub request_timeout: std::time::Duration,
 }
 
 /// The purpose the replay form's tokens are issued for.
@@ -58,7 +60,7 @@ impl Web {
             trace: TraceContext {
                 limits: Limits { timeout: std::time::Duration::from_millis(http.query_timeout_ms) },
                 retention: Some(LogRetention::days(archive.log_retention_days)),
-                grafana_url: (!http.grafana_url.is_empty()).then(|| http.grafana_url.clone()),
+                grafana_url: grafana_base(http),
                 describers,
             },
             archive: archive.clone(),
@@ -67,6 +69,7 @@ impl Web {
             in_flight: Arc::new(tokio::sync::Semaphore::new(http.max_concurrent_requests as usize)),
             hosts: host::AllowedHosts::from_settings(http),
             forms: csrf::FormTokens::new(std::time::Duration::from_secs(http.csrf_token_ttl_seconds)),
+            request_timeout: std::time::Duration::from_millis(http.request_timeout_ms),
         }
     }
 
@@ -117,4 +120,20 @@ impl Web {
     ) -> Result<(), csrf::TokenRefusal> {
         self.forms.check(REPLAY_MESSAGE_FORM, &[group, msg_id], token, now)
     }
+}
+
+/// The Grafana dashboard's URL the trace page links to, when one is configured: with the web
+/// UI's own address as the dashboard's `idemgate_url`, so that the dashboard's links lead back
+/// to the UI the engineer came from.
+fn grafana_base(http: &HttpSettings) -> Option<String> {
+    if http.grafana_url.is_empty() {
+        return None;
+    }
+    if http.public_url.is_empty() {
+        return Some(http.grafana_url.clone());
+    }
+    let ui = http.public_url.trim_end_matches('/');
+    let pair = serde_urlencoded::to_string([("var-idemgate_url", ui)]).unwrap_or_default();
+    let sep = if http.grafana_url.contains('?') { '&' } else { '?' };
+    Some(format!("{}{sep}{pair}", http.grafana_url))
 }

@@ -7,6 +7,8 @@
 //! does not have. A setting that is parsed but not honoured fails its probe, and a new key
 //! without a probe fails `every_setting_of_the_service_sections_has_a_probe`.
 
+mod clients;
+mod instances;
 #[path = "../layers/redis_server.rs"]
 mod redis_server;
 mod support;
@@ -92,6 +94,10 @@ settings_table! {
         "http.max_concurrent_requests" => http_max_concurrent_requests,
         "http.allowed_hosts" => http_allowed_hosts,
         "http.csrf_token_ttl_seconds" => http_csrf_token_ttl_seconds,
+        "http.public_url" => http_public_url,
+        "http.header_read_timeout_ms" => http_header_read_timeout_ms,
+        "http.request_timeout_ms" => http_request_timeout_ms,
+        "http.max_client_connections" => http_max_client_connections,
         "consumer.group" => consumer_group,
         "consumer.instance" => consumer_instance,
         "consumer.max_reconsume_times" => consumer_max_reconsume_times,
@@ -944,6 +950,12 @@ async fn http_max_connections(b: Backend) {
     assert_eq!(waiting, 2, "six pages at once reach the database through two connections (the default four)");
     app.stop().await;
 }
+
+// The probes of http.public_url, the timeouts and the connection limit live with the tests of
+// slow clients and of the links (`clients.rs`).
+use clients::{
+    http_header_read_timeout_ms, http_max_client_connections, http_public_url, http_request_timeout_ms,
+};
 
 // ---------------------------------------------------------------------------------------------
 // [consumer]

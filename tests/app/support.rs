@@ -202,15 +202,21 @@ impl TestApp {
 
     /// The sum of a metric's samples whose line starts with `prefix` (name and labels).
     pub async fn metric(&self, prefix: &str) -> f64 {
-        let reply = self.get("/metrics").await;
-        assert_eq!(reply.status, 200, "{}", reply.body);
-        reply
-            .body
-            .lines()
-            .filter(|l| l.starts_with(prefix))
-            .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
-            .sum()
+        metric_at(&self.addr, prefix).await
     }
+}
+
+/// The sum of the samples whose line starts with `prefix` (name and labels) in a scrape of the
+/// service at `addr`.
+pub async fn metric_at(addr: &str, prefix: &str) -> f64 {
+    let reply = request(addr, "GET", "/metrics", &[], b"").await;
+    assert_eq!(reply.status, 200, "{}", reply.body);
+    reply
+        .body
+        .lines()
+        .filter(|l| l.starts_with(prefix))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum()
 }
 
 pub enum Arg<'a> {
