@@ -847,3 +847,33 @@ fn a_failed_connection_never_prints_the_password() {
     assert!(err.contains("postgres://u@127.0.0.1:1/x?password=***"), "the error names the database: {err}");
     assert!(!out.contains("hunter2") && !err.contains("hunter2"), "{out}{err}");
 }
+
+/// A password pasted in raw, with the characters a URL gives meaning to (`#`, `?`, `@`, `/`,
+/// `&`), in the user information or a query parameter, on every scheme and without one:
+/// neither `idemgate config` nor the error of a connection that fails (a closed port) shows any
+/// four characters of it in a row.
+#[test]
+fn a_raw_password_of_any_shape_never_reaches_the_config_or_a_connection_error() {
+    let secret = "s3cr#t?p@/w&d";
+    for url in [
+        format!("postgres://u:{secret}@127.0.0.1:1/x"),
+        format!("postgresql://user@server:{secret}@127.0.0.1:1/x?sslmode=disable"),
+        format!("mysql://root:{secret}@127.0.0.1:1/test?ssl-mode=DISABLED&charset=utf8mb4"),
+        format!("postgres://u@127.0.0.1:1/x?sslmode=disable&password={secret}"),
+        format!("mysql://root@127.0.0.1:1/test?charset=utf8mb4&password={secret}"),
+        format!("sqlite:///no-such-dir/x.db?key={secret}"),
+        format!("u:{secret}@127.0.0.1:1/x"),
+    ] {
+        for command in ["config", "migrate"] {
+            let (code, out, err) = idemgate(&url, &[command]);
+            let shown = format!("{out}{err}");
+            for piece in secret.as_bytes().windows(4) {
+                let piece = std::str::from_utf8(piece).expect("ASCII");
+                assert!(!shown.contains(piece), "{command} with {url} shows {piece:?}:\n{shown}");
+            }
+            if command == "migrate" {
+                assert_eq!(code, Some(1), "{url}: {shown}");
+            }
+        }
+    }
+}
