@@ -1,6 +1,7 @@
 //! The command line: parsing with clap and one function per subcommand; `bench` hands its
 //! subcommand to [`crate::bench`], whose benchmarks own their flags. `main` only calls
-//! [`run`]; everything here is testable as a library.
+//! [`parse`] and [`run`]; everything here is testable as a library. Every exit status is an
+//! [`Exit`].
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -13,9 +14,49 @@ use crate::app::{Application, Feed};
 use crate::bench::command::BenchCommand;
 use crate::config::Settings;
 use crate::demo::{self, DemoOptions};
+use crate::inspect::trace::SearchBy;
 use crate::shop;
 use crate::store::{Store, redact_url};
 use crate::traffic::Mix;
+
+/// Every exit status of `idemgate`, each with one meaning whatever the subcommand
+/// (docs/commands.md lists them). 2 is clap's for a command line it cannot read, so no
+/// answer of a command is 2: a mistyped flag in a cron job never reads as anomalies found.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(u8)]
+pub enum Exit {
+    /// Done: a story printed, no anomaly, every key sent (or, dry, would be).
+    Success = 0,
+    /// An error: the configuration, the database, the broker; the message on standard error.
+    Failure = 1,
+    /// The command line is wrong: an unknown flag, a missing or malformed value.
+    Usage = 2,
+    /// `trace`: nothing matches.
+    NothingFound = 3,
+    /// `archive`: another instance holds the lease; nothing was done.
+    LeaseHeld = 4,
+    /// `trace`: several keys match; narrow with `--biz-type`, `--execute-time` or `--group`.
+    SeveralMatches = 5,
+    /// `reconcile`: anomalies found.
+    AnomaliesFound = 6,
+    /// `replay`: a key was refused or could not be sent.
+    Refused = 7,
+}
+
+impl From<Exit> for ExitCode {
+    fn from(exit: Exit) -> Self {
+        ExitCode::from(exit as u8)
+    }
+}
+
+/// The command line of this process, or, when clap cannot read it (or was asked for `--help`
+/// or `--version`), the exit status after clap has printed why.
+pub fn parse() -> Result<Cli, Exit> {
+    Cli::try_parse().map_err(|e| {
+        let _ = e.print();
+        if e.use_stderr() { Exit::Usage } else { Exit::Success }
+    })
+}
 
 /// Idempotent RocketMQ consumption: every duplicate harmless and visible.
 #[derive(Debug, Parser)]
@@ -44,10 +85,10 @@ pub enum Command {
     /// retries, dead letters) and its business state, as the web UI's trace page shows it.
     Trace(TraceArgs),
     /// Find lost, stuck, double-applied, orphaned, colliding and late keys in a window of the
-    /// delivery log and the dedup table; store and print the run. Exits 2 when anything is found.
+    /// delivery log and the dedup table; store and print the run. Exits 6 when anything is found.
     Reconcile(ReconcileArgs),
     /// Re-publish dead-lettered messages to their topic with the same business key, refusing
-    /// keys that are already claimed. Exits 2 when any key was refused or failed.
+    /// keys that are already claimed. Exits 7 when any key was refused or failed.
     Replay(ReplayArgs),
     /// Apply the database migrations and exit.
     Migrate,
@@ -86,15 +127,15 @@ pub struct DemoArgs {
 pub struct TraceArgs {
     /// The bizId (or, with --by, a msgId or UNIQ_KEY) to trace.
     pub text: String,
-    /// What TEXT is: any (a bizId, else a msgId, else a UNIQ_KEY), biz_id, msg_id, uniq_key.
-    #[arg(long, default_value = "any")]
-    pub by: String,
+    /// What TEXT is.
+    #[arg(long, value_enum, default_value_t = SearchBy::Any)]
+    pub by: SearchBy,
     /// Narrow to one biz_type when the bizId exists under several.
     #[arg(long)]
     pub biz_type: Option<String>,
-    /// Narrow to one execute_time (epoch ms) of a delayed message.
-    #[arg(long)]
-    pub execute_time: Option<String>,
+    /// Narrow to one execute_time of a delayed message: epoch milliseconds or RFC 3339.
+    #[arg(long, value_name = "TIME", value_parser = crate::route::parse_execute_time)]
+    pub execute_time: Option<i64>,
     /// Narrow to one consumer group.
     #[arg(long)]
     pub group: Option<String>,
@@ -118,8 +159,8 @@ pub struct ReplayArgs {
     /// With --biz-id: only this biz_type.
     #[arg(long, requires = "biz_id")]
     pub biz_type: Option<String>,
-    /// With --biz-id: only this execute_time (epoch ms).
-    #[arg(long, requires = "biz_id")]
+    /// With --biz-id: only this execute_time: epoch milliseconds or RFC 3339.
+    #[arg(long, requires = "biz_id", value_name = "TIME", value_parser = crate::route::parse_execute_time)]
     pub execute_time: Option<i64>,
     /// Every key dead-lettered within this age (24h, 90m, 7d), each once.
     #[arg(long, value_parser = crate::archive::parse_age)]
@@ -201,7 +242,7 @@ pub struct ProduceArgs {
 }
 
 /// Runs the parsed command line.
-pub async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
+pub async fn run(cli: Cli) -> anyhow::Result<Exit> {
     let settings = Settings::load(cli.config.as_deref())?;
     match &cli.command {
         Command::Demo(args) if args.log_file != "-" => {
@@ -217,7 +258,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
     match cli.command {
         Command::Serve => {
             crate::serve::run(&settings).await?;
-            Ok(ExitCode::SUCCESS)
+            Ok(Exit::Success)
         }
         Command::Produce(args) => produce_command(&settings, args).await,
         Command::Demo(args) => demo_command(settings, args).await,
@@ -229,7 +270,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             let store = open_store(&settings).await?;
             println!("migrations applied to {}", redact_url(&settings.database.url));
             store.close().await;
-            Ok(ExitCode::SUCCESS)
+            Ok(Exit::Success)
         }
         Command::Config => {
             let mut shown = settings.clone();
@@ -237,16 +278,16 @@ pub async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             shown.http = shown.http.redacted();
             shown.redis = shown.redis.redacted();
             print!("{}", toml::to_string_pretty(&shown).context("rendering the configuration")?);
-            Ok(ExitCode::SUCCESS)
+            Ok(Exit::Success)
         }
         Command::Bench(command) => {
             command.run().await?;
-            Ok(ExitCode::SUCCESS)
+            Ok(Exit::Success)
         }
     }
 }
 
-async fn demo_command(mut settings: Settings, args: DemoArgs) -> anyhow::Result<ExitCode> {
+async fn demo_command(mut settings: Settings, args: DemoArgs) -> anyhow::Result<Exit> {
     let duplicates = share("duplicates", args.duplicates, 0.9)?;
     settings.consumer.max_reconsume_times = args.max_reconsume_times;
     let mut running = Application::build(&settings, Feed::Caller).await?.start().await?;
@@ -281,13 +322,13 @@ async fn demo_command(mut settings: Settings, args: DemoArgs) -> anyhow::Result<
     let stopped = running.stop().await;
     match fault {
         Some(e) => Err(e),
-        None => stopped.map(|()| ExitCode::SUCCESS),
+        None => stopped.map(|()| Exit::Success),
     }
 }
 
-/// Exit codes of `idemgate replay`: 0 every key sent (or, dry, would be), 2 any refused or
-/// failed, 1 an error.
-async fn replay_command(settings: &Settings, args: ReplayArgs) -> anyhow::Result<ExitCode> {
+/// `idemgate replay`: [`Exit::Success`] when every key was sent (or, dry, would be),
+/// [`Exit::Refused`] when any was refused or failed.
+async fn replay_command(settings: &Settings, args: ReplayArgs) -> anyhow::Result<Exit> {
     use crate::replay::{self, Selection};
     let selection = match (args.biz_id, args.msg_id, args.dead_lettered_since, args.invalid_since) {
         (Some(biz_id), ..) => {
@@ -325,11 +366,11 @@ async fn replay_command(settings: &Settings, args: ReplayArgs) -> anyhow::Result
         OutputFormat::Text => print!("{}", replay::render_text(&lines, args.dry_run)),
         OutputFormat::Json => println!("{}", serde_json::to_string_pretty(&lines)?),
     }
-    Ok(ExitCode::from(if lines.iter().any(|l| l.action.is_refusal()) { 2 } else { 0 }))
+    Ok(if lines.iter().any(|l| l.action.is_refusal()) { Exit::Refused } else { Exit::Success })
 }
 
-/// Exit codes of `idemgate reconcile`: 0 no anomalies, 2 anomalies found, 1 an error.
-async fn reconcile_command(settings: &Settings, args: ReconcileArgs) -> anyhow::Result<ExitCode> {
+/// `idemgate reconcile`: [`Exit::Success`] without anomalies, [`Exit::AnomaliesFound`] with.
+async fn reconcile_command(settings: &Settings, args: ReconcileArgs) -> anyhow::Result<Exit> {
     use crate::reconcile::settings::Runner;
     let biz_type = match args.biz_type {
         Some(t) => {
@@ -361,19 +402,18 @@ async fn reconcile_command(settings: &Settings, args: ReconcileArgs) -> anyhow::
         OutputFormat::Text => print!("{}", crate::reconcile::render_text(&report)),
         OutputFormat::Json => println!("{}", serde_json::to_string_pretty(&report)?),
     }
-    Ok(ExitCode::from(if report.is_clean() { 0 } else { 2 }))
+    Ok(if report.is_clean() { Exit::Success } else { Exit::AnomaliesFound })
 }
 
-/// Exit codes of `idemgate trace`: 0 a story, 1 an error, 2 several keys to choose from,
-/// 3 nothing found.
-async fn trace_command(settings: &Settings, args: TraceArgs) -> anyhow::Result<ExitCode> {
-    use crate::inspect::trace::{self, Answer, SearchBy, TraceQuery};
-    let by = SearchBy::parse(&args.by)?;
+/// `idemgate trace`: [`Exit::Success`] with a story, [`Exit::SeveralMatches`] with keys to
+/// choose from, [`Exit::NothingFound`].
+async fn trace_command(settings: &Settings, args: TraceArgs) -> anyhow::Result<Exit> {
+    use crate::inspect::trace::{self, Answer, TraceQuery};
     let query = TraceQuery::new(
         &args.text,
-        by,
+        args.by,
         args.biz_type.as_deref(),
-        args.execute_time.as_deref(),
+        args.execute_time,
         args.group.as_deref(),
     )?;
     let store = open_store(settings).await?;
@@ -389,11 +429,11 @@ async fn trace_command(settings: &Settings, args: TraceArgs) -> anyhow::Result<E
         OutputFormat::Text => print!("{}", trace::render_text(&answer)),
         OutputFormat::Json => println!("{}", serde_json::to_string_pretty(&answer)?),
     }
-    Ok(ExitCode::from(match answer {
-        Answer::Story { .. } => 0,
-        Answer::Choice { .. } => 2,
-        Answer::Nothing { .. } => 3,
-    }))
+    Ok(match answer {
+        Answer::Story { .. } => Exit::Success,
+        Answer::Choice { .. } => Exit::SeveralMatches,
+        Answer::Nothing { .. } => Exit::NothingFound,
+    })
 }
 
 async fn open_store(settings: &Settings) -> anyhow::Result<Store> {
@@ -409,7 +449,7 @@ fn share(name: &str, value: f64, max: f64) -> anyhow::Result<f64> {
     Ok(value)
 }
 
-async fn produce_command(settings: &Settings, args: ProduceArgs) -> anyhow::Result<ExitCode> {
+async fn produce_command(settings: &Settings, args: ProduceArgs) -> anyhow::Result<Exit> {
     let mix = Mix {
         duplicates: share("duplicates", args.duplicates, 0.9)?,
         poison: share("poison", args.poison, 1.0)?,
@@ -451,10 +491,10 @@ async fn produce_command(settings: &Settings, args: ProduceArgs) -> anyhow::Resu
         out.flush().context("writing --sends")?;
     }
     println!("{}", serde_json::to_string_pretty(&report)?);
-    Ok(ExitCode::SUCCESS)
+    Ok(Exit::Success)
 }
 
-async fn archive_command(settings: &Settings, args: ArchiveArgs) -> anyhow::Result<ExitCode> {
+async fn archive_command(settings: &Settings, args: ArchiveArgs) -> anyhow::Result<Exit> {
     let store = open_store(settings).await?;
     let request = crate::archive::manual::Request {
         dry_run: args.dry_run,
@@ -471,11 +511,8 @@ async fn archive_command(settings: &Settings, args: ArchiveArgs) -> anyhow::Resu
     )
     .await;
     store.close().await;
-    // Exit 3 when another instance held the lease and nothing was done.
     match report? {
-        Some(r) if matches!(r.outcome, crate::archive::ArchiveOutcome::Skipped { .. }) => {
-            Ok(ExitCode::from(3))
-        }
-        _ => Ok(ExitCode::SUCCESS),
+        Some(r) if matches!(r.outcome, crate::archive::ArchiveOutcome::Skipped { .. }) => Ok(Exit::LeaseHeld),
+        _ => Ok(Exit::Success),
     }
 }

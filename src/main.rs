@@ -2,16 +2,19 @@
 
 use std::process::ExitCode;
 
-use clap::Parser;
+use idemgate::cli::{self, Exit};
 
 #[tokio::main]
 async fn main() -> ExitCode {
-    let cli = idemgate::cli::Cli::parse();
-    match idemgate::cli::run(cli).await {
-        Ok(code) => code,
+    let cli = match cli::parse() {
+        Ok(cli) => cli,
+        Err(exit) => return exit.into(),
+    };
+    match cli::run(cli).await {
+        Ok(exit) => exit.into(),
         Err(e) => {
             eprintln!("idemgate: {e:#}");
-            ExitCode::FAILURE
+            Exit::Failure.into()
         }
     }
 }

@@ -52,9 +52,10 @@ impl Auth {
     }
 }
 
-/// Equal in time that depends on the length only.
-pub(super) fn same(a: &[u8], b: &[u8]) -> bool {
-    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+/// Equal in time that depends on the length only (`subtle`'s comparison).
+fn same(a: &[u8], b: &[u8]) -> bool {
+    use subtle::ConstantTimeEq;
+    a.ct_eq(b).into()
 }
 
 /// Lets a request through when it carries accepted credentials.

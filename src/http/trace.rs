@@ -46,7 +46,18 @@ pub(super) fn trace_query(p: &Params) -> Result<Option<TraceQuery>, InspectError
         Some(b) => SearchBy::parse(b)?,
         None => implied,
     };
-    TraceQuery::new(text, by, p.get("biz_type"), p.get("execute_time"), p.get("group")).map(Some)
+    TraceQuery::new(text, by, p.get("biz_type"), execute_time(p)?, p.get("group")).map(Some)
+}
+
+/// The `execute_time` parameter, read as a route reads one: epoch milliseconds or RFC 3339;
+/// absent or empty, none.
+fn execute_time(p: &Params) -> Result<Option<i64>, InspectError> {
+    match p.get("execute_time").map(str::trim).filter(|t| !t.is_empty()) {
+        None => Ok(None),
+        Some(t) => crate::route::parse_execute_time(t)
+            .map(Some)
+            .map_err(|why| InspectError::BadRequest(format!("execute_time: {why}"))),
+    }
 }
 
 struct ClaimView {
@@ -309,13 +320,8 @@ async fn trace_by_path(
 ) -> Result<Response, ApiError> {
     let params = Params::parse(raw.as_deref())?;
     let by = params.get("by").map(SearchBy::parse).transpose()?.unwrap_or(SearchBy::BizId);
-    let query = TraceQuery::new(
-        &biz_id,
-        by,
-        params.get("biz_type"),
-        params.get("execute_time"),
-        params.get("group"),
-    )?;
+    let query =
+        TraceQuery::new(&biz_id, by, params.get("biz_type"), execute_time(&params)?, params.get("group"))?;
     answer(&state, &query).await
 }
 

@@ -25,14 +25,18 @@ pub(crate) const MAX_DELIVERIES: usize = 500;
 pub(crate) const MAX_CANDIDATES: usize = 50;
 
 /// What the search text is.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default, clap::ValueEnum)]
 #[serde(rename_all = "snake_case")]
+#[value(rename_all = "snake_case")]
 pub enum SearchBy {
     /// A bizId, else a msgId, else a UNIQ_KEY.
     #[default]
     Any,
+    /// A bizId.
     BizId,
+    /// A msgId.
     MsgId,
+    /// A UNIQ_KEY.
     UniqKey,
 }
 
@@ -84,22 +88,13 @@ impl TraceQuery {
         text: &str,
         by: SearchBy,
         biz_type: Option<&str>,
-        execute_time: Option<&str>,
+        execute_time: Option<i64>,
         consumer_group: Option<&str>,
     ) -> Result<Self, InspectError> {
         let text = checked_text(by.label_for_errors(), text, super::MAX_SEARCH_CHARS)?;
         if text.is_empty() {
             return Err(InspectError::BadRequest("type a bizId, msgId or UNIQ_KEY to search for".to_owned()));
         }
-        let execute_time = match execute_time.map(str::trim).filter(|t| !t.is_empty()) {
-            None => None,
-            Some(t) => Some(t.parse::<i64>().map_err(|_| {
-                InspectError::BadRequest(format!(
-                    "execute_time {:?} is not epoch milliseconds",
-                    t.chars().take(40).collect::<String>()
-                ))
-            })?),
-        };
         Ok(Self {
             text,
             by,
@@ -743,8 +738,7 @@ mod tests {
         let long = "x".repeat(200);
         assert!(TraceQuery::new(&long, SearchBy::Any, None, None, None).is_err());
         assert!(TraceQuery::new("  ", SearchBy::Any, None, None, None).is_err());
-        assert!(TraceQuery::new("O-1", SearchBy::Any, None, Some("soon"), None).is_err());
-        let q = TraceQuery::new("O-1", SearchBy::BizId, Some(".*"), Some("5"), Some("")).unwrap();
+        let q = TraceQuery::new("O-1", SearchBy::BizId, Some(".*"), Some(5), Some("")).unwrap();
         assert_eq!((q.biz_type, q.execute_time, q.consumer_group), (None, Some(5), None));
     }
 }

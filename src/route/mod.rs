@@ -405,8 +405,9 @@ fn json_kind(v: &Value) -> &'static str {
     }
 }
 
-/// Epoch milliseconds, or an RFC 3339 time.
-fn parse_execute_time(text: &str) -> Result<i64, String> {
+/// Epoch milliseconds, or an RFC 3339 time: how a route, the trace page and the command line
+/// read an execute_time.
+pub(crate) fn parse_execute_time(text: &str) -> Result<i64, String> {
     let ms = match text.parse::<i64>() {
         Ok(ms) => ms,
         Err(_) => chrono::DateTime::parse_from_rfc3339(text).map(|t| t.timestamp_millis()).map_err(|_| {

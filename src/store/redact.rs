@@ -6,45 +6,69 @@
 /// name looks secret ([`is_secret_parameter`]: `password`, `sslpassword`, `token`, …; the name
 /// compared percent-decoded and in any case).
 ///
-/// It errs towards hiding: everything before the last `@` ahead of the query is taken as the
-/// user information, so a password with a raw `/` or `@` is still masked.
+/// It errs towards hiding, whatever the URL's shape, since a password is often pasted in raw:
+/// - the password is everything from the first `:` after the scheme (or, without one, from
+///   the start) to the **last** `@` of the whole text, so a raw `/`, `?`, `#`, `@` or `:` in it
+///   is hidden with the rest (an `@` later in the query hides more than the password);
+/// - a secret parameter's value runs to the next `&` (a `#` is part of it), and a piece after
+///   it with no `=` of its own (a raw `&` in the secret) is hidden with it;
+/// - the query is read from the first `?`, and again from the first `?` after the password,
+///   so a raw `?` in the password cannot hide a secret parameter behind it.
 pub(crate) fn redact_url(url: &str) -> String {
-    let (url, fragment) = match url.split_once('#') {
-        Some((u, f)) => (u, Some(f)),
-        None => (url, None),
-    };
-    let (base, query) = match url.split_once('?') {
-        Some((b, q)) => (b, Some(q)),
-        None => (url, None),
-    };
-    let mut out = match base.split_once("://") {
-        Some((scheme, rest)) => match rest.rsplit_once('@') {
-            Some((userinfo, host_and_path)) => match userinfo.split_once(':') {
-                Some((user, _)) => format!("{scheme}://{user}:***@{host_and_path}"),
-                None => base.to_owned(),
-            },
-            None => base.to_owned(),
-        },
-        None => base.to_owned(),
-    };
-    if let Some(query) = query {
-        out.push('?');
-        let pairs: Vec<String> = query
-            .split('&')
-            .map(|pair| match pair.split_once('=') {
-                Some((name, value)) if !value.is_empty() && is_secret_parameter(name) => {
-                    format!("{name}=***")
-                }
-                _ => pair.to_owned(),
-            })
-            .collect();
-        out.push_str(&pairs.join("&"));
+    let mut hidden = vec![false; url.len()];
+    let mut hide = |range: std::ops::Range<usize>| hidden[range].iter_mut().for_each(|h| *h = true);
+    let start = url.find("://").map_or(0, |i| i + 3);
+    let user_info_end = url[start..].rfind('@').map(|at| start + at);
+    if let Some(at) = user_info_end
+        && let Some(colon) = url[start..at].find(':')
+    {
+        hide(start + colon + 1..at);
     }
-    if let Some(fragment) = fragment {
-        out.push('#');
-        out.push_str(fragment);
+    let queries = [url.find('?'), user_info_end.and_then(|at| url[at..].find('?').map(|q| at + q))];
+    for query in queries.into_iter().flatten() {
+        for range in secret_values(url, query + 1) {
+            hide(range);
+        }
+    }
+    let mut out = String::with_capacity(url.len());
+    let mut in_hidden = false;
+    for (i, c) in url.char_indices() {
+        match (hidden[i], in_hidden) {
+            (true, false) => out.push_str("***"),
+            (true, true) => {}
+            (false, _) => out.push(c),
+        }
+        in_hidden = hidden[i];
     }
     out
+}
+
+/// The byte ranges of `url` that hold the values of secret parameters of the query that starts
+/// at `from`.
+fn secret_values(url: &str, from: usize) -> Vec<std::ops::Range<usize>> {
+    let mut ranges: Vec<std::ops::Range<usize>> = Vec::new();
+    let mut in_secret = false;
+    let mut at = from;
+    for piece in url[from..].split('&') {
+        let end = at + piece.len();
+        match piece.split_once('=') {
+            Some((name, value)) => {
+                in_secret = !value.is_empty() && is_secret_parameter(name);
+                if in_secret {
+                    ranges.push(at + name.len() + 1..end);
+                }
+            }
+            // A piece with no `=` after a secret is the rest of it: a raw `&` in the value.
+            None if in_secret => {
+                if let Some(last) = ranges.last_mut() {
+                    last.end = end;
+                }
+            }
+            None => {}
+        }
+        at = end + 1;
+    }
+    ranges
 }
 
 /// The parts of a URL query parameter's name that mark its value as a secret.
@@ -127,6 +151,41 @@ mod tests {
         );
         assert_eq!(redact_url("sqlite://demo.db"), "sqlite://demo.db", "no query");
         assert_eq!(redact_url("sqlite://demo.db?"), "sqlite://demo.db?");
-        assert_eq!(redact_url("sqlite:demo.db?key=k3y#frag"), "sqlite:demo.db?key=***#frag");
+        assert_eq!(
+            redact_url("sqlite:demo.db?key=k3y#frag"),
+            "sqlite:demo.db?key=***",
+            "a # is part of the value"
+        );
+    }
+
+    #[test]
+    fn a_password_with_raw_url_characters_is_masked_whole_whatever_the_shape() {
+        for (url, shown) in [
+            ("postgres://u:p#ss?w@h/db", "postgres://u:***@h/db"),
+            ("postgres://u:p?ss#w@h:5432/db?sslmode=disable", "postgres://u:***@h:5432/db?sslmode=disable"),
+            ("postgres://u:p@ss:w/rd@h/db", "postgres://u:***@h/db"),
+            (
+                "postgresql://user@server:pa#ss@server.example/db",
+                "postgresql://user@server:***@server.example/db",
+            ),
+            ("u:p#ss?w@h/db", "u:***@h/db"),
+            (
+                "mysql://root:p#w?d@127.0.0.1:3306/test?ssl-mode=DISABLED&charset=utf8mb4",
+                "mysql://root:***@127.0.0.1:3306/test?ssl-mode=DISABLED&charset=utf8mb4",
+            ),
+            (
+                "mysql://root:p?w@h/test?password=s#e&c&charset=utf8mb4",
+                "mysql://root:***@h/test?password=***&charset=utf8mb4",
+            ),
+            ("sqlite://x.db?key=se#cr&et&mode=rwc", "sqlite://x.db?key=***&mode=rwc"),
+            ("redis://:p#ss?w@cache:6379/0", "redis://:***@cache:6379/0"),
+        ] {
+            assert_eq!(redact_url(url), shown, "{url}");
+        }
+        assert_eq!(
+            redact_url("postgres://u:p@h/x?password=hun@ter2"),
+            "postgres://u:***",
+            "an @ in the query hides more than the password, never less"
+        );
     }
 }

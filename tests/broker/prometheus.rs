@@ -161,9 +161,9 @@ async fn a_real_prometheus_gets_data_for_every_dashboard_and_rule_expression_and
         .expect("run idemgate archive");
     assert!(archive.status.success(), "archive: {}", String::from_utf8_lossy(&archive.stderr));
     // A reconcile run of the service's group, so that the reconciler's panels have data. The
-    // traffic's poison payments are dead-lettered, so it finds `lost` keys and exits 2.
+    // traffic's poison payments are dead-lettered, so it finds `lost` keys and exits 6.
     let (code, reconcile_out) = reconcile(&db.url, &group);
-    assert_eq!(code, Some(2), "reconcile: {reconcile_out}");
+    assert_eq!(code, Some(6), "reconcile: {reconcile_out}");
     assert!(
         reconcile_out.contains("double_applied 0") && !reconcile_out.contains("lost 0"),
         "{reconcile_out}"

@@ -95,7 +95,7 @@ async fn a_dead_letter_is_replayed_into_exactly_one_effect_and_a_second_replay_i
     let status = db.store.query(&STATUS).bind(order_no.as_str()).fetch_one(db.store.pool()).await.unwrap();
     assert_eq!(status.get::<String, _>(0), "PAID");
     let (code, out) = replay(&["--biz-id", &key]);
-    assert_eq!(code, Some(2), "{out}");
+    assert_eq!(code, Some(7), "{out}");
     assert!(out.contains("refused: already applied (live claim"), "{out}");
 
     // 2. From the trace page's form, with its CSRF token.

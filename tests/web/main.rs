@@ -298,7 +298,10 @@ mod cases {
         let cases = [
             (format!("/trace?q={long}"), "300 characters"),
             ("/trace?q=a%00b".to_owned(), "control character"),
-            ("/trace?q=O-1&execute_time=tomorrow".to_owned(), "not epoch milliseconds"),
+            (
+                "/trace?q=O-1&execute_time=tomorrow".to_owned(),
+                "neither epoch milliseconds nor an RFC 3339 time",
+            ),
             ("/trace?q=O-1&by=sql".to_owned(), "is not one of"),
             ("/dead-letters?before=1;DROP".to_owned(), "page cursor"),
             ("/dead-letters?limit=0".to_owned(), "limit must be"),
@@ -521,16 +524,25 @@ on_every_backend!(
     anomalies_are_listed_with_links_to_their_traces,
 );
 
+/// A SQLite database in `dir` for the command line to read, with stock of SKU-W: its URL, a
+/// store on it and a gate of the group `GROUP`.
+async fn command_line_database(
+    dir: &tempfile::TempDir,
+) -> (String, idemgate::testing::store::Store, idemgate::testing::gate::Gate) {
+    let url = format!("sqlite://{}?mode=rwc", dir.path().join("cli.db").display());
+    let store = idemgate::testing::store::Store::open(&url, &Default::default()).await.expect("store");
+    shop::seed_stock(&store, "SKU-W", 100).await.expect("stock");
+    let gate =
+        gate(store.clone(), identity(GROUP, "cli-1"), vec![], idemgate::testing::handler::Handlers::new());
+    (url, store, gate)
+}
+
 /// `idemgate trace` prints the same story in the terminal, and says with its exit code whether
 /// it found one key, several or none.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_trace_command_prints_the_story_and_exits_by_what_it_found() {
     let dir = tempfile::tempdir().expect("temp dir");
-    let url = format!("sqlite://{}?mode=rwc", dir.path().join("trace.db").display());
-    let store = idemgate::testing::store::Store::open(&url, &Default::default()).await.expect("store");
-    shop::seed_stock(&store, "SKU-W", 100).await.expect("stock");
-    let gate =
-        gate(store.clone(), identity(GROUP, "cli-1"), vec![], idemgate::testing::handler::Handlers::new());
+    let (url, store, gate) = command_line_database(&dir).await;
     assert_eq!(
         gate.process(&stock_deduct("D-CLI", "M1", "U1", "SKU-W", 3)).await.outcome,
         Outcome::Processed
@@ -565,7 +577,7 @@ async fn the_trace_command_prints_the_story_and_exits_by_what_it_found() {
     assert_eq!(text.matches("\n  20").count(), 2, "two timeline lines: {text}");
 
     let (code, text, _) = run(&["D-CLI"]);
-    assert_eq!(code, Some(2), "two biz_types: {text}");
+    assert_eq!(code, Some(5), "two biz_types: {text}");
     assert!(text.contains("biz_type=order.create") && text.contains("biz_type=stock.deduct"), "{text}");
 
     let (code, text, _) = run(&["M2", "--format", "json"]);
@@ -579,6 +591,18 @@ async fn the_trace_command_prints_the_story_and_exits_by_what_it_found() {
     let (code, text, _) = run(&["NOPE-1"]);
     assert_eq!(code, Some(3), "{text}");
     assert!(text.contains("nothing found"));
+
+    // --execute-time reads epoch milliseconds or RFC 3339, as a route does.
+    for (time, expected) in
+        [("1970-01-01T00:00:00Z", Some(0)), ("0", Some(0)), ("1970-01-01T08:00:00+08:00", Some(0))]
+    {
+        let (code, text, err) = run(&["D-CLI", "--biz-type", "stock.deduct", "--execute-time", time]);
+        assert_eq!(code, expected, "{time}: {text}{err}");
+    }
+    let (code, text, _) =
+        run(&["D-CLI", "--biz-type", "stock.deduct", "--execute-time", "1970-01-01T00:00:01Z"]);
+    assert_eq!(code, Some(5), "another execute_time: {text}");
+    assert!(text.contains("exists, but not with the biz_type, execute_time or group asked for"), "{text}");
 
     let (code, _, err) = run(&["bad\u{7}key"]);
     assert_eq!(code, Some(1));
@@ -744,6 +768,7 @@ fn idemgate(database_url: &str, args: &[&str]) -> (Option<i32>, String, String) 
         .args(args)
         .env("IDEMGATE_DATABASE__URL", database_url)
         .env("IDEMGATE_DATABASE__ACQUIRE_TIMEOUT_MS", "3000")
+        .env("IDEMGATE_CONSUMER__GROUP", GROUP)
         .env_remove("RUST_LOG")
         .output()
         .expect("run idemgate");
@@ -752,6 +777,56 @@ fn idemgate(database_url: &str, args: &[&str]) -> (Option<i32>, String, String) 
         String::from_utf8_lossy(&out.stdout).into_owned(),
         String::from_utf8_lossy(&out.stderr).into_owned(),
     )
+}
+
+/// Each answer has an exit code of its own, and none is clap's 2 for a command line it cannot
+/// read: anomalies found, a replay refused, several keys traced and a mistyped flag are told
+/// apart by a script.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn anomalies_a_refused_replay_several_matches_and_a_usage_error_exit_apart() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let (url, store, gate) = command_line_database(&dir).await;
+    // A payment before its order, at its last attempt: dead-lettered, never applied, lost.
+    let last = Policy::default().max_reconsume_times;
+    assert_eq!(gate.process(&payment("P-X", "O-X", "M1", "U1", last)).await.outcome, Outcome::DeadLettered);
+
+    let (code, out, err) = idemgate(&url, &["reconcile"]);
+    assert_eq!(code, Some(6), "anomalies found: {out}{err}");
+    assert!(out.contains("lost"), "{out}");
+    let (code, out, err) = idemgate(&url, &["replay", "--biz-id", "P-X", "--dry-run"]);
+    assert_eq!(code, Some(0), "a dead letter that can be replayed: {out}{err}");
+
+    // The order comes, the payment is redelivered and applied: its key is claimed now.
+    assert_eq!(gate.process(&order("O-X", "M2")).await.outcome, Outcome::Processed);
+    assert_eq!(gate.process(&payment("P-X", "O-X", "M3", "U1", 0)).await.outcome, Outcome::Processed);
+    // And a stock deduction that happens to carry the same bizId: two keys to trace.
+    assert_eq!(gate.process(&stock_deduct("O-X", "M4", "U4", "SKU-W", 1)).await.outcome, Outcome::Processed);
+    store.close().await;
+    let (code, out, err) = idemgate(&url, &["reconcile"]);
+    assert_eq!(code, Some(0), "nothing lost any more: {out}{err}");
+    let (code, out, err) = idemgate(&url, &["replay", "--biz-id", "P-X", "--dry-run"]);
+    assert_eq!(code, Some(7), "refused, already applied: {out}{err}");
+    assert!(out.contains("refused: already applied"), "{out}");
+    let (code, out, err) = idemgate(&url, &["trace", "O-X"]);
+    assert_eq!(code, Some(5), "O-X is an order and a deduction: {out}{err}");
+
+    for (args, says) in [
+        (&["reconcile", "--sinse", "24h"][..], "unexpected argument '--sinse'"),
+        (&["trace", "P-X", "--by", "bizid"], "possible values: any, biz_id, msg_id, uniq_key"),
+        (&["trace", "P-X", "--execute-time", "soon"], "neither epoch milliseconds nor an RFC 3339 time"),
+        (
+            &["replay", "--biz-id", "P-X", "--execute-time", "tomorrow", "--dry-run"],
+            "neither epoch milliseconds",
+        ),
+        (&["replay", "--dry-run"], "required"),
+    ] {
+        let (code, out, err) = idemgate(&url, args);
+        assert_eq!(code, Some(2), "{args:?}: {out}{err}");
+        assert!(err.contains(says), "{args:?} should say {says:?}: {err}");
+    }
+    let (code, out, _) = idemgate(&url, &["trace", "--help"]);
+    assert_eq!(code, Some(0), "help is not an error");
+    assert!(out.contains("--execute-time <TIME>"), "{out}");
 }
 
 /// A password in the database URL's query string (`?password=`, which the PostgreSQL driver
@@ -920,4 +995,34 @@ mod scripts {
         keys_in_every_script_are_traced_on_the_page_and_in_the_json_as_written,
         an_invalid_delivery_is_counted_listed_linked_to_its_trace_and_offered_for_replay,
     );
+}
+
+/// A password pasted in raw, with the characters a URL gives meaning to (`#`, `?`, `@`, `/`,
+/// `&`), in the user information or a query parameter, on every scheme and without one:
+/// neither `idemgate config` nor the error of a connection that fails (a closed port) shows any
+/// four characters of it in a row.
+#[test]
+fn a_raw_password_of_any_shape_never_reaches_the_config_or_a_connection_error() {
+    let secret = "s3cr#t?p@/w&d";
+    for url in [
+        format!("postgres://u:{secret}@127.0.0.1:1/x"),
+        format!("postgresql://user@server:{secret}@127.0.0.1:1/x?sslmode=disable"),
+        format!("mysql://root:{secret}@127.0.0.1:1/test?ssl-mode=DISABLED&charset=utf8mb4"),
+        format!("postgres://u@127.0.0.1:1/x?sslmode=disable&password={secret}"),
+        format!("mysql://root@127.0.0.1:1/test?charset=utf8mb4&password={secret}"),
+        format!("sqlite:///no-such-dir/x.db?key={secret}"),
+        format!("u:{secret}@127.0.0.1:1/x"),
+    ] {
+        for command in ["config", "migrate"] {
+            let (code, out, err) = idemgate(&url, &[command]);
+            let shown = format!("{out}{err}");
+            for piece in secret.as_bytes().windows(4) {
+                let piece = std::str::from_utf8(piece).expect("ASCII");
+                assert!(!shown.contains(piece), "{command} with {url} shows {piece:?}:\n{shown}");
+            }
+            if command == "migrate" {
+                assert_eq!(code, Some(1), "{url}: {shown}");
+            }
+        }
+    }
 }
