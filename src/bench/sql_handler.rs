@@ -232,7 +232,7 @@ async fn measure(
     handlers.insert(RUST, RustCredit);
     settings.validate_with(&handlers)?;
     handlers.verify(store).await.map_err(|why| anyhow::anyhow!(why))?;
-    let gate = Arc::new(crate::app::gate(&settings, &store, store.clone(), handlers, None).await?);
+    let gate = Arc::new(crate::app::gate(&settings, store, store.clone(), handlers, None).await?);
     for kind in [Kind::Configured, Kind::Rust] {
         deliver(&gate, kind, "W", 0..500, options).await?;
     }

@@ -176,3 +176,126 @@ async fn a_configured_sql_handler_credits_each_wallet_once_through_serve_and_the
     assert_eq!(service.terminate().code(), Some(0));
     db.drop_now().await;
 }
+
+static LOCKED_LEDGER: Sql = Sql::new("SELECT COUNT(*) FROM wallet_ledger WHERE credit_id LIKE ?");
+static SLOWEST_PROCESSED: Sql = Sql::new(
+    "SELECT CAST(COALESCE(MAX(latency_us), 0) AS BIGINT) FROM delivery_log WHERE consumer_group = ? AND outcome = 'processed'",
+);
+static BALANCE_OF: Sql = Sql::new("SELECT balance_cents FROM wallet WHERE user_id = ?");
+
+/// The credits of the locked wallet.
+const LOCKED_CREDITS: usize = 12;
+/// How long the wallet's row stays locked: past the client's 30 s consume deadline, as in the
+/// field.
+const LOCK_HELD: Duration = Duration::from_secs(40);
+
+/// A row lock on the configured handler's table held past the RocketMQ client's consume
+/// deadline: every delivery that needs the row answers `ReconsumeLater` itself within its lock
+/// bounds (`database.lock_timeout_ms` × the transient retries), the client never abandons a
+/// listener call (`consume_message task panicked … DeadlineExceeded`), and nothing commits while
+/// the lock is held, nor later from an abandoned call: once the lock goes, the redeliveries apply
+/// each credit once, none of them a duplicate of a claim committed behind the broker's back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_row_lock_past_the_client_deadline_makes_each_delivery_answer_retry_itself_and_commit_nothing_meanwhile()
+ {
+    use sqlx::Executor;
+    let db = database(Backend::Postgres).await;
+    let (topic, group, run) = (unique("wallet"), unique("group"), unique("L").replace('_', ""));
+    for ddl in [
+        "CREATE TABLE wallet (user_id VARCHAR(64) NOT NULL PRIMARY KEY, balance_cents BIGINT NOT NULL DEFAULT 0)",
+        "CREATE TABLE wallet_ledger (credit_id VARCHAR(128) NOT NULL PRIMARY KEY, user_id VARCHAR(64) NOT NULL, \
+         cents BIGINT NOT NULL)",
+        "INSERT INTO wallet (user_id) SELECT 'user-' || i FROM generate_series(0, 9) AS i",
+    ] {
+        sqlx::query(sqlx::AssertSqlSafe(ddl)).execute(db.store.pool()).await.expect("wallet tables");
+    }
+    let business: Business =
+        toml::from_str(&wallet_configuration(&topic)).expect("the documented configuration");
+    let s = Settings {
+        routes: business.routes,
+        sql_handlers: business.sql_handlers,
+        ..settings(&db.url, &topic, &group, "solo", 16)
+    };
+    let service = Service::start(&s);
+
+    // Another transaction holds the locked wallet's row, and keeps it.
+    let mut holder = db.store.pool().acquire().await.expect("a connection");
+    holder.execute("BEGIN").await.expect("begin");
+    holder
+        .execute("UPDATE wallet SET balance_cents = balance_cents WHERE user_id = 'user-0'")
+        .await
+        .expect("the row lock");
+    let locked_at = Instant::now();
+    let producer = Producer::start(broker().name_server(), &unique("pgroup")).await.expect("producer");
+    for i in 0..LOCKED_CREDITS {
+        let body =
+            serde_json::json!({ "credit_id": format!("{run}-L{i}"), "user_id": "user-0", "cents": 100 });
+        let message = Delivery {
+            topic: topic.clone(),
+            tags: "credit".to_owned(),
+            body: body.to_string().into_bytes(),
+            ..Default::default()
+        };
+        producer.send(&message).await.expect("send");
+    }
+    producer.shutdown().await;
+    tokio::time::sleep(LOCK_HELD.saturating_sub(locked_at.elapsed())).await;
+    let pattern = format!("{run}-L%");
+    let ledger = |store: &idemgate::testing::store::Store| {
+        let (store, pattern) = (store.clone(), pattern.clone());
+        async move {
+            let row =
+                store.query(&LOCKED_LEDGER).bind(pattern).fetch_one(store.pool()).await.expect("ledger");
+            row.get::<i64, _>(0)
+        }
+    };
+    assert_eq!(ledger(&db.store).await, 0, "a credit committed while its wallet's row was locked");
+    holder.execute("ROLLBACK").await.expect("release the row lock");
+    drop(holder);
+
+    let deadline = Instant::now() + Duration::from_secs(240);
+    while ledger(&db.store).await < LOCKED_CREDITS as i64 {
+        assert!(Instant::now() < deadline, "the credits were not applied within 240 s of the lock's release");
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    let balance: i64 =
+        db.store.query(&BALANCE_OF).bind("user-0").fetch_one(db.store.pool()).await.expect("balance").get(0);
+    assert_eq!(balance, 100 * LOCKED_CREDITS as i64, "each credit once");
+    let mut outcomes = std::collections::BTreeMap::new();
+    for r in
+        db.store.query(&OUTCOMES).bind(group.as_str()).fetch_all(db.store.pool()).await.expect("outcomes")
+    {
+        outcomes.insert((r.get::<String, _>(0), r.get::<String, _>(1)), r.get::<i64, _>(2));
+    }
+    assert_eq!(
+        outcomes.get(&("processed".to_owned(), String::new())),
+        Some(&(LOCKED_CREDITS as i64)),
+        "{outcomes:?}"
+    );
+    assert!(
+        outcomes.keys().all(|(outcome, _)| outcome != "duplicate"),
+        "an abandoned call committed: {outcomes:?}"
+    );
+    assert!(outcomes.get(&("failed".to_owned(), String::new())).is_some_and(|n| *n >= 1), "{outcomes:?}");
+    let slowest: i64 = db
+        .store
+        .query(&SLOWEST_PROCESSED)
+        .bind(group.as_str())
+        .fetch_one(db.store.pool())
+        .await
+        .expect("latency")
+        .get(0);
+    assert!(slowest < 25_000_000, "a delivery committed {slowest} µs after its listener call began");
+
+    let (status, metrics) = http_get(&service_addr(&service), "/metrics").expect("/metrics");
+    assert_eq!(status, 200);
+    let lock_waits =
+        sample(&metrics, "idemgate_transient_retries_total", &[("cause", "lock_wait")]).unwrap_or(0.0);
+    assert!(lock_waits >= LOCKED_CREDITS as f64, "{lock_waits} lock-wait retries");
+    let exit = service.terminate();
+    assert_eq!(exit.code(), Some(0), "{}", exit.log);
+    for abandoned in ["DeadlineExceeded", "consume_message task panicked"] {
+        assert!(!exit.log.contains(abandoned), "the client abandoned a listener call:\n{}", exit.log);
+    }
+    db.drop_now().await;
+}

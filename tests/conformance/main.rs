@@ -170,6 +170,57 @@ static PICKY_ROWS_OF: Sql =
 mod cases {
     use super::*;
 
+    static WITH_ATTEMPT: Sql =
+        Sql::new("SELECT COUNT(*) FROM delivery_log WHERE msg_id = ? AND attempt_id IS NOT NULL");
+
+    /// A log row written on its own (a failure, here) whose insert committed while its answer
+    /// was lost: the gate writes it again on a fresh connection, with the same attempt, and the
+    /// log keeps one row.
+    pub async fn a_log_row_written_again_after_its_answer_was_lost_is_kept_once(backend: Backend) {
+        use idemgate::testing::delivery_log::{AttemptId, Entry, append_once};
+        let db = TestDb::new(backend).await;
+        let d = test_delivery("flaky", "LOST-1", "M-lost");
+        let entry = Entry {
+            logged_at_ms: 1,
+            instance_id: "instance-a",
+            consumer_group: "orders-service",
+            delivery: &d,
+            biz_type: "test.flaky",
+            biz_id: "LOST-1",
+            execute_time: 0,
+            outcome: Outcome::Failed,
+            cause: None,
+            layer: None,
+            payload_match: None,
+            payload_hash: None,
+            error: Some("downstream said no"),
+            latency_us: 1,
+            keep_payload: false,
+        };
+        let attempt = AttemptId::new();
+        let mut first = db.store.pool().acquire().await.expect("a connection");
+        assert!(append_once(&mut first, backend, &entry, &attempt).await.expect("the first write"));
+        drop(first);
+        let other = db.second_store().await;
+        let mut fresh = other.pool().acquire().await.expect("a fresh connection");
+        let again = append_once(&mut fresh, backend, &entry, &attempt).await.expect("the retried write");
+        assert!(!again, "the retry finds the attempt's row there");
+        assert_eq!(log_rows(&db, "M-lost").await.len(), 1, "one row for one attempt");
+        // The next attempt at the same delivery is a row of its own.
+        assert!(append_once(&mut fresh, backend, &entry, &AttemptId::new()).await.expect("a second attempt"));
+        assert_eq!(log_rows(&db, "M-lost").await.len(), 2);
+
+        // The gate's rows written on their own carry their attempt; a processed one, written in
+        // the claim's transaction, none.
+        let failing = Arc::new(AtomicBool::new(true));
+        let g = flaky_gate(&db, failing.clone());
+        assert_eq!(g.process(&test_delivery("flaky", "LOST-2", "M-fail")).await.outcome, Outcome::Failed);
+        failing.store(false, Ordering::SeqCst);
+        assert_eq!(g.process(&test_delivery("flaky", "LOST-2", "M-ok")).await.outcome, Outcome::Processed);
+        assert_eq!(db.scalar(&WITH_ATTEMPT, &["M-fail"]).await, 1);
+        assert_eq!(db.scalar(&WITH_ATTEMPT, &["M-ok"]).await, 0);
+    }
+
     pub async fn a_failing_handler_in_the_middle_of_a_group_rolls_back_only_itself(backend: Backend) {
         let db = TestDb::new(backend).await;
         let g = flaky_gate(&db, Arc::new(AtomicBool::new(false)));
@@ -643,6 +694,7 @@ exactly_once_cases!(on_every_backend_with_group_commit);
 // Group commit's own cases call `process_group` directly, so they run once per backend.
 exactly_once_cases!(
     on_every_backend,
+    a_log_row_written_again_after_its_answer_was_lost_is_kept_once,
     a_failing_handler_in_the_middle_of_a_group_rolls_back_only_itself,
     a_copy_after_a_failed_first_copy_in_one_group_claims_the_key_in_a_later_round,
     a_group_whose_transaction_cannot_commit_is_split_and_each_delivery_answers_alone,
