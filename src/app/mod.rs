@@ -122,6 +122,7 @@ impl Application {
         let gate = Arc::new(gate(&settings, store.clone(), handlers, Some(metrics.clone())).await?);
         let state = AppState {
             store: ui_store.clone(),
+            consumer_store: store.clone(),
             consumer_ready: Arc::new(AtomicBool::new(false)),
             metrics,
             web,
