@@ -139,6 +139,12 @@ pub struct TraceArgs {
     /// Narrow to one consumer group.
     #[arg(long)]
     pub group: Option<String>,
+    /// The timeline's page after this cursor (a page's "later deliveries" line).
+    #[arg(long, conflicts_with = "before")]
+    pub after: Option<String>,
+    /// The timeline's page before this cursor (a page's "earlier deliveries" line).
+    #[arg(long)]
+    pub before: Option<String>,
     #[arg(long, value_enum, default_value = "text")]
     pub format: OutputFormat,
 }
@@ -415,7 +421,8 @@ async fn trace_command(settings: &Settings, args: TraceArgs) -> anyhow::Result<E
         args.biz_type.as_deref(),
         args.execute_time,
         args.group.as_deref(),
-    )?;
+    )?
+    .paged(args.after.as_deref(), args.before.as_deref())?;
     let store = open_store(settings).await?;
     let web = crate::http::Web::new(
         &settings.http,

@@ -72,7 +72,8 @@ pub mod inspect {
     }
     pub mod trace {
         pub use crate::inspect::trace::{
-            Answer, FinalState, SearchBy, Story, TraceContext, TraceQuery, render_text, trace,
+            Answer, COUNT_LIMIT, FinalState, KeyRef, PAGE_DELIVERIES, SearchBy, Story, TraceContext,
+            TraceQuery, render_text, statements, trace,
         };
     }
 }

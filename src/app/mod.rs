@@ -137,6 +137,7 @@ impl Application {
         let gate = Arc::new(gate(&settings, &store, gate_store, handlers, Some(metrics.clone())).await?);
         let state = AppState {
             store: ui_store.clone(),
+            consumer_store: store.clone(),
             consumer_ready: Arc::new(AtomicBool::new(false)),
             metrics,
             web,

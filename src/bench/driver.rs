@@ -237,7 +237,7 @@ impl Shape {
     fn name(self) -> &'static str {
         match self {
             Self::Before => "claim + log row, the log's indexes before 0009 (primary key + 6)",
-            Self::Lighter => "claim + log row, the log's indexes now (primary key + 4, + 2 partial)",
+            Self::Lighter => "claim + log row, the log's indexes now (primary key + 5, + 2 partial)",
             Self::ClaimIsTheLog => "claim row with the delivery's columns, no log row",
         }
     }

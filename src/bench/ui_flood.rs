@@ -336,6 +336,7 @@ async fn shared_pool_server(
     };
     let metrics = Arc::new(Metrics::new(&info, &naive.routes().biz_types(), &Default::default()));
     let state = AppState {
+        consumer_store: store.clone(),
         store,
         consumer_ready: Arc::new(AtomicBool::new(true)),
         metrics,

@@ -1,5 +1,6 @@
-//! `/healthz` (the process answers) and `/readyz` (the database answers within a second and
-//! the consumer has started). Neither needs authentication.
+//! `/healthz` (the process answers) and `/readyz` (the database answers the consumer's pool
+//! within a second and the consumer has started; pages busy on their own pool do not make the
+//! service unready). Neither needs authentication.
 
 use std::sync::atomic::Ordering;
 use std::time::Duration;
@@ -24,11 +25,11 @@ async fn healthz() -> &'static str {
 }
 
 async fn readyz(State(state): State<AppState>) -> (StatusCode, Json<serde_json::Value>) {
-    let database =
-        tokio::time::timeout(Duration::from_secs(1), state.store.query(&PING).execute(state.store.pool()))
-            .await
-            .map(|r| r.is_ok())
-            .unwrap_or(false);
+    let store = &state.consumer_store;
+    let database = tokio::time::timeout(Duration::from_secs(1), store.query(&PING).execute(store.pool()))
+        .await
+        .map(|r| r.is_ok())
+        .unwrap_or(false);
     let consumer = state.consumer_ready.load(Ordering::Acquire);
     let status = if database && consumer { StatusCode::OK } else { StatusCode::SERVICE_UNAVAILABLE };
     (status, Json(json!({ "database": database, "consumer": consumer })))

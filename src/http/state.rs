@@ -17,7 +17,11 @@ use crate::store::Store;
 /// What the handlers share.
 #[derive(Clone)]
 pub(crate) struct AppState {
+    /// The pages' own pool (`http.max_connections`).
     pub store: Store,
+    /// The consumer's pool, which `/readyz` asks: whether the service can consume does not
+    /// hang on how busy the pages are.
+    pub consumer_store: Store,
     /// Set once the consumer has started (or, in the demo, the traffic source).
     pub consumer_ready: Arc<AtomicBool>,
     pub metrics: Arc<Metrics>,

@@ -9,11 +9,14 @@ use super::params::Params;
 use super::problem::ApiError;
 use super::problem::Problem;
 use super::state::AppState;
-use super::view::{RowView, href, render, trace_href};
+use super::view::{RowView, href, render, trace_href, trace_pairs};
 use crate::clock::format_ms;
 use crate::handler::Fact;
 use crate::inspect::InspectError;
-use crate::inspect::trace::{self, Answer, Candidate, ClaimRecord, SearchBy, Story, TraceQuery};
+use crate::inspect::lists::Cursor;
+use crate::inspect::trace::{
+    self, Answer, Candidate, ClaimRecord, PageAt, SearchBy, Story, TraceQuery, count_text,
+};
 use axum::extract::Path;
 use axum::routing::get;
 use axum::{Json, Router};
@@ -26,7 +29,7 @@ pub(super) fn router() -> Router<AppState> {
 }
 
 /// Reads a trace search from the query string: `q` (or `biz_id`, `msg_id`, `uniq_key`), `by`,
-/// `biz_type`, `execute_time`, `group`.
+/// `biz_type`, `execute_time`, `group`, and the timeline's page, `after` or `before` a cursor.
 pub(super) fn trace_query(p: &Params) -> Result<Option<TraceQuery>, InspectError> {
     let (text, implied) = if let Some(t) = p.get("biz_id") {
         (t, SearchBy::BizId)
@@ -46,7 +49,9 @@ pub(super) fn trace_query(p: &Params) -> Result<Option<TraceQuery>, InspectError
         Some(b) => SearchBy::parse(b)?,
         None => implied,
     };
-    TraceQuery::new(text, by, p.get("biz_type"), execute_time(p)?, p.get("group")).map(Some)
+    TraceQuery::new(text, by, p.get("biz_type"), execute_time(p)?, p.get("group"))?
+        .paged(p.get("after"), p.get("before"))
+        .map(Some)
 }
 
 /// The `execute_time` parameter, read as a route reads one: epoch milliseconds or RFC 3339;
@@ -90,7 +95,7 @@ struct CandidateView {
     biz_id: String,
     execute_time: String,
     group: String,
-    deliveries: i64,
+    deliveries: String,
     claim: &'static str,
     first: String,
     last: String,
@@ -105,7 +110,7 @@ impl CandidateView {
             biz_id: k.biz_id.clone(),
             execute_time: if k.execute_time == 0 { "-".to_owned() } else { format_ms(k.execute_time) },
             group: k.consumer_group.clone(),
-            deliveries: c.deliveries,
+            deliveries: count_text(usize::try_from(c.deliveries).unwrap_or(0)),
             claim: c.claim,
             first: c.first_seen_ms.map(format_ms).unwrap_or_default(),
             last: c.last_seen_ms.map(format_ms).unwrap_or_default(),
@@ -123,8 +128,11 @@ struct StoryView {
     trouble: bool,
     first_seen: String,
     processed_at: String,
+    /// The counts over every delivery of the key; each is read up to
+    /// [`trace::COUNT_LIMIT`], and [`StoryView::count`] shows one past it as "more than".
     deliveries: usize,
-    duplicates: Vec<(String, usize)>,
+    processed: usize,
+    duplicates: Vec<(String, String)>,
     collisions: usize,
     retries: usize,
     dead_letters: usize,
@@ -132,9 +140,14 @@ struct StoryView {
     claim: Option<ClaimView>,
     earlier_claims: Vec<ClaimView>,
     business: Vec<Fact>,
+    /// One page of the timeline, and the links to its neighbours and to its two ends (empty
+    /// where there is none).
     timeline: Vec<RowView>,
-    truncated: bool,
-    max_rows: usize,
+    previous_href: String,
+    next_href: String,
+    oldest_href: String,
+    newest_href: String,
+    page_rows: usize,
     retention_note: String,
     grafana_url: String,
     json_href: String,
@@ -150,7 +163,7 @@ struct StoryView {
 }
 
 impl StoryView {
-    fn new(s: &Story, matched_by: SearchBy, web: &crate::http::Web) -> Self {
+    fn new(s: &Story, matched_by: SearchBy, query: &TraceQuery, web: &crate::http::Web) -> Self {
         let m = &s.summary;
         let k = &s.key;
         let mut json_pairs = vec![("biz_type", k.biz_type.clone()), ("group", k.consumer_group.clone())];
@@ -158,6 +171,37 @@ impl StoryView {
             json_pairs.push(("execute_time", k.execute_time.to_string()));
         }
         let replay = ReplayForm::of(s, web);
+        let mut json_path = format!("/api/trace/{}", path_segment(&k.biz_id));
+        // The trace of a message without a bizId is the message's own: its links name it.
+        let page_pairs = if k.biz_id.is_empty() {
+            json_path = "/api/trace".to_owned();
+            json_pairs = vec![
+                ("q", query.text.clone()),
+                ("by", matched_by.param().to_owned()),
+                ("biz_type", k.biz_type.clone()),
+                ("group", k.consumer_group.clone()),
+            ];
+            json_pairs.clone()
+        } else {
+            trace_pairs(&k.biz_id, &k.biz_type, k.execute_time, &k.consumer_group)
+        };
+        let page_href = |name: &'static str, cursor: Option<String>| {
+            cursor
+                .map(|c| {
+                    let mut pairs = page_pairs.clone();
+                    pairs.push((name, c));
+                    href("/trace", &pairs)
+                })
+                .unwrap_or_default()
+        };
+        match query.page {
+            PageAt::Oldest => {}
+            PageAt::After(c) => json_pairs.push(("after", c.to_string())),
+            PageAt::Before(c) => json_pairs.push(("before", c.to_string())),
+        }
+        // The newest page ends after the last delivery.
+        let newest =
+            m.last_seen_ms.map(|at| Cursor { logged_at_ms: at.saturating_add(1), id: 0 }.to_string());
         Self {
             biz_id: k.biz_id.clone(),
             biz_type: k.biz_type.clone(),
@@ -169,7 +213,8 @@ impl StoryView {
             first_seen: m.first_seen_ms.map(format_ms).unwrap_or_else(|| "-".to_owned()),
             processed_at: m.processed_at_ms.map(format_ms).unwrap_or_else(|| "never".to_owned()),
             deliveries: m.deliveries,
-            duplicates: m.duplicates.iter().map(|(c, n)| (c.replace('_', " "), *n)).collect(),
+            processed: m.processed,
+            duplicates: m.duplicates.iter().map(|(c, n)| (c.replace('_', " "), count_text(*n))).collect(),
             collisions: m.collisions,
             retries: m.retries,
             dead_letters: m.dead_letters,
@@ -178,11 +223,14 @@ impl StoryView {
             earlier_claims: s.earlier_claims.iter().map(ClaimView::new).collect(),
             business: s.business.clone(),
             timeline: s.deliveries.iter().map(RowView::new).collect(),
-            truncated: s.truncated,
-            max_rows: trace::MAX_DELIVERIES,
+            previous_href: page_href("before", s.previous.clone()),
+            next_href: page_href("after", s.next.clone()),
+            oldest_href: if s.previous.is_some() { href("/trace", &page_pairs) } else { String::new() },
+            newest_href: page_href("before", newest.filter(|_| s.next.is_some())),
+            page_rows: trace::PAGE_DELIVERIES,
             retention_note: s.retention_note.clone().unwrap_or_default(),
             grafana_url: s.grafana_url.clone().unwrap_or_default(),
-            json_href: href(&format!("/api/trace/{}", path_segment(&k.biz_id)), &json_pairs),
+            json_href: href(&json_path, &json_pairs),
             replay_csrf: replay.csrf,
             replay_msg_id: replay.msg_id,
             replay_what: replay.what,
@@ -227,6 +275,13 @@ impl ReplayForm {
             },
             None => none,
         }
+    }
+}
+
+impl StoryView {
+    /// A count of the summary as the page shows it: past [`trace::COUNT_LIMIT`], "more than".
+    fn count(&self, n: &usize) -> String {
+        count_text(*n)
     }
 }
 
@@ -284,7 +339,7 @@ pub(super) async fn trace_page(
             );
             StatusCode::NOT_FOUND
         }
-        Answer::Choice { candidates, more, note, matched_by } => {
+        Answer::Choice { candidates, more, note, matched_by, .. } => {
             page.candidates = candidates.iter().map(CandidateView::new).collect();
             page.more = *more;
             page.note = note.clone().unwrap_or_else(|| {
@@ -293,7 +348,7 @@ pub(super) async fn trace_page(
             StatusCode::OK
         }
         Answer::Story { matched_by, story } => {
-            page.story = Some(StoryView::new(story, *matched_by, &state.web));
+            page.story = Some(StoryView::new(story, *matched_by, &query, &state.web));
             StatusCode::OK
         }
     };
@@ -321,7 +376,8 @@ async fn trace_by_path(
     let params = Params::parse(raw.as_deref())?;
     let by = params.get("by").map(SearchBy::parse).transpose()?.unwrap_or(SearchBy::BizId);
     let query =
-        TraceQuery::new(&biz_id, by, params.get("biz_type"), execute_time(&params)?, params.get("group"))?;
+        TraceQuery::new(&biz_id, by, params.get("biz_type"), execute_time(&params)?, params.get("group"))?
+            .paged(params.get("after"), params.get("before"))?;
     answer(&state, &query).await
 }
 

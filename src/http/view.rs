@@ -37,6 +37,16 @@ pub(super) async fn style() -> impl IntoResponse {
 
 /// A link to the trace of a key.
 pub(super) fn trace_href(biz_id: &str, biz_type: &str, execute_time: i64, group: &str) -> String {
+    href("/trace", &trace_pairs(biz_id, biz_type, execute_time, group))
+}
+
+/// The query of a link to the trace of a key.
+pub(super) fn trace_pairs(
+    biz_id: &str,
+    biz_type: &str,
+    execute_time: i64,
+    group: &str,
+) -> Vec<(&'static str, String)> {
     let mut pairs = vec![("biz_id", biz_id.to_owned()), ("by", "biz_id".to_owned())];
     if !biz_type.is_empty() {
         pairs.push(("biz_type", biz_type.to_owned()));
@@ -47,7 +57,7 @@ pub(super) fn trace_href(biz_id: &str, biz_type: &str, execute_time: i64, group:
     if !group.is_empty() {
         pairs.push(("group", group.to_owned()));
     }
-    href("/trace", &pairs)
+    pairs
 }
 
 /// A link to the trace of the message with `msg_id`: the way to a delivery refused before a

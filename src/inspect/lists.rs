@@ -78,7 +78,7 @@ impl ListKind {
 }
 
 /// A parameter that is there and not blank.
-fn present(v: Option<&str>) -> Option<&str> {
+pub(super) fn present(v: Option<&str>) -> Option<&str> {
     v.map(str::trim).filter(|v| !v.is_empty())
 }
 
@@ -91,9 +91,14 @@ pub struct Cursor {
 
 impl Cursor {
     pub fn parse(text: &str) -> Result<Self, InspectError> {
+        Self::parse_param("before", text, "the Older link")
+    }
+
+    /// A cursor given as the parameter `name`, whose error points to `link`.
+    pub(crate) fn parse_param(name: &str, text: &str, link: &str) -> Result<Self, InspectError> {
         let bad = || {
             InspectError::BadRequest(format!(
-                "before={:?} is not a page cursor (it looks like 1764409923000-42; use the Older link)",
+                "{name}={:?} is not a page cursor (it looks like 1764409923000-42; use {link})",
                 text.chars().take(40).collect::<String>()
             ))
         };

@@ -1,28 +1,47 @@
-//! A business key's whole story: its dedup record (live or archived), every delivery of it
-//! oldest first, a summary, and the business state its handler owns.
+//! A business key's whole story: its dedup record (live or archived), its deliveries oldest
+//! first a page at a time, a summary of all of them, and the business state its handler owns.
 //!
 //! A search names a bizId, a msgId or a UNIQ_KEY ([`SearchBy::Any`] tries them in that order).
 //! When the text matches more than one key (the same bizId under two biz_types, two
 //! execute_times or two consumer groups), the answer is the list of candidates to choose from.
+//!
+//! A key can have millions of deliveries (a message redelivered without end, a producer
+//! resending in a loop), so no read here costs what the key's size does. The keys a bizId names
+//! are stepped through, one probe of `delivery_log_key` each; the summary counts every
+//! delivery, each outcome, duplicate cause and collision one range of
+//! `delivery_log_key_outcome`, read up to [`COUNT_LIMIT`] (a count past it is a lower bound,
+//! "more than"); the timeline is a page of [`PAGE_DELIVERIES`] read in the index's order from a
+//! cursor, however deep the page.
 
 use std::collections::BTreeMap;
-use std::sync::Arc;
+use std::sync::{Arc, LazyLock};
 
 use serde::{Deserialize, Serialize};
 use sqlx::Row;
 use sqlx::any::AnyRow;
 
+use super::lists::{Cursor, present};
 use super::{InspectError, Limits, LogRow, checked_text, log_columns};
 use crate::archive::LogRetention;
 use crate::clock::format_ms;
 use crate::handler::{Fact, Handler};
+use crate::outcome::{DuplicateCause, Outcome};
 use crate::route::MAX_ID_CHARS;
-use crate::store::{AnyQuery, Sql, Store};
+use crate::store::{AnyQuery, Arg, Bound, Sql, Store};
 
-/// The most deliveries a trace lists; a key with more says so.
-pub(crate) const MAX_DELIVERIES: usize = 500;
+/// The deliveries one page of a trace's timeline lists.
+pub const PAGE_DELIVERIES: usize = 500;
 /// The most candidate keys a search lists.
 pub(crate) const MAX_CANDIDATES: usize = 50;
+/// How far each of a summary's counts is read: a count up to it is exact, one past it is a
+/// lower bound. Each count is one index range of at most this many entries, so the summary of
+/// a key with millions of deliveries costs what one of ten thousand does.
+pub const COUNT_LIMIT: usize = 10_000;
+
+/// `n`, or "more than [`COUNT_LIMIT`]" for a count read past it.
+pub(crate) fn count_text(n: usize) -> String {
+    if n > COUNT_LIMIT { format!("more than {COUNT_LIMIT}") } else { n.to_string() }
+}
 
 /// What the search text is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default, clap::ValueEnum)]
@@ -54,6 +73,16 @@ impl SearchBy {
         }
     }
 
+    /// The value [`SearchBy::parse`] reads back: `by=` in a link.
+    pub fn param(self) -> &'static str {
+        match self {
+            Self::Any => "any",
+            Self::BizId => "biz_id",
+            Self::MsgId => "msg_id",
+            Self::UniqKey => "uniq_key",
+        }
+    }
+
     pub fn label(self) -> &'static str {
         match self {
             Self::Any => "any",
@@ -71,6 +100,18 @@ impl SearchBy {
     }
 }
 
+/// Which page of a key's timeline.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum PageAt {
+    /// The oldest deliveries.
+    #[default]
+    Oldest,
+    /// The deliveries after a cursor (the page's `next`).
+    After(Cursor),
+    /// The deliveries before a cursor (the page's `previous`).
+    Before(Cursor),
+}
+
 /// A search, checked.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct TraceQuery {
@@ -79,6 +120,8 @@ pub struct TraceQuery {
     pub biz_type: Option<String>,
     pub execute_time: Option<i64>,
     pub consumer_group: Option<String>,
+    /// The page of the timeline to read.
+    pub page: PageAt,
 }
 
 impl TraceQuery {
@@ -104,7 +147,22 @@ impl TraceQuery {
                 None => None,
                 Some(g) => Some(checked_text("group", g, MAX_ID_CHARS)?),
             },
+            page: PageAt::Oldest,
         })
+    }
+
+    /// The same search at the timeline's page `after` or `before` a cursor (the `next` and
+    /// `previous` of another page); neither means the oldest page.
+    pub fn paged(mut self, after: Option<&str>, before: Option<&str>) -> Result<Self, InspectError> {
+        self.page = match (present(after), present(before)) {
+            (None, None) => PageAt::Oldest,
+            (Some(a), None) => PageAt::After(Cursor::parse_param("after", a, "the page links")?),
+            (None, Some(b)) => PageAt::Before(Cursor::parse_param("before", b, "the page links")?),
+            (Some(_), Some(_)) => {
+                return Err(InspectError::BadRequest("give after or before, not both".to_owned()));
+            }
+        };
+        Ok(self)
     }
 
     fn admits(&self, key: &KeyRef) -> bool {
@@ -143,6 +201,8 @@ impl KeyRef {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct Candidate {
     pub key: KeyRef,
+    /// The key's deliveries (for a msgId or UNIQ_KEY, those of that message), read up to
+    /// [`COUNT_LIMIT`]: past it, a lower bound.
     pub deliveries: i64,
     pub first_seen_ms: Option<i64>,
     pub last_seen_ms: Option<i64>,
@@ -215,11 +275,13 @@ impl FinalState {
     }
 }
 
-/// The summary line.
+/// The summary line: counts over every delivery of the key, not only the page shown. Each
+/// count is read up to `count_limit`; one past it is a lower bound ("more than").
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct Summary {
     pub first_seen_ms: Option<i64>,
     pub last_seen_ms: Option<i64>,
+    /// The first processed delivery, else the claim.
     pub processed_at_ms: Option<i64>,
     pub deliveries: usize,
     pub processed: usize,
@@ -232,6 +294,8 @@ pub struct Summary {
     pub invalid: usize,
     pub final_state: FinalState,
     pub final_state_text: &'static str,
+    /// [`COUNT_LIMIT`]: a count above it is a lower bound.
+    pub count_limit: usize,
 }
 
 /// The whole story of one key.
@@ -242,10 +306,12 @@ pub struct Story {
     pub claim: Option<ClaimRecord>,
     /// Archived claims besides the one shown (a key claimed again after archiving).
     pub earlier_claims: Vec<ClaimRecord>,
-    /// Oldest first, at most [`MAX_DELIVERIES`].
+    /// One page of the timeline, oldest first, at most [`PAGE_DELIVERIES`].
     pub deliveries: Vec<LogRow>,
-    /// True when the key has more deliveries than listed.
-    pub truncated: bool,
+    /// The cursor of the page of later deliveries (`after=`), when there are any.
+    pub next: Option<String>,
+    /// The cursor of the page of earlier deliveries (`before=`), when there are any.
+    pub previous: Option<String>,
     pub summary: Summary,
     /// The business state the key's handler shows, if it shows any.
     pub business: Vec<Fact>,
@@ -261,8 +327,15 @@ pub struct Story {
 pub enum Answer {
     /// No key matched.
     Nothing { searched: String },
-    /// Several keys matched (or the filters matched none of those found): choose one.
-    Choice { matched_by: SearchBy, candidates: Vec<Candidate>, more: bool, note: Option<String> },
+    /// Several keys matched (or the filters matched none of those found): choose one. Each
+    /// candidate's deliveries are read up to `count_limit`.
+    Choice {
+        matched_by: SearchBy,
+        candidates: Vec<Candidate>,
+        more: bool,
+        note: Option<String>,
+        count_limit: usize,
+    },
     /// Exactly one key.
     Story { matched_by: SearchBy, story: Box<Story> },
 }
@@ -290,17 +363,39 @@ impl std::fmt::Debug for TraceContext {
     }
 }
 
-static LOG_KEYS_BY_BIZ_ID: Sql = Sql::new(
-    "SELECT consumer_group, biz_type, biz_id, execute_time, COUNT(*), MIN(logged_at_ms), MAX(logged_at_ms) \
-     FROM delivery_log WHERE biz_id = ? GROUP BY consumer_group, biz_type, biz_id, execute_time LIMIT 51",
+// ---- the keys a search names ----------------------------------------------------------------
+
+/// The first key of a bizId, in `delivery_log_key`'s order.
+static FIRST_KEY_OF_BIZ_ID: Sql = Sql::new(
+    "SELECT biz_type, consumer_group, execute_time FROM delivery_log WHERE biz_id = ? \
+     ORDER BY biz_type, consumer_group, execute_time LIMIT 1",
 );
+/// The key of a bizId after a given one, in `delivery_log_key`'s order: the next execute_time of
+/// the same biz_type and group, else the next group of the biz_type, else the next biz_type.
+/// Each branch is one probe of the index, however many deliveries the key stepped over has.
+static NEXT_KEY_OF_BIZ_ID: Sql = Sql::new(
+    "SELECT biz_type, consumer_group, execute_time, 1 AS step FROM (SELECT biz_type, consumer_group, \
+     execute_time FROM delivery_log WHERE biz_id = ? AND biz_type = ? AND consumer_group = ? \
+     AND execute_time > ? ORDER BY execute_time LIMIT 1) a \
+     UNION ALL SELECT biz_type, consumer_group, execute_time, 2 AS step FROM (SELECT biz_type, \
+     consumer_group, execute_time FROM delivery_log WHERE biz_id = ? AND biz_type = ? \
+     AND consumer_group > ? ORDER BY consumer_group, execute_time LIMIT 1) b \
+     UNION ALL SELECT biz_type, consumer_group, execute_time, 3 AS step FROM (SELECT biz_type, \
+     consumer_group, execute_time FROM delivery_log WHERE biz_id = ? AND biz_type > ? \
+     ORDER BY biz_type, consumer_group, execute_time LIMIT 1) c \
+     ORDER BY step LIMIT 1",
+);
+// A msgId or UNIQ_KEY names the keys of its deliveries; a message has a few, and only a message
+// redelivered without end has many, so its keys are those of its first COUNT_LIMIT rows.
 static LOG_KEYS_BY_MSG_ID: Sql = Sql::new(
     "SELECT consumer_group, biz_type, biz_id, execute_time, COUNT(*), MIN(logged_at_ms), MAX(logged_at_ms) \
-     FROM delivery_log WHERE msg_id = ? GROUP BY consumer_group, biz_type, biz_id, execute_time LIMIT 51",
+     FROM (SELECT consumer_group, biz_type, biz_id, execute_time, logged_at_ms FROM delivery_log \
+     WHERE msg_id = ? LIMIT ?) m GROUP BY consumer_group, biz_type, biz_id, execute_time LIMIT 51",
 );
 static LOG_KEYS_BY_UNIQ_KEY: Sql = Sql::new(
     "SELECT consumer_group, biz_type, biz_id, execute_time, COUNT(*), MIN(logged_at_ms), MAX(logged_at_ms) \
-     FROM delivery_log WHERE uniq_key = ? GROUP BY consumer_group, biz_type, biz_id, execute_time LIMIT 51",
+     FROM (SELECT consumer_group, biz_type, biz_id, execute_time, logged_at_ms FROM delivery_log \
+     WHERE uniq_key = ? LIMIT ?) m GROUP BY consumer_group, biz_type, biz_id, execute_time LIMIT 51",
 );
 static LIVE_KEYS_BY_BIZ_ID: Sql = Sql::new(
     "SELECT consumer_group, biz_type, biz_id, execute_time, claimed_at_ms FROM idempotent_record_all \
@@ -320,24 +415,285 @@ static ARCHIVED_CLAIMS: Sql = Sql::new(
      WHERE consumer_group = ? AND biz_type = ? AND biz_id = ? AND execute_time = ? \
      ORDER BY archived_at_ms DESC LIMIT 10",
 );
-static DELIVERIES_OF_KEY: Sql = Sql::new(concat!(
-    "SELECT ",
-    log_columns!(),
-    " FROM delivery_log WHERE consumer_group = ? AND biz_type = ? AND biz_id = ? AND execute_time = ? \
-     ORDER BY logged_at_ms, id LIMIT 501"
-));
-static DELIVERIES_OF_MESSAGE: Sql = Sql::new(concat!(
-    "SELECT ",
-    log_columns!(),
-    " FROM delivery_log WHERE msg_id = ? AND biz_id = '' AND biz_type = ? AND consumer_group = ? \
-     ORDER BY logged_at_ms, id LIMIT 501"
-));
-static DELIVERIES_OF_UNIQ_KEY: Sql = Sql::new(concat!(
-    "SELECT ",
-    log_columns!(),
-    " FROM delivery_log WHERE uniq_key = ? AND biz_id = '' AND biz_type = ? AND consumer_group = ? \
-     ORDER BY logged_at_ms, id LIMIT 501"
-));
+
+// ---- whose deliveries a story tells ---------------------------------------------------------
+
+/// The rows of one key: every column of the claim key, bound in [`crate::route::bind_key`]'s
+/// order. `delivery_log_key` and `delivery_log_key_outcome` lead with these columns.
+macro_rules! of_key {
+    () => {
+        "consumer_group = ? AND biz_type = ? AND biz_id = ? AND execute_time = ?"
+    };
+}
+/// The rows of one message without a bizId, by msgId or UNIQ_KEY, then its biz_type and group.
+macro_rules! of_msg_id {
+    () => {
+        "msg_id = ? AND biz_id = '' AND biz_type = ? AND consumer_group = ?"
+    };
+}
+macro_rules! of_uniq_key {
+    () => {
+        "uniq_key = ? AND biz_id = '' AND biz_type = ? AND consumer_group = ?"
+    };
+}
+/// The scope's deliveries from a cursor, `$from` the cursor's condition and the order.
+macro_rules! page_of {
+    ($scope:expr, $from:literal) => {
+        Sql::new(concat!("SELECT ", log_columns!(), " FROM delivery_log WHERE ", $scope, $from))
+    };
+}
+
+/// The statements of one [`Scope`].
+struct ScopeStatements {
+    oldest_first: Sql,
+    newest_first: Sql,
+    tallies: LazyLock<Tallies>,
+    figures: LazyLock<Tallies>,
+}
+
+macro_rules! scope_statements {
+    ($scope:expr) => {
+        // The cursor's row comparison is written out, since MySQL does not use an index for
+        // `(a, b) > (?, ?)`, with the bound on its first column repeated so that every planner
+        // starts the index range there.
+        ScopeStatements {
+            oldest_first: page_of!(
+                $scope,
+                " AND logged_at_ms >= ? AND (logged_at_ms > ? OR (logged_at_ms = ? AND id > ?)) \
+                 ORDER BY logged_at_ms, id LIMIT ?"
+            ),
+            newest_first: page_of!(
+                $scope,
+                " AND logged_at_ms <= ? AND (logged_at_ms < ? OR (logged_at_ms = ? AND id < ?)) \
+                 ORDER BY logged_at_ms DESC, id DESC LIMIT ?"
+            ),
+            tallies: LazyLock::new(|| Tallies::summary($scope)),
+            figures: LazyLock::new(|| Tallies::figures($scope)),
+        }
+    };
+}
+
+static OF_KEY: ScopeStatements = scope_statements!(of_key!());
+static OF_MSG_ID: ScopeStatements = scope_statements!(of_msg_id!());
+static OF_UNIQ_KEY: ScopeStatements = scope_statements!(of_uniq_key!());
+
+/// Whose deliveries a story tells: the key's, or, for a key without a bizId (a message refused
+/// before its key could be read; every such message of a biz_type shares that key), the one
+/// message searched for.
+#[derive(Debug, Clone, Copy)]
+enum Scope<'a> {
+    Key(&'a KeyRef),
+    MsgId(&'a KeyRef, &'a str),
+    UniqKey(&'a KeyRef, &'a str),
+}
+
+impl<'a> Scope<'a> {
+    fn statements(self) -> &'static ScopeStatements {
+        match self {
+            Self::Key(_) => &OF_KEY,
+            Self::MsgId(..) => &OF_MSG_ID,
+            Self::UniqKey(..) => &OF_UNIQ_KEY,
+        }
+    }
+
+    /// The values of the scope's condition, in its order.
+    fn args(self) -> Vec<Arg> {
+        match self {
+            Self::Key(k) => vec![
+                Arg::Text(k.consumer_group.clone()),
+                Arg::Text(k.biz_type.clone()),
+                Arg::Text(k.biz_id.clone()),
+                Arg::Int(k.execute_time),
+            ],
+            Self::MsgId(k, text) | Self::UniqKey(k, text) => vec![
+                Arg::Text((*text).to_owned()),
+                Arg::Text(k.biz_type.clone()),
+                Arg::Text(k.consumer_group.clone()),
+            ],
+        }
+    }
+
+    fn key(self) -> &'a KeyRef {
+        match self {
+            Self::Key(key) | Self::MsgId(key, _) | Self::UniqKey(key, _) => key,
+        }
+    }
+
+    /// The statement of the timeline's page `page`: the page's rows and one more, to know
+    /// whether it has a neighbour that way.
+    fn page(self, page: PageAt) -> Bound {
+        let statements = self.statements();
+        let (name, sql, from) = match page {
+            PageAt::Oldest => {
+                ("timeline", &statements.oldest_first, Cursor { logged_at_ms: i64::MIN, id: i64::MIN })
+            }
+            PageAt::After(c) => ("timeline after", &statements.oldest_first, c),
+            PageAt::Before(c) => ("timeline before", &statements.newest_first, c),
+        };
+        let mut args = self.args();
+        args.extend([
+            Arg::Int(from.logged_at_ms),
+            Arg::Int(from.logged_at_ms),
+            Arg::Int(from.logged_at_ms),
+            Arg::Int(from.id),
+            Arg::Int(i64::try_from(PAGE_DELIVERIES + 1).unwrap_or(i64::MAX)),
+        ]);
+        Bound::new(name, sql, args)
+    }
+}
+
+// ---- the summary's counts -------------------------------------------------------------------
+
+/// What one branch of a [`Tallies`] statement counts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum TallyKind {
+    /// The deliveries of one outcome.
+    Outcome,
+    /// The duplicates of one cause (the label).
+    Cause,
+    /// The duplicates of one cause whose body differs from the claim's.
+    Collision,
+    /// Every delivery.
+    All,
+    /// The oldest delivery and the newest: one row each, for their times.
+    First,
+    Last,
+}
+
+impl TallyKind {
+    const ALL: [Self; 6] = [Self::Outcome, Self::Cause, Self::Collision, Self::All, Self::First, Self::Last];
+
+    fn name(self) -> &'static str {
+        match self {
+            Self::Outcome => "outcome",
+            Self::Cause => "cause",
+            Self::Collision => "collision",
+            Self::All => "all",
+            Self::First => "first",
+            Self::Last => "last",
+        }
+    }
+}
+
+/// One branch: the rows of the scope that `condition` picks, read in the index's order up to
+/// `limit`.
+struct Branch {
+    kind: TallyKind,
+    label: &'static str,
+    condition: String,
+    order: &'static str,
+    limit: i64,
+}
+
+/// One statement of counts over a scope's deliveries: a `UNION ALL` of [`Branch`]es, each a
+/// range of one index read up to its limit, so that the statement costs at most its branches
+/// times [`COUNT_LIMIT`] index entries, whatever the key's size. Each row names its branch.
+struct Tallies {
+    branches: Vec<Branch>,
+    sql: Sql,
+}
+
+/// One row of a [`Tallies`] statement.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Tally {
+    kind: TallyKind,
+    label: String,
+    count: usize,
+    first_ms: Option<i64>,
+    last_ms: Option<i64>,
+}
+
+impl Tallies {
+    /// The summary's counts: each outcome, the duplicates of each cause and their collisions,
+    /// and the oldest and newest delivery.
+    fn summary(scope: &'static str) -> Self {
+        let counted = i64::try_from(COUNT_LIMIT + 1).unwrap_or(i64::MAX);
+        let branch =
+            |kind, label, condition: String| Branch { kind, label, condition, order: "", limit: counted };
+        let mut branches: Vec<Branch> = Outcome::ALL
+            .iter()
+            .map(|o| branch(TallyKind::Outcome, o.as_str(), format!(" AND outcome = '{o}'")))
+            .collect();
+        // No branch asks for a cause IS NULL: the gate names a cause for every duplicate, and
+        // a planner without statistics may read such a branch by delivery_log_key, filtering
+        // every delivery of the key. Duplicates without a named cause are what the causes leave
+        // of the exact count ([`summarize`]).
+        let duplicate = Outcome::Duplicate.as_str();
+        for cause in DuplicateCause::ALL {
+            let is = format!(" AND outcome = '{duplicate}' AND cause = '{cause}'");
+            branches.push(branch(TallyKind::Cause, cause.as_str(), is.clone()));
+            branches.push(branch(
+                TallyKind::Collision,
+                cause.as_str(),
+                format!("{is} AND payload_match = 0"),
+            ));
+        }
+        branches.extend(Self::ends());
+        Self::new(scope, branches)
+    }
+
+    /// A candidate key's figures: its deliveries, the oldest and the newest.
+    fn figures(scope: &'static str) -> Self {
+        let counted = i64::try_from(COUNT_LIMIT + 1).unwrap_or(i64::MAX);
+        let all =
+            Branch { kind: TallyKind::All, label: "", condition: String::new(), order: "", limit: counted };
+        Self::new(scope, std::iter::once(all).chain(Self::ends()).collect())
+    }
+
+    fn ends() -> [Branch; 2] {
+        let end = |kind, order| Branch { kind, label: "", condition: String::new(), order, limit: 1 };
+        [
+            end(TallyKind::First, " ORDER BY logged_at_ms, id"),
+            end(TallyKind::Last, " ORDER BY logged_at_ms DESC, id DESC"),
+        ]
+    }
+
+    fn new(scope: &'static str, branches: Vec<Branch>) -> Self {
+        let text = branches
+            .iter()
+            .map(|b| {
+                format!(
+                    "SELECT '{}' AS kind, '{}' AS label, COUNT(*) AS n, MIN(logged_at_ms) AS first_ms, \
+                     MAX(logged_at_ms) AS last_ms FROM (SELECT logged_at_ms FROM delivery_log \
+                     WHERE {scope}{}{} LIMIT ?) t",
+                    b.kind.name(),
+                    b.label,
+                    b.condition,
+                    b.order
+                )
+            })
+            .collect::<Vec<_>>()
+            .join(" UNION ALL ");
+        Self { branches, sql: Sql::new(Box::leak(text.into_boxed_str())) }
+    }
+
+    /// The statement with its values for `scope`.
+    fn statement(&'static self, name: &'static str, scope: Scope<'_>) -> Bound {
+        let args =
+            self.branches.iter().flat_map(|b| scope.args().into_iter().chain([Arg::Int(b.limit)])).collect();
+        Bound::new(name, &self.sql, args)
+    }
+
+    async fn read(&'static self, store: &Store, scope: Scope<'_>) -> Result<Vec<Tally>, sqlx::Error> {
+        let rows = self.statement("tallies", scope).query(store).fetch_all(store.pool()).await?;
+        rows.iter()
+            .map(|r| {
+                let kind: String = r.try_get(0)?;
+                Ok(Tally {
+                    kind: TallyKind::ALL.into_iter().find(|k| k.name() == kind).ok_or_else(|| {
+                        sqlx::Error::Protocol(format!("a tally of an unknown kind {kind:?}"))
+                    })?,
+                    label: r.try_get(1)?,
+                    count: usize::try_from(r.try_get::<i64, _>(2)?).unwrap_or(0),
+                    first_ms: r.try_get(3)?,
+                    last_ms: r.try_get(4)?,
+                })
+            })
+            .collect()
+    }
+}
+
+// ---- the answer -----------------------------------------------------------------------------
 
 /// Answers a search within `ctx.limits`.
 pub async fn trace(store: &Store, ctx: &TraceContext, q: &TraceQuery) -> Result<Answer, InspectError> {
@@ -358,101 +714,178 @@ async fn answer(store: &Store, ctx: &TraceContext, q: &TraceQuery) -> Result<Ans
         }
         let more = found.len() > MAX_CANDIDATES;
         let (admitted, others): (Vec<_>, Vec<_>) = found.into_iter().partition(|c| q.admits(&c.key));
-        return Ok(match admitted.len() {
+        let (listed, note) = match admitted.len() {
             1 if !more => {
                 let key = admitted.into_iter().next().map(|c| c.key).expect("one candidate");
-                let story =
-                    story(store, ctx, key, (by != SearchBy::BizId).then_some((by, q.text.as_str()))).await?;
-                Answer::Story { matched_by: by, story: Box::new(story) }
+                let scope = match by {
+                    SearchBy::MsgId if key.biz_id.is_empty() => Scope::MsgId(&key, &q.text),
+                    SearchBy::UniqKey if key.biz_id.is_empty() => Scope::UniqKey(&key, &q.text),
+                    _ => Scope::Key(&key),
+                };
+                let story = story(store, ctx, scope, q.page).await?;
+                return Ok(Answer::Story { matched_by: by, story: Box::new(story) });
             }
-            0 => Answer::Choice {
-                matched_by: by,
-                candidates: others.into_iter().take(MAX_CANDIDATES).collect(),
-                more,
-                note: Some(format!(
+            0 => (
+                others,
+                Some(format!(
                     "{} {:?} exists, but not with the biz_type, execute_time or group asked for",
                     by.label(),
                     q.text
                 )),
-            },
-            _ => Answer::Choice {
-                matched_by: by,
-                candidates: admitted.into_iter().take(MAX_CANDIDATES).collect(),
-                more,
-                note: None,
-            },
-        });
+            ),
+            _ => (admitted, None),
+        };
+        let mut candidates: Vec<Candidate> = listed.into_iter().take(MAX_CANDIDATES).collect();
+        if by == SearchBy::BizId {
+            for c in &mut candidates {
+                figure(store, c).await?;
+            }
+        }
+        return Ok(Answer::Choice { matched_by: by, candidates, more, note, count_limit: COUNT_LIMIT });
     }
     Ok(Answer::Nothing { searched: order.iter().map(|b| b.label()).collect::<Vec<_>>().join(", ") })
 }
 
-/// Every key `text` names as `by`, from the log and (for a bizId) the claim tables.
+/// Every key `text` names as `by`, from the log and (for a bizId) the claim tables, at most
+/// [`MAX_CANDIDATES`] + 1 from each. A bizId's candidates from the log have no figures yet
+/// ([`figure`] reads them for the keys a choice lists).
 async fn candidates(store: &Store, by: SearchBy, text: &str) -> Result<Vec<Candidate>, sqlx::Error> {
-    let log_sql = match by {
-        SearchBy::BizId | SearchBy::Any => &LOG_KEYS_BY_BIZ_ID,
-        SearchBy::MsgId => &LOG_KEYS_BY_MSG_ID,
-        SearchBy::UniqKey => &LOG_KEYS_BY_UNIQ_KEY,
-    };
     let mut by_key: BTreeMap<KeyRef, Candidate> = BTreeMap::new();
-    for r in store.query(log_sql).bind(text).fetch_all(store.pool()).await? {
-        let key = KeyRef::from_row(&r)?;
-        by_key.insert(
-            key.clone(),
-            Candidate {
-                key,
-                deliveries: r.try_get(4)?,
-                first_seen_ms: r.try_get(5)?,
-                last_seen_ms: r.try_get(6)?,
-                claim: "none",
-            },
-        );
+    let unseen = |key: KeyRef| Candidate {
+        key,
+        deliveries: 0,
+        first_seen_ms: None,
+        last_seen_ms: None,
+        claim: "none",
+    };
+    match by {
+        SearchBy::BizId | SearchBy::Any => {
+            for key in keys_of_biz_id(store, text, MAX_CANDIDATES + 1).await? {
+                by_key.insert(key.clone(), unseen(key));
+            }
+        }
+        SearchBy::MsgId | SearchBy::UniqKey => {
+            let sql = if by == SearchBy::MsgId { &LOG_KEYS_BY_MSG_ID } else { &LOG_KEYS_BY_UNIQ_KEY };
+            let read = i64::try_from(COUNT_LIMIT + 1).unwrap_or(i64::MAX);
+            for r in store.query(sql).bind(text).bind(read).fetch_all(store.pool()).await? {
+                let key = KeyRef::from_row(&r)?;
+                by_key.insert(
+                    key.clone(),
+                    Candidate {
+                        deliveries: r.try_get(4)?,
+                        first_seen_ms: r.try_get(5)?,
+                        last_seen_ms: r.try_get(6)?,
+                        ..unseen(key)
+                    },
+                );
+            }
+        }
     }
     if matches!(by, SearchBy::BizId | SearchBy::Any) {
         for (sql, state) in [(&ARCHIVED_KEYS_BY_BIZ_ID, "archived"), (&LIVE_KEYS_BY_BIZ_ID, "live")] {
             for r in store.query(sql).bind(text).fetch_all(store.pool()).await? {
                 let key = KeyRef::from_row(&r)?;
                 let claimed_at: i64 = r.try_get(4)?;
-                let c = by_key.entry(key.clone()).or_insert(Candidate {
-                    key,
-                    deliveries: 0,
-                    first_seen_ms: Some(claimed_at),
-                    last_seen_ms: Some(claimed_at),
-                    claim: state,
-                });
+                let c = by_key.entry(key.clone()).or_insert_with(|| unseen(key));
                 c.claim = state;
+                c.first_seen_ms = c.first_seen_ms.or(Some(claimed_at));
+                c.last_seen_ms = c.last_seen_ms.or(Some(claimed_at));
             }
         }
     }
     Ok(by_key.into_values().collect())
 }
 
-/// The story of `key`. `message` is the msgId or UNIQ_KEY searched for, which scopes the
-/// timeline when the key has no bizId (a message refused before its key could be read).
+/// The keys of `biz_id` in the log, at most `limit`, stepped through in `delivery_log_key`'s
+/// order one probe each: a key with millions of deliveries costs no more than one with a few.
+async fn keys_of_biz_id(store: &Store, biz_id: &str, limit: usize) -> Result<Vec<KeyRef>, sqlx::Error> {
+    let key_at = |r: &AnyRow| -> Result<KeyRef, sqlx::Error> {
+        Ok(KeyRef {
+            biz_type: r.try_get(0)?,
+            consumer_group: r.try_get(1)?,
+            biz_id: biz_id.to_owned(),
+            execute_time: r.try_get(2)?,
+        })
+    };
+    let mut keys = Vec::new();
+    let mut next = first_key(biz_id).query(store).fetch_optional(store.pool()).await?;
+    while let Some(row) = next.take() {
+        let key = key_at(&row)?;
+        if keys.len() + 1 < limit {
+            next = next_key(&key).query(store).fetch_optional(store.pool()).await?;
+        }
+        keys.push(key);
+    }
+    Ok(keys)
+}
+
+fn first_key(biz_id: &str) -> Bound {
+    Bound::new("first key", &FIRST_KEY_OF_BIZ_ID, vec![Arg::Text(biz_id.to_owned())])
+}
+
+/// The statement of the key after `key` among its bizId's.
+fn next_key(key: &KeyRef) -> Bound {
+    let text = |v: &str| Arg::Text(v.to_owned());
+    let (id, biz_type, group) = (key.biz_id.as_str(), key.biz_type.as_str(), key.consumer_group.as_str());
+    Bound::new(
+        "next key",
+        &NEXT_KEY_OF_BIZ_ID,
+        vec![
+            text(id),
+            text(biz_type),
+            text(group),
+            Arg::Int(key.execute_time),
+            text(id),
+            text(biz_type),
+            text(group),
+            text(id),
+            text(biz_type),
+        ],
+    )
+}
+
+/// The statements a trace of `key` runs on the log, with their values: the stepping through its
+/// bizId's keys, its summary and a choice list's figures, and the pages of its timeline (the
+/// later and earlier ones from `around_ms`).
+pub fn statements(key: &KeyRef, around_ms: i64) -> Vec<Bound> {
+    let scope = Scope::Key(key);
+    let middle = Cursor { logged_at_ms: around_ms, id: 0 };
+    vec![
+        first_key(&key.biz_id),
+        next_key(key),
+        OF_KEY.tallies.statement("summary", scope),
+        OF_KEY.figures.statement("figures", scope),
+        scope.page(PageAt::Oldest),
+        scope.page(PageAt::After(middle)),
+        scope.page(PageAt::Before(middle)),
+    ]
+}
+
+/// Reads a bizId candidate's figures from the log: its deliveries (up to [`COUNT_LIMIT`]),
+/// the oldest and the newest. A key only the claim tables know keeps its claim's time.
+async fn figure(store: &Store, c: &mut Candidate) -> Result<(), sqlx::Error> {
+    let tallies = OF_KEY.figures.read(store, Scope::Key(&c.key)).await?;
+    let of = |kind| tallies.iter().find(|t| t.kind == kind);
+    if let Some(all) = of(TallyKind::All).filter(|t| t.count > 0) {
+        c.deliveries = i64::try_from(all.count).unwrap_or(i64::MAX);
+        c.first_seen_ms = of(TallyKind::First).and_then(|t| t.first_ms);
+        c.last_seen_ms = of(TallyKind::Last).and_then(|t| t.last_ms);
+    }
+    Ok(())
+}
+
+/// The story of the deliveries `scope` names, with the page `page` of its timeline.
 async fn story(
     store: &Store,
     ctx: &TraceContext,
-    key: KeyRef,
-    message: Option<(SearchBy, &str)>,
+    scope: Scope<'_>,
+    page: PageAt,
 ) -> Result<Story, sqlx::Error> {
-    let rows = match message {
-        Some((by, m)) if key.biz_id.is_empty() => {
-            let sql = if by == SearchBy::UniqKey { &DELIVERIES_OF_UNIQ_KEY } else { &DELIVERIES_OF_MESSAGE };
-            store
-                .query(sql)
-                .bind(m)
-                .bind(key.biz_type.as_str())
-                .bind(key.consumer_group.as_str())
-                .fetch_all(store.pool())
-                .await?
-        }
-        _ => key.bind(store.query(&DELIVERIES_OF_KEY)).fetch_all(store.pool()).await?,
-    };
-    let mut deliveries = rows.iter().map(LogRow::from_row).collect::<Result<Vec<_>, _>>()?;
-    let truncated = deliveries.len() > MAX_DELIVERIES;
-    deliveries.truncate(MAX_DELIVERIES);
-
-    let (claim, earlier_claims) = claims(store, &key).await?;
-    let summary = summarize(&deliveries, claim.as_ref());
+    let key = scope.key();
+    let tallies = scope.statements().tallies.read(store, scope).await?;
+    let timeline = timeline(store, scope, page).await?;
+    let (claim, earlier_claims) = claims(store, key).await?;
+    let summary = summarize(&tallies, claim.as_ref());
     let business = match ctx.describers.get(&key.biz_type) {
         Some(handler) if !key.biz_id.is_empty() => handler.describe(store, &key.biz_id).await?,
         _ => Vec::new(),
@@ -469,16 +902,53 @@ async fn story(
         Some(grafana_link(base, from - 5 * 60_000, to + 5 * 60_000, &key.biz_type))
     });
     Ok(Story {
-        key,
+        key: key.clone(),
         claim,
         earlier_claims,
-        deliveries,
-        truncated,
+        deliveries: timeline.rows,
+        next: timeline.next.map(|c| c.to_string()),
+        previous: timeline.previous.map(|c| c.to_string()),
         summary,
         business,
         retention_note,
         grafana_url,
     })
+}
+
+/// One page of a timeline and the cursors of its neighbours.
+struct Timeline {
+    rows: Vec<LogRow>,
+    next: Option<Cursor>,
+    previous: Option<Cursor>,
+}
+
+/// The page `page` of the deliveries `scope` names, oldest first: [`PAGE_DELIVERIES`] rows read
+/// from the cursor in the index's order (one more, to know whether the page has a neighbour
+/// that way).
+async fn timeline(store: &Store, scope: Scope<'_>, page: PageAt) -> Result<Timeline, sqlx::Error> {
+    let cursor_of = |r: &LogRow| Cursor { logged_at_ms: r.logged_at_ms, id: r.id };
+    let rows = scope.page(page).query(store).fetch_all(store.pool()).await?;
+    let mut rows = rows.iter().map(LogRow::from_row).collect::<Result<Vec<_>, _>>()?;
+    match page {
+        PageAt::Oldest | PageAt::After(_) => {
+            let later = rows.len() > PAGE_DELIVERIES;
+            rows.truncate(PAGE_DELIVERIES);
+            let previous = match page {
+                PageAt::After(c) => Some(rows.first().map(cursor_of).unwrap_or(c)),
+                _ => None,
+            };
+            let next = later.then(|| rows.last().map(cursor_of)).flatten();
+            Ok(Timeline { rows, next, previous })
+        }
+        PageAt::Before(_) => {
+            let earlier = rows.len() > PAGE_DELIVERIES;
+            rows.truncate(PAGE_DELIVERIES);
+            rows.reverse();
+            let previous = earlier.then(|| rows.first().map(cursor_of)).flatten();
+            let next = rows.last().map(cursor_of);
+            Ok(Timeline { rows, next, previous })
+        }
+    }
 }
 
 /// The live claim (else the latest archived one) and the other archived ones.
@@ -505,43 +975,56 @@ pub(crate) async fn claims(
     })
 }
 
-fn summarize(deliveries: &[LogRow], claim: Option<&ClaimRecord>) -> Summary {
-    let count = |outcome: &str| deliveries.iter().filter(|d| d.outcome == outcome).count();
-    let mut duplicates = BTreeMap::new();
-    for d in deliveries.iter().filter(|d| d.outcome == "duplicate") {
-        *duplicates.entry(d.cause.clone().unwrap_or_else(|| "unknown".to_owned())).or_insert(0) += 1;
-    }
-    let processed = count("processed");
-    let processed_at_ms = deliveries
+/// The summary from a scope's tallies ([`Tallies::summary`]) and its claim. Duplicates logged
+/// without a named cause (none the gate writes) count as `unknown`, when the count of
+/// duplicates is exact. Which way an unclaimed key without a processed delivery stands is its
+/// latest delivery that is not a duplicate; a dead letter wins a tie in the same millisecond,
+/// as the last attempt.
+fn summarize(tallies: &[Tally], claim: Option<&ClaimRecord>) -> Summary {
+    let outcome = |o: Outcome| tallies.iter().find(|t| t.kind == TallyKind::Outcome && t.label == o.as_str());
+    let count = |o: Outcome| outcome(o).map_or(0, |t| t.count);
+    let mut duplicates: BTreeMap<String, usize> = tallies
         .iter()
-        .find(|d| d.outcome == "processed")
-        .map(|d| d.logged_at_ms)
-        .or(claim.map(|c| c.claimed_at_ms));
+        .filter(|t| t.kind == TallyKind::Cause && t.count > 0)
+        .map(|t| (t.label.clone(), t.count))
+        .collect();
+    let named: usize = duplicates.values().sum();
+    let all = count(Outcome::Duplicate);
+    if all <= COUNT_LIMIT && all > named {
+        *duplicates.entry(DuplicateCause::Unknown.as_str().to_owned()).or_insert(0) += all - named;
+    }
+    let end = |kind| tallies.iter().find(|t| t.kind == kind);
+    let processed = count(Outcome::Processed);
     let final_state = if processed > 1 {
         FinalState::AppliedTwice
     } else if claim.is_some() || processed == 1 {
         FinalState::Applied
     } else {
-        match deliveries.iter().rev().find(|d| d.outcome != "duplicate").map(|d| d.outcome.as_str()) {
-            Some("dead_lettered") => FinalState::DeadLettered,
-            Some("failed") => FinalState::Retrying,
-            Some("invalid") => FinalState::Invalid,
-            _ => FinalState::Unknown,
-        }
+        [Outcome::Failed, Outcome::Invalid, Outcome::DeadLettered]
+            .into_iter()
+            .filter_map(|o| outcome(o).and_then(|t| t.last_ms).map(|at| (at, o)))
+            .max_by_key(|&(at, o)| (at, o == Outcome::DeadLettered))
+            .map_or(FinalState::Unknown, |(_, o)| match o {
+                Outcome::DeadLettered => FinalState::DeadLettered,
+                Outcome::Invalid => FinalState::Invalid,
+                _ => FinalState::Retrying,
+            })
     };
+    let claimed_at = claim.map(|c| c.claimed_at_ms);
     Summary {
-        first_seen_ms: deliveries.first().map(|d| d.logged_at_ms).or(claim.map(|c| c.claimed_at_ms)),
-        last_seen_ms: deliveries.last().map(|d| d.logged_at_ms).or(claim.map(|c| c.claimed_at_ms)),
-        processed_at_ms,
-        deliveries: deliveries.len(),
+        first_seen_ms: end(TallyKind::First).and_then(|t| t.first_ms).or(claimed_at),
+        last_seen_ms: end(TallyKind::Last).and_then(|t| t.last_ms).or(claimed_at),
+        processed_at_ms: outcome(Outcome::Processed).and_then(|t| t.first_ms).or(claimed_at),
+        deliveries: Outcome::ALL.iter().map(|&o| count(o)).sum(),
         processed,
         duplicates,
-        collisions: deliveries.iter().filter(|d| d.is_collision()).count(),
-        retries: count("failed"),
-        dead_letters: count("dead_lettered"),
-        invalid: count("invalid"),
+        collisions: tallies.iter().filter(|t| t.kind == TallyKind::Collision).map(|t| t.count).sum(),
+        retries: count(Outcome::Failed),
+        dead_letters: count(Outcome::DeadLettered),
+        invalid: count(Outcome::Invalid),
         final_state,
         final_state_text: final_state.describe(),
+        count_limit: COUNT_LIMIT,
     }
 }
 
@@ -565,7 +1048,7 @@ pub fn render_text(answer: &Answer) -> String {
         Answer::Nothing { searched } => {
             let _ = writeln!(out, "nothing found (searched as {searched})");
         }
-        Answer::Choice { matched_by, candidates, more, note } => {
+        Answer::Choice { matched_by, candidates, more, note, .. } => {
             if let Some(note) = note {
                 let _ = writeln!(out, "{note}");
             }
@@ -582,7 +1065,7 @@ pub fn render_text(answer: &Answer) -> String {
                     c.key.biz_type,
                     c.key.biz_id,
                     c.key.execute_time,
-                    c.deliveries,
+                    count_text(usize::try_from(c.deliveries).unwrap_or(0)),
                     c.claim,
                     c.last_seen_ms.map(format_ms).unwrap_or_default()
                 );
@@ -610,17 +1093,17 @@ fn render_story(out: &mut String, matched_by: SearchBy, s: &Story) {
     );
     let m = &s.summary;
     let _ = writeln!(out, "state: {}", m.final_state_text);
-    let dups: Vec<String> = m.duplicates.iter().map(|(c, n)| format!("{n} {c}")).collect();
+    let dups: Vec<String> = m.duplicates.iter().map(|(c, n)| format!("{} {c}", count_text(*n))).collect();
     let _ = writeln!(
         out,
         "first seen {} · processed {} · {} deliveries · duplicates: {} · collisions {} · retries {} · dead letters {}",
         m.first_seen_ms.map(format_ms).unwrap_or_else(|| "-".into()),
         m.processed_at_ms.map(format_ms).unwrap_or_else(|| "never".into()),
-        m.deliveries,
+        count_text(m.deliveries),
         if dups.is_empty() { "none".to_owned() } else { dups.join(", ") },
-        m.collisions,
-        m.retries,
-        m.dead_letters
+        count_text(m.collisions),
+        count_text(m.retries),
+        count_text(m.dead_letters)
     );
     match &s.claim {
         Some(c) => {
@@ -647,6 +1130,9 @@ fn render_story(out: &mut String, matched_by: SearchBy, s: &Story) {
         let _ = writeln!(out, "note: {note}");
     }
     let _ = writeln!(out, "timeline (oldest first):");
+    if let Some(previous) = &s.previous {
+        let _ = writeln!(out, "  … earlier deliveries: --before {previous}");
+    }
     for d in &s.deliveries {
         let cause = match (&d.cause, d.payload_match) {
             (Some(c), Some(false)) => format!(" {c} PAYLOAD DIFFERS"),
@@ -669,8 +1155,8 @@ fn render_story(out: &mut String, matched_by: SearchBy, s: &Story) {
             d.error.as_deref().map(|e| format!("  error: {e}")).unwrap_or_default()
         );
     }
-    if s.truncated {
-        let _ = writeln!(out, "  … only the first {MAX_DELIVERIES} deliveries are listed");
+    if let Some(next) = &s.next {
+        let _ = writeln!(out, "  … later deliveries: --after {next}");
     }
 }
 
@@ -678,50 +1164,89 @@ fn render_story(out: &mut String, matched_by: SearchBy, s: &Story) {
 mod tests {
     use super::*;
 
-    fn row(outcome: &str, cause: Option<&str>, at: i64) -> LogRow {
-        LogRow {
-            id: at,
-            logged_at_ms: at,
-            instance_id: "i".into(),
-            consumer_group: "g".into(),
-            msg_id: format!("m{at}"),
-            uniq_key: String::new(),
-            topic: "t".into(),
-            tags: String::new(),
-            queue_id: 0,
-            queue_offset: at,
-            reconsume_times: 0,
-            biz_type: "stock.deduct".into(),
-            biz_id: "D-1".into(),
-            execute_time: 0,
-            outcome: outcome.into(),
-            cause: cause.map(Into::into),
-            layer: None,
-            payload_match: cause.map(|_| true),
-            payload_hash: None,
-            error: None,
-            latency_us: 10,
-            claimed_at_ms: None,
+    fn tally(kind: TallyKind, label: &str, count: usize, first: i64, last: i64) -> Tally {
+        Tally { kind, label: label.to_owned(), count, first_ms: Some(first), last_ms: Some(last) }
+    }
+
+    /// The tallies of a timeline given as (outcome, cause, at) rows.
+    fn tallies_of(rows: &[(Outcome, Option<DuplicateCause>, i64)]) -> Vec<Tally> {
+        let mut out = Vec::new();
+        let mut add = |kind, label: &str, at: &[i64]| {
+            if let (Some(first), Some(last)) = (at.iter().min(), at.iter().max()) {
+                out.push(tally(kind, label, at.len(), *first, *last));
+            }
+        };
+        for o in Outcome::ALL {
+            let at: Vec<i64> = rows.iter().filter(|r| r.0 == *o).map(|r| r.2).collect();
+            add(TallyKind::Outcome, o.as_str(), &at);
         }
+        for c in DuplicateCause::ALL {
+            let at: Vec<i64> = rows.iter().filter(|r| r.1 == Some(*c)).map(|r| r.2).collect();
+            add(TallyKind::Cause, c.as_str(), &at);
+        }
+        let all: Vec<i64> = rows.iter().map(|r| r.2).collect();
+        add(TallyKind::First, "", &all);
+        add(TallyKind::Last, "", &all);
+        out
     }
 
     #[test]
-    fn the_summary_names_the_final_state_from_the_timeline() {
-        let retried = [row("failed", None, 1), row("failed", None, 2), row("processed", None, 3)];
+    fn the_summary_names_the_final_state_from_the_counts() {
+        use DuplicateCause::Redelivery;
+        use Outcome::{DeadLettered, Duplicate, Failed, Processed};
+        let retried = tallies_of(&[(Failed, None, 1), (Failed, None, 2), (Processed, None, 3)]);
         let s = summarize(&retried, None);
         assert_eq!((s.final_state, s.retries, s.processed_at_ms), (FinalState::Applied, 2, Some(3)));
+        assert_eq!((s.first_seen_ms, s.last_seen_ms, s.deliveries), (Some(1), Some(3), 3));
 
-        let dead = [row("failed", None, 1), row("dead_lettered", None, 2)];
+        let dead = tallies_of(&[(Failed, None, 1), (DeadLettered, None, 2)]);
         assert_eq!(summarize(&dead, None).final_state, FinalState::DeadLettered);
-        assert_eq!(summarize(&dead[..1], None).final_state, FinalState::Retrying);
+        let retrying = tallies_of(&[(Failed, None, 1)]);
+        assert_eq!(summarize(&retrying, None).final_state, FinalState::Retrying);
+        let same_moment = tallies_of(&[(Failed, None, 2), (DeadLettered, None, 2)]);
+        assert_eq!(summarize(&same_moment, None).final_state, FinalState::DeadLettered);
 
-        let twice = [row("processed", None, 1), row("processed", None, 2)];
+        let twice = tallies_of(&[(Processed, None, 1), (Processed, None, 2)]);
         assert_eq!(summarize(&twice, None).final_state, FinalState::AppliedTwice);
 
-        let dups = [row("processed", None, 1), row("duplicate", Some("redelivery"), 2)];
+        let dups = tallies_of(&[(Processed, None, 1), (Duplicate, Some(Redelivery), 2)]);
         let s = summarize(&dups, None);
         assert_eq!(s.duplicates.get("redelivery"), Some(&1));
         assert_eq!(s.final_state, FinalState::Applied);
+    }
+
+    #[test]
+    fn counts_past_the_limit_read_as_lower_bounds() {
+        let hot = [
+            tally(TallyKind::Outcome, "duplicate", COUNT_LIMIT + 1, 1, 9),
+            tally(TallyKind::Outcome, "processed", 2, 1, 7),
+            tally(TallyKind::Cause, "redelivery", COUNT_LIMIT + 1, 2, 3),
+            tally(TallyKind::Cause, "unknown", 4, 2, 3),
+        ];
+        let s = summarize(&hot, None);
+        assert_eq!(s.final_state, FinalState::AppliedTwice);
+        assert_eq!(count_text(s.deliveries), format!("more than {COUNT_LIMIT}"));
+        assert_eq!(count_text(s.processed), "2");
+        assert_eq!(s.duplicates.get("unknown"), Some(&4), "nothing is made up of a count read in part");
+
+        let unnamed = [
+            tally(TallyKind::Outcome, "duplicate", 7, 1, 9),
+            tally(TallyKind::Cause, "redelivery", 3, 2, 3),
+            tally(TallyKind::Cause, "unknown", 1, 2, 3),
+        ];
+        let s = summarize(&unnamed, None);
+        assert_eq!(s.duplicates.get("unknown"), Some(&4), "a duplicate logged without a cause is unknown");
+    }
+
+    #[test]
+    fn every_branch_of_the_summary_reads_one_key_up_to_the_limit() {
+        let tallies = Tallies::summary(of_key!());
+        let text = tallies.sql.portable();
+        let branches = Outcome::ALL.len() + 2 * DuplicateCause::ALL.len() + 2;
+        assert_eq!(tallies.branches.len(), branches);
+        assert_eq!(text.matches(" UNION ALL ").count(), branches - 1);
+        assert_eq!(text.matches(of_key!()).count(), branches);
+        assert_eq!(text.matches(" LIMIT ?) t").count(), branches);
     }
 
     #[test]

@@ -11,8 +11,9 @@
 //! and `idemgate bench reconcile` prints it.
 //!
 //! PostgreSQL's plan is read in its YAML form (the `Any` driver cannot decode the JSON type),
-//! MySQL/MariaDB's as `EXPLAIN FORMAT=JSON`. SQLite keeps no statistics unless `ANALYZE` is
-//! run, so its plans are not read. This module knows plans, not tables.
+//! MySQL/MariaDB's as `EXPLAIN FORMAT=JSON`, SQLite's as `EXPLAIN QUERY PLAN` (its rules pick
+//! the same plan whatever the statistics, unless `ANALYZE` has been run). This module knows
+//! plans, not tables.
 
 use std::collections::HashMap;
 
@@ -75,8 +76,6 @@ pub enum PlanError {
     Database(#[from] sqlx::Error),
     #[error("explain: the plan could not be read: {0}")]
     Unreadable(String),
-    #[error("explain: plans are read on PostgreSQL and MySQL/MariaDB, not SQLite")]
-    Unsupported,
 }
 
 /// The reads of `statement`'s plan, as the database would run it now with its values.
@@ -84,9 +83,18 @@ pub async fn reads(store: &Store, statement: &Bound) -> Result<Vec<Read>, PlanEr
     let (prefix, backend) = match store.backend() {
         Backend::Postgres => ("EXPLAIN (FORMAT YAML, COSTS OFF) ", Backend::Postgres),
         Backend::MySql => ("EXPLAIN FORMAT=JSON ", Backend::MySql),
-        Backend::Sqlite => return Err(PlanError::Unsupported),
+        Backend::Sqlite => ("EXPLAIN QUERY PLAN ", Backend::Sqlite),
     };
     let q = statement.bind(query_built(backend, format!("{prefix}{}", statement.sql.portable())));
+    if backend == Backend::Sqlite {
+        let lines = q
+            .fetch_all(store.pool())
+            .await?
+            .iter()
+            .map(|r| Ok((r.try_get::<i64, _>(0)?, r.try_get::<i64, _>(1)?, r.try_get::<String, _>(3)?)))
+            .collect::<Result<Vec<_>, sqlx::Error>>()?;
+        return sqlite_reads(&lines);
+    }
     let text = q
         .fetch_all(store.pool())
         .await?
@@ -246,6 +254,77 @@ fn identifiers(condition: &str) -> std::collections::HashSet<&str> {
         .collect()
 }
 
+/// The reads of SQLite's `EXPLAIN QUERY PLAN`, given as its rows (id, parent, detail):
+/// `SEARCH t USING [COVERING] INDEX i (a=? AND b>?)` reads `t` by `i` with the columns named in
+/// the parentheses fixed; `SCAN t` reads all of it. A read under a correlated subquery, or after
+/// another table's read under the same parent (the inner side of a join), runs once per row.
+/// The scans of a subquery's own result (`MATERIALIZE s`, `CO-ROUTINE s`) are not reads of a
+/// table.
+fn sqlite_reads(lines: &[(i64, i64, String)]) -> Result<Vec<Read>, PlanError> {
+    let derived: Vec<&str> = lines
+        .iter()
+        .filter_map(|(_, _, d)| d.strip_prefix("MATERIALIZE ").or_else(|| d.strip_prefix("CO-ROUTINE ")))
+        .map(str::trim)
+        .collect();
+    let parent_of = |id: i64| lines.iter().find(|(i, _, _)| *i == id).map(|(_, p, _)| *p);
+    let correlated = |mut id: i64| {
+        while let Some(parent) = parent_of(id) {
+            if lines.iter().any(|(i, _, d)| *i == parent && d.starts_with("CORRELATED ")) {
+                return true;
+            }
+            id = parent;
+        }
+        false
+    };
+    let mut reads: Vec<Read> = Vec::new();
+    let mut read_under: Vec<i64> = Vec::new();
+    for (id, parent, detail) in lines {
+        let Some(rest) = detail.strip_prefix("SEARCH ").or_else(|| detail.strip_prefix("SCAN ")) else {
+            continue;
+        };
+        let table = rest.split(' ').next().unwrap_or("");
+        if table.is_empty() || table.starts_with('(') || table == "CONSTANT" || derived.contains(&table) {
+            continue;
+        }
+        let index = ["USING COVERING INDEX ", "USING INDEX "]
+            .iter()
+            .find_map(|u| {
+                rest.split_once(u).map(|(_, after)| after.split(' ').next().unwrap_or("").to_owned())
+            })
+            .or_else(|| rest.contains("USING INTEGER PRIMARY KEY").then(|| "PRIMARY KEY".to_owned()));
+        let fixed = match (rest.find('('), rest.rfind(')')) {
+            (Some(open), Some(close)) if open < close => rest[open + 1..close]
+                .split(" AND ")
+                .filter_map(|c| c.split(|ch: char| "=<>".contains(ch)).next())
+                .map(|c| c.trim().to_owned())
+                .filter(|c| !c.is_empty())
+                .collect(),
+            _ => Vec::new(),
+        };
+        reads.push(Read {
+            table: table.to_owned(),
+            index,
+            fixed,
+            per_row: correlated(*id) || read_under.contains(parent),
+            detail: detail.clone(),
+        });
+        read_under.push(*parent);
+    }
+    if reads.is_empty() && !lines.iter().any(|(_, _, d)| d.contains("CONSTANT ROW")) {
+        return Err(PlanError::Unreadable(
+            lines
+                .iter()
+                .map(|(_, _, d)| d.as_str())
+                .collect::<Vec<_>>()
+                .join("; ")
+                .chars()
+                .take(200)
+                .collect(),
+        ));
+    }
+    Ok(reads)
+}
+
 /// The reads of MySQL/MariaDB's `EXPLAIN FORMAT=JSON`: every `table` object, with the key
 /// parts it uses. A table inside a subquery that is not materialized runs once per outer row
 /// (the reconciler's subqueries are all correlated), as does every table after the first of a
@@ -383,6 +462,46 @@ mod tests {
         assert!(!read(&["consumer_group"], true).is_bounded(&BOUNDS));
         assert!(!read(&["consumer_group"], false).is_bounded(&BOUNDS));
         assert!(!read(&[], false).is_bounded(&BOUNDS));
+    }
+
+    #[test]
+    fn a_sqlite_plan_names_each_index_and_the_columns_it_fixes() {
+        let line = |id, parent, detail: &str| (id, parent, detail.to_owned());
+        let lines = [
+            line(1, 0, "COMPOUND QUERY"),
+            line(2, 1, "LEFT-MOST SUBQUERY"),
+            line(4, 2, "CO-ROUTINE t"),
+            line(
+                7,
+                4,
+                "SEARCH delivery_log USING COVERING INDEX delivery_log_key_outcome \
+                 (biz_id=? AND biz_type=? AND consumer_group=? AND execute_time=? AND outcome=?)",
+            ),
+            line(12, 2, "SCAN t"),
+            line(20, 1, "UNION ALL"),
+            line(22, 20, "SCAN delivery_log"),
+            line(
+                25,
+                20,
+                "SEARCH idempotent_record USING INDEX idempotent_record_claim_key (consumer_group=?)",
+            ),
+            line(30, 20, "CORRELATED SCALAR SUBQUERY 3"),
+            line(33, 30, "SEARCH shop_order USING INTEGER PRIMARY KEY (rowid=?)"),
+        ];
+        let reads = sqlite_reads(&lines).unwrap();
+        let summary: Vec<(&str, Option<&str>, usize, bool)> =
+            reads.iter().map(|r| (r.table.as_str(), r.index.as_deref(), r.fixed.len(), r.per_row)).collect();
+        assert_eq!(
+            summary,
+            [
+                ("delivery_log", Some("delivery_log_key_outcome"), 5, false),
+                ("delivery_log", None, 0, false),
+                ("idempotent_record", Some("idempotent_record_claim_key"), 1, true),
+                ("shop_order", Some("PRIMARY KEY"), 1, true),
+            ]
+        );
+        assert_eq!(reads[0].fixed, ["biz_id", "biz_type", "consumer_group", "execute_time", "outcome"]);
+        assert!(!reads[1].is_bounded(&BOUNDS), "a scan of the whole log is not bounded");
     }
 
     #[test]

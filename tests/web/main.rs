@@ -8,6 +8,8 @@
 #[macro_use]
 mod support;
 
+mod hot_key;
+
 use std::sync::Arc;
 
 use axum::body::Body;
