@@ -151,10 +151,15 @@ mod cases {
         let broken = gate(store.clone(), identity(GROUP, "a"), vec![route("property:ENTRY")], books());
         let delivered = Delivery {
             keys: vec!["E-K".to_owned()],
-            properties: [("AT", "1700000000000"), ("TENANT", "acme"), ("UNIQ_KEY", "U-M-K"), ("MAX_OFFSET", "9")]
-                .into_iter()
-                .map(|(k, v)| (k.to_owned(), v.to_owned()))
-                .collect(),
+            properties: [
+                ("AT", "1700000000000"),
+                ("TENANT", "acme"),
+                ("UNIQ_KEY", "U-M-K"),
+                ("MAX_OFFSET", "9"),
+            ]
+            .into_iter()
+            .map(|(k, v)| (k.to_owned(), v.to_owned()))
+            .collect(),
             body: b"{}".to_vec(),
             ..entry("", "M-K", "entry")
         };
