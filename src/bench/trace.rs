@@ -8,6 +8,13 @@
 //! without idemgate (the claim's unique key and a msgId index only) queried by bizId:
 //! `SELECT … FROM delivery_log WHERE biz_id = ?` and the claim by bizId, timed after the trace
 //! indexes are dropped from the same data.
+//!
+//! Then a hot key: one bizId with `--hot-key-rows` deliveries (3,000,000 by default: a failed
+//! attempt, the processed delivery, then redeliveries and producer resends without end, and a
+//! second processed delivery hidden in the middle), traced from its first page and from a page
+//! deep in its timeline. Each answer must name the double apply. Its old way is the query the
+//! trace ran before its reads were bounded: the bizId's keys counted over every row, and the
+//! oldest 500 rows as both the timeline and the summary.
 
 use std::time::{Duration, Instant};
 
@@ -16,18 +23,22 @@ use sqlx::AssertSqlSafe;
 
 use super::{Percentiles, create_digits, peak_rss_mib, rss_mib};
 use crate::inspect::Limits;
-use crate::inspect::trace::{self, Answer, SearchBy, TraceContext, TraceQuery};
+use crate::inspect::trace::{self, Answer, FinalState, PAGE_DELIVERIES, SearchBy, TraceContext, TraceQuery};
 use crate::scratch::ScratchDb;
 use crate::shop;
 use crate::store::{Backend, Sql, Store, StoreOptions};
 
 pub(crate) const GROUP: &str = "bench-trace";
+/// The hot key's bizId.
+pub(crate) const HOT_BIZ_ID: &str = "HOT-0";
 const DAY_MS: i64 = 86_400_000;
+/// The most deliveries the hot key is loaded with.
+const MAX_HOT_ROWS: usize = 10_000_000;
 
 /// What to measure: the flags of `idemgate bench trace`.
 #[derive(Debug, Clone, clap::Args)]
 pub struct Options {
-    #[arg(long, value_delimiter = ',', default_value = "postgres,mysql")]
+    #[arg(long, value_delimiter = ',', default_value = "postgres,mysql,sqlite")]
     pub backends: Vec<Backend>,
     /// Claims to load (at most 1,000,000); the delivery log gets three rows per claim.
     #[arg(long, default_value_t = 1_000_000)]
@@ -38,15 +49,27 @@ pub struct Options {
     /// Timed naive lookups (each one scans the log).
     #[arg(long, default_value_t = 10)]
     pub naive_lookups: usize,
+    /// Deliveries of the hot key (0 leaves it out, at most 10,000,000).
+    #[arg(long, default_value_t = 3_000_000)]
+    pub hot_key_rows: usize,
+    /// Timed traces of the hot key, from its first page and from a deep page each.
+    #[arg(long, default_value_t = 200)]
+    pub hot_lookups: usize,
+    /// Timed lookups of the hot key the old way (each one reads every row of the key).
+    #[arg(long, default_value_t = 10)]
+    pub old_lookups: usize,
 }
 
 impl Default for Options {
     fn default() -> Self {
         Self {
-            backends: vec![Backend::Postgres, Backend::MySql],
+            backends: vec![Backend::Postgres, Backend::MySql, Backend::Sqlite],
             claims: 1_000_000,
             lookups: 2_000,
             naive_lookups: 10,
+            hot_key_rows: 3_000_000,
+            hot_lookups: 200,
+            old_lookups: 10,
         }
     }
 }
@@ -66,6 +89,22 @@ pub(crate) struct Report {
     pub rss_before_mib: f64,
     pub rss_after_mib: f64,
     pub peak_rss_mib: f64,
+    pub hot: Option<HotReport>,
+}
+
+/// The hot key's figures.
+#[derive(Debug, Clone)]
+pub(crate) struct HotReport {
+    pub rows: usize,
+    pub load: Duration,
+    /// The trace from the key's first page, and from a page deep in its timeline.
+    pub first_page: Percentiles,
+    pub deep_page: Percentiles,
+    /// The old way: the bizId's keys counted over every row, and its oldest 500 rows.
+    pub old: Percentiles,
+    pub old_lookups: usize,
+    /// Whether the old way's summary (its 500 rows) saw the second processed delivery.
+    pub old_saw_double_apply: bool,
 }
 
 /// `idemgate bench trace`: prints the setting, runs every backend and prints the table.
@@ -78,6 +117,32 @@ pub(crate) async fn command(options: Options) -> anyhow::Result<()> {
     );
     let reports = run(&options).await?;
     println!("\n{}", table(&reports));
+    if reports.iter().any(|r| r.hot.is_some()) {
+        println!("{}", hot_table(&reports));
+    }
+    check(&reports)
+}
+
+/// The trace's target: p99 under 50 ms, for random keys and for the hot key.
+pub(crate) const TARGET_P99_US: u64 = 50_000;
+
+/// Fails when any trace's p99 misses [`TARGET_P99_US`].
+pub(crate) fn check(reports: &[Report]) -> anyhow::Result<()> {
+    for r in reports {
+        let mut p99s = vec![("by bizId", r.by_biz_id.p99_us), ("by msgId", r.by_msg_id.p99_us)];
+        if let Some(hot) = &r.hot {
+            p99s.extend([("of the hot key", hot.first_page.p99_us), ("of the hot key's deep pages", hot.deep_page.p99_us)]);
+        }
+        for (what, p99) in p99s {
+            anyhow::ensure!(
+                p99 < TARGET_P99_US,
+                "on {}, the trace {what} took {:.1} ms at p99, over the target of {} ms",
+                r.backend,
+                p99 as f64 / 1000.0,
+                TARGET_P99_US / 1000
+            );
+        }
+    }
     Ok(())
 }
 
@@ -87,6 +152,15 @@ pub(crate) async fn run(options: &Options) -> anyhow::Result<Vec<Report>> {
         (1..=1_000_000).contains(&options.claims),
         "--claims must be from 1 to 1000000, not {}",
         options.claims
+    );
+    anyhow::ensure!(
+        options.hot_key_rows == 0 || (4..=MAX_HOT_ROWS).contains(&options.hot_key_rows),
+        "--hot-key-rows must be 0 or from 4 to {MAX_HOT_ROWS}, not {}",
+        options.hot_key_rows
+    );
+    anyhow::ensure!(
+        options.lookups > 0 && options.hot_lookups > 0 && options.old_lookups > 0 && options.naive_lookups > 0,
+        "--lookups, --hot-lookups, --old-lookups and --naive-lookups must be at least 1"
     );
     let mut reports = Vec::new();
     for &backend in &options.backends {
@@ -137,6 +211,11 @@ async fn measure(store: &Store, backend: Backend, options: &Options) -> anyhow::
     }
     let rss_after_mib = rss_mib();
 
+    let hot = match options.hot_key_rows {
+        0 => None,
+        rows => Some(hot_key(store, &ctx, rows, options).await?),
+    };
+
     // The naive schema: drop what idemgate adds for tracing, keep the claim key and msgId.
     for drop in naive_schema(backend) {
         sqlx::query(AssertSqlSafe(drop)).execute(store.pool()).await?;
@@ -168,7 +247,89 @@ async fn measure(store: &Store, backend: Backend, options: &Options) -> anyhow::
         rss_before_mib,
         rss_after_mib,
         peak_rss_mib: peak_rss_mib(),
+        hot,
     })
+}
+
+/// Loads the hot key and times its traces, then the old way's reads of it.
+async fn hot_key(
+    store: &Store,
+    ctx: &TraceContext,
+    rows: usize,
+    options: &Options,
+) -> anyhow::Result<HotReport> {
+    let started = Instant::now();
+    let hot = load_hot_key(store, rows, 30 * DAY_MS).await?;
+    let load = started.elapsed();
+    let mut rng = rand::rng();
+    for _ in 0..5 {
+        hot_lookup(store, ctx, None).await?;
+    }
+    let mut first_page = Vec::with_capacity(options.hot_lookups);
+    let mut deep_page = Vec::with_capacity(options.hot_lookups);
+    for _ in 0..options.hot_lookups {
+        let t = Instant::now();
+        hot_lookup(store, ctx, None).await?;
+        first_page.push(t.elapsed().as_micros() as u64);
+        // A page from a random delivery past the first page: the cursor of the row logged then.
+        let at = hot.logged_at_ms(rng.random_range(PAGE_DELIVERIES..rows));
+        let t = Instant::now();
+        hot_lookup(store, ctx, Some(&format!("{at}-0"))).await?;
+        deep_page.push(t.elapsed().as_micros() as u64);
+    }
+    let mut old = Vec::with_capacity(options.old_lookups);
+    let mut old_saw_double_apply = false;
+    for _ in 0..options.old_lookups {
+        let t = Instant::now();
+        let keys = store.query(&OLD_KEYS_OF_BIZ_ID).bind(HOT_BIZ_ID).fetch_all(store.pool()).await?;
+        let page = store.query(&OLD_OLDEST_PAGE).bind(HOT_BIZ_ID).fetch_all(store.pool()).await?;
+        old.push(t.elapsed().as_micros() as u64);
+        use sqlx::Row;
+        let counted: i64 = keys.first().map(|r| r.try_get(4)).transpose()?.unwrap_or(0);
+        anyhow::ensure!(
+            keys.len() == 1 && counted == rows as i64 && page.len() == PAGE_DELIVERIES,
+            "the old way's reads of the hot key: {} keys, {counted} rows counted, a page of {}",
+            keys.len(),
+            page.len()
+        );
+        let processed = page
+            .iter()
+            .filter(|r| r.try_get::<String, _>("outcome").is_ok_and(|o| o == "processed"))
+            .count();
+        old_saw_double_apply = processed > 1;
+    }
+    Ok(HotReport {
+        rows,
+        load,
+        first_page: Percentiles::of(&mut first_page),
+        deep_page: Percentiles::of(&mut deep_page),
+        old: Percentiles::of(&mut old),
+        old_lookups: options.old_lookups,
+        old_saw_double_apply,
+    })
+}
+
+/// One trace of the hot key, checked: a full page of its timeline, every page but the last
+/// with a later one, and a summary that names the double apply however deep it lies.
+async fn hot_lookup(store: &Store, ctx: &TraceContext, after: Option<&str>) -> anyhow::Result<()> {
+    let query = TraceQuery::new(HOT_BIZ_ID, SearchBy::BizId, None, None, None)?.paged(after, None)?;
+    match trace::trace(store, ctx, &query).await? {
+        Answer::Story { story, .. }
+            if !story.deliveries.is_empty()
+                && (after.is_none() || story.previous.is_some())
+                && story.summary.processed == 2
+                && story.summary.final_state == FinalState::AppliedTwice =>
+        {
+            Ok(())
+        }
+        Answer::Story { story, .. } => anyhow::bail!(
+            "trace of the hot key after {after:?}: {} deliveries on the page, {} processed, {:?}",
+            story.deliveries.len(),
+            story.summary.processed,
+            story.summary.final_state
+        ),
+        other => anyhow::bail!("trace of the hot key: unexpected answer {other:?}"),
+    }
 }
 
 /// One trace, checked: exactly the key's story with its three deliveries.
@@ -180,16 +341,18 @@ async fn lookup(store: &Store, ctx: &TraceContext, text: &str, by: SearchBy) -> 
     }
 }
 
-fn naive_schema(backend: Backend) -> [&'static str; 4] {
+fn naive_schema(backend: Backend) -> [&'static str; 5] {
     match backend {
         Backend::MySql => [
-            "DROP INDEX delivery_log_biz_id ON delivery_log",
+            "DROP INDEX delivery_log_key ON delivery_log",
+            "DROP INDEX delivery_log_key_outcome ON delivery_log",
             "DROP INDEX delivery_log_uniq_key ON delivery_log",
             "DROP INDEX idempotent_record_biz_id ON idempotent_record",
             "DROP INDEX idempotent_record_archive_key ON idempotent_record_archive",
         ],
         Backend::Postgres | Backend::Sqlite => [
-            "DROP INDEX delivery_log_biz_id",
+            "DROP INDEX delivery_log_key",
+            "DROP INDEX delivery_log_key_outcome",
             "DROP INDEX delivery_log_uniq_key",
             "DROP INDEX idempotent_record_biz_id",
             "DROP INDEX idempotent_record_archive_key",
@@ -198,6 +361,14 @@ fn naive_schema(backend: Backend) -> [&'static str; 4] {
 }
 
 static COUNT_LOG: Sql = Sql::new("SELECT COUNT(*) FROM delivery_log");
+// The trace's reads of a bizId before they were bounded: every row of the bizId counted by key,
+// and the oldest page, which was also all the summary saw.
+static OLD_KEYS_OF_BIZ_ID: Sql = Sql::new(
+    "SELECT consumer_group, biz_type, biz_id, execute_time, COUNT(*), MIN(logged_at_ms), MAX(logged_at_ms) \
+     FROM delivery_log WHERE biz_id = ? GROUP BY consumer_group, biz_type, biz_id, execute_time LIMIT 51",
+);
+static OLD_OLDEST_PAGE: Sql =
+    Sql::new("SELECT * FROM delivery_log WHERE biz_id = ? ORDER BY logged_at_ms, id LIMIT 500");
 static NAIVE_CLAIM: Sql = Sql::new("SELECT * FROM idempotent_record WHERE biz_id = ?");
 static NAIVE_LOG: Sql = Sql::new("SELECT * FROM delivery_log WHERE biz_id = ? ORDER BY logged_at_ms");
 
@@ -323,6 +494,102 @@ pub(crate) async fn load(store: &Store, claims: usize, span_ms: i64) -> anyhow::
             .execute(store.pool())
             .await?;
     }
+    analyze(store).await
+}
+
+// The hot key's deliveries, row i of them a million at a time: i = 0 a failed attempt, i = 1
+// and i = the `double` bound its processed deliveries, every third other row a producer resend
+// under its own msgId, the rest redeliveries of the first msgId.
+static HOT_LOG_PIPES: Sql = Sql::new(
+    "INSERT INTO delivery_log (logged_at_ms, instance_id, consumer_group, msg_id, uniq_key, topic, tags, \
+     queue_id, queue_offset, reconsume_times, biz_type, biz_id, execute_time, outcome, cause, layer, \
+     payload_match, payload_hash, error, latency_us) \
+     SELECT ? + s.i * ?, 'bench', ?, \
+     CASE WHEN s.i > 1 AND s.i % 3 = 0 THEN 'HR-' || CAST(s.i AS TEXT) ELSE 'HM-0' END, \
+     CASE WHEN s.i > 1 AND s.i % 3 = 0 THEN 'HV-' || CAST(s.i AS TEXT) ELSE 'HU-0' END, \
+     'shop', 'stock_deduct', 0, s.i, s.i % 16, ?, ?, 0, \
+     CASE WHEN s.i = 0 THEN 'failed' WHEN s.i = 1 OR s.i = ? THEN 'processed' ELSE 'duplicate' END, \
+     CASE WHEN s.i < 2 OR s.i = ? THEN NULL WHEN s.i % 3 = 0 THEN 'producer_resend' ELSE 'redelivery' END, \
+     CASE WHEN s.i < 2 OR s.i = ? THEN NULL ELSE 'db' END, \
+     CASE WHEN s.i < 2 OR s.i = ? THEN NULL ELSE 1 END, \
+     'hash', CASE WHEN s.i = 0 THEN 'downstream timeout' ELSE NULL END, 900 \
+     FROM (SELECT ? * 1000000 + b.n * 1000 + c.n AS i FROM bench_digits b CROSS JOIN bench_digits c) s \
+     WHERE s.i < ?",
+);
+static HOT_LOG_CONCAT: Sql = Sql::new(
+    "INSERT INTO delivery_log (logged_at_ms, instance_id, consumer_group, msg_id, uniq_key, topic, tags, \
+     queue_id, queue_offset, reconsume_times, biz_type, biz_id, execute_time, outcome, cause, layer, \
+     payload_match, payload_hash, error, latency_us) \
+     SELECT ? + s.i * ?, 'bench', ?, \
+     CASE WHEN s.i > 1 AND s.i % 3 = 0 THEN CONCAT('HR-', s.i) ELSE 'HM-0' END, \
+     CASE WHEN s.i > 1 AND s.i % 3 = 0 THEN CONCAT('HV-', s.i) ELSE 'HU-0' END, \
+     'shop', 'stock_deduct', 0, s.i, s.i % 16, ?, ?, 0, \
+     CASE WHEN s.i = 0 THEN 'failed' WHEN s.i = 1 OR s.i = ? THEN 'processed' ELSE 'duplicate' END, \
+     CASE WHEN s.i < 2 OR s.i = ? THEN NULL WHEN s.i % 3 = 0 THEN 'producer_resend' ELSE 'redelivery' END, \
+     CASE WHEN s.i < 2 OR s.i = ? THEN NULL ELSE 'db' END, \
+     CASE WHEN s.i < 2 OR s.i = ? THEN NULL ELSE 1 END, \
+     'hash', CASE WHEN s.i = 0 THEN 'downstream timeout' ELSE NULL END, 900 \
+     FROM (SELECT ? * 1000000 + b.n * 1000 + c.n AS i FROM bench_digits b CROSS JOIN bench_digits c) s \
+     WHERE s.i < ?",
+);
+static HOT_CLAIM: Sql = Sql::new(
+    "INSERT INTO idempotent_record (consumer_group, biz_type, biz_id, execute_time, msg_id, uniq_key, \
+     payload_hash, instance_id, claimed_at_ms) VALUES (?, ?, ?, 0, 'HM-0', 'HU-0', 'hash', 'bench', ?)",
+);
+
+/// Where the hot key's deliveries lie in time.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct HotKey {
+    start_ms: i64,
+    step_ms: i64,
+}
+
+impl HotKey {
+    /// When the hot key's delivery `i` (0 the oldest) was logged.
+    pub(crate) fn logged_at_ms(self, i: usize) -> i64 {
+        self.start_ms + i as i64 * self.step_ms
+    }
+}
+
+/// The hot key [`HOT_BIZ_ID`]: its claim and `rows` deliveries spread over the `span_ms` before
+/// now, a million rows a statement, with a second processed delivery at the middle. Needs
+/// `bench_digits` ([`create_digits`]).
+pub(crate) async fn load_hot_key(store: &Store, rows: usize, span_ms: i64) -> anyhow::Result<HotKey> {
+    anyhow::ensure!((4..=MAX_HOT_ROWS).contains(&rows), "a hot key of {rows} deliveries");
+    let mysql = store.backend() == Backend::MySql;
+    let start_ms = crate::clock::now_ms() - span_ms;
+    let step_ms = (span_ms / rows as i64).max(1);
+    let double = (rows / 2) as i64 + 1;
+    store
+        .query(&HOT_CLAIM)
+        .bind(GROUP)
+        .bind(shop::STOCK_DEDUCT)
+        .bind(HOT_BIZ_ID)
+        .bind(start_ms + step_ms)
+        .execute(store.pool())
+        .await?;
+    for million in 0..rows.div_ceil(1_000_000) as i64 {
+        store
+            .query(if mysql { &HOT_LOG_CONCAT } else { &HOT_LOG_PIPES })
+            .bind(start_ms)
+            .bind(step_ms)
+            .bind(GROUP)
+            .bind(shop::STOCK_DEDUCT)
+            .bind(HOT_BIZ_ID)
+            .bind(double)
+            .bind(double)
+            .bind(double)
+            .bind(double)
+            .bind(million)
+            .bind(rows as i64)
+            .execute(store.pool())
+            .await?;
+    }
+    analyze(store).await?;
+    Ok(HotKey { start_ms, step_ms })
+}
+
+async fn analyze(store: &Store) -> anyhow::Result<()> {
     let analyze: &[&str] = match store.backend() {
         Backend::Postgres => &["ANALYZE idempotent_record", "ANALYZE delivery_log"],
         Backend::MySql => &["ANALYZE TABLE idempotent_record", "ANALYZE TABLE delivery_log"],
@@ -332,6 +599,33 @@ pub(crate) async fn load(store: &Store, claims: usize, span_ms: i64) -> anyhow::
         let _ = sqlx::query(AssertSqlSafe(*statement)).fetch_all(store.pool()).await?;
     }
     Ok(())
+}
+
+/// The hot key's figures as a Markdown table.
+pub(crate) fn hot_table(reports: &[Report]) -> String {
+    let mut out = String::from(
+        "| backend | hot key's deliveries | load s | trace, first page p50 / p99 ms | trace, deep page p50 / p99 ms | old way p50 / p99 ms | old way's summary saw the double apply |\n\
+         |---|---|---|---|---|---|---|\n",
+    );
+    let ms = |us: u64| us as f64 / 1000.0;
+    for r in reports {
+        let Some(h) = &r.hot else { continue };
+        out.push_str(&format!(
+            "| {} | {} | {:.0} | {:.2} / {:.2} | {:.2} / {:.2} | {:.0} / {:.0} ({} lookups) | {} |\n",
+            r.backend,
+            h.rows,
+            h.load.as_secs_f64(),
+            ms(h.first_page.p50_us),
+            ms(h.first_page.p99_us),
+            ms(h.deep_page.p50_us),
+            ms(h.deep_page.p99_us),
+            ms(h.old.p50_us),
+            ms(h.old.p99_us),
+            h.old_lookups,
+            if h.old_saw_double_apply { "yes" } else { "no" },
+        ));
+    }
+    out
 }
 
 /// The figures as a Markdown table.

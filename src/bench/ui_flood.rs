@@ -52,6 +52,10 @@ pub struct Options {
     /// Delivery-log rows of history loaded before the runs (the pages read them).
     #[arg(long, default_value_t = 100_000)]
     pub history: usize,
+    /// Deliveries of one hot key loaded before the runs, whose trace is one of the flood's
+    /// requests (0 leaves it out).
+    #[arg(long, default_value_t = 1_000_000)]
+    pub hot_key_rows: usize,
 }
 
 /// How the web UI is wired in a run.
@@ -95,7 +99,19 @@ pub(crate) struct Run {
     pub double_applied: i64,
     pub distinct_keys: usize,
     pub requests: Requests,
+    /// What `/readyz` answered, asked every 200 ms during the run.
+    pub readiness: Readiness,
     pub peak_rss_mib: f64,
+}
+
+/// The answers of `/readyz` during a run.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub(crate) struct Readiness {
+    pub ready: u64,
+    /// 503: the consumer's pool did not answer within a second, or the consumer had stopped.
+    pub not_ready: u64,
+    /// Any other status, or no answer.
+    pub other: u64,
 }
 
 impl Run {
@@ -145,6 +161,14 @@ impl Report {
                     r.pool_timeouts,
                     r.unlogged
                 );
+                anyhow::ensure!(
+                    r.readiness.not_ready == 0 && r.readiness.other == 0 && r.readiness.ready > 0,
+                    "with the shipped defaults /readyz answered {} times ready, {} not ready and {} otherwise ({})",
+                    r.readiness.ready,
+                    r.readiness.not_ready,
+                    r.readiness.other,
+                    if r.flooded { "flooded" } else { "quiet" },
+                );
             }
         }
         Ok(())
@@ -160,12 +184,13 @@ pub(crate) async fn command(options: Options) -> anyhow::Result<()> {
         "bench ui-flood: --messages and --clients must be at least 1"
     );
     println!(
-        "bench ui-flood: {} stock.deduct messages, {:.0}% duplicates, RocketMQ -> {}, {} request loops, {} history rows, {} cores",
+        "bench ui-flood: {} stock.deduct messages, {:.0}% duplicates, RocketMQ -> {}, {} request loops, {} history rows, a hot key of {} deliveries, {} cores",
         options.messages,
         options.duplicates * 100.0,
         options.backend,
         options.clients,
         options.history,
+        options.hot_key_rows,
         super::cores(),
     );
     let report = run(&options, |line| eprintln!("  {line}")).await?;
@@ -193,6 +218,16 @@ pub(crate) async fn run(options: &Options, progress: impl Fn(&str)) -> anyhow::R
         progress(&format!(
             "loaded {} delivery-log rows of history in {:.1} s",
             options.history,
+            started.elapsed().as_secs_f64()
+        ));
+    }
+    if options.hot_key_rows > 0 {
+        let started = Instant::now();
+        super::create_digits(&db.store).await?;
+        super::trace::load_hot_key(&db.store, options.hot_key_rows, 3_600_000).await?;
+        progress(&format!(
+            "loaded a hot key of {} deliveries in {:.1} s",
+            options.hot_key_rows,
             started.elapsed().as_secs_f64()
         ));
     }
@@ -275,7 +310,12 @@ async fn consume(
     let running = app.start().await?;
     let target = naive.as_ref().map_or_else(|| authority(running.url()), |(addr, _)| addr.clone());
     let stop_flood = Arc::new(AtomicBool::new(false));
-    let flood = flooded.then(|| Flood::start(&target, options.clients, stop_flood.clone()));
+    let mut paths = vec!["/api/overview".to_owned(), "/collisions?since=0".to_owned()];
+    if options.hot_key_rows > 0 {
+        paths.push(format!("/trace?q={}", super::trace::HOT_BIZ_ID));
+    }
+    let flood = flooded.then(|| Flood::start(&target, options.clients, &paths, stop_flood.clone()));
+    let probe = readiness_probe(authority(running.url()), stop_flood.clone());
 
     let group = &settings.consumer.group;
     let deadline = Instant::now() + Duration::from_secs(600);
@@ -288,6 +328,7 @@ async fn consume(
         Some(flood) => flood.finish().await,
         None => Requests::default(),
     };
+    let readiness = probe.await.unwrap_or_default();
     // Redeliveries the gate asked for may still be under way; the books are read when the
     // log has stopped growing.
     settle(store, group).await?;
@@ -312,7 +353,24 @@ async fn consume(
         double_applied,
         distinct_keys,
         requests,
+        readiness,
         peak_rss_mib: peak_rss_mib(),
+    })
+}
+
+/// Asks the service's `/readyz` every 200 ms until `stop`, each answer within 5 s.
+fn readiness_probe(addr: String, stop: Arc<AtomicBool>) -> tokio::task::JoinHandle<Readiness> {
+    tokio::spawn(async move {
+        let mut readiness = Readiness::default();
+        while !stop.load(Ordering::Acquire) {
+            match tokio::time::timeout(Duration::from_secs(5), get_status(&addr, "/readyz")).await {
+                Ok(Some(200)) => readiness.ready += 1,
+                Ok(Some(503)) => readiness.not_ready += 1,
+                _ => readiness.other += 1,
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+        readiness
     })
 }
 
@@ -353,23 +411,24 @@ fn authority(url: &str) -> String {
     url.trim_start_matches("http://").trim_end_matches('/').to_owned()
 }
 
-/// `clients` loops, each alternating the overview API and the collisions page, one request
-/// after the other, until `stop`.
+/// `clients` loops, each requesting `paths` in turn, one request after the other, until
+/// `stop`.
 struct Flood {
     loops: Vec<tokio::task::JoinHandle<Vec<(u16, u64)>>>,
 }
 
 impl Flood {
-    fn start(addr: &str, clients: usize, stop: Arc<AtomicBool>) -> Self {
+    fn start(addr: &str, clients: usize, paths: &[String], stop: Arc<AtomicBool>) -> Self {
         let loops = (0..clients)
             .map(|i| {
                 let addr = addr.to_owned();
+                let paths = paths.to_vec();
                 let stop = stop.clone();
                 tokio::spawn(async move {
                     let mut answers = Vec::new();
                     let mut n = i;
                     while !stop.load(Ordering::Acquire) {
-                        let path = if n % 2 == 0 { "/api/overview" } else { "/collisions?since=0" };
+                        let path = &paths[n % paths.len()];
                         n += 1;
                         let started = Instant::now();
                         let status = get_status(&addr, path).await.unwrap_or(0);
@@ -494,13 +553,13 @@ async fn clear_runs(store: &Store) -> anyhow::Result<()> {
 /// The runs as a Markdown table.
 pub(crate) fn table(report: &Report) -> String {
     let mut out = String::from(
-        "| UI wiring | flood | msg/s | delivery p50 ms | delivery p99 ms | pool timeouts | unlogged | requests 200 / 503 / other | 200 p50 ms | 200 p99 ms | effects / keys | applied twice | peak RSS MiB |\n\
-         |---|---|---|---|---|---|---|---|---|---|---|---|---|\n",
+        "| UI wiring | flood | msg/s | delivery p50 ms | delivery p99 ms | pool timeouts | unlogged | requests 200 / 503 / other | 200 p50 ms | 200 p99 ms | /readyz ready / not / other | effects / keys | applied twice | peak RSS MiB |\n\
+         |---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n",
     );
     for r in &report.runs {
         let q = &r.requests;
         out.push_str(&format!(
-            "| {} | {} | {:.0} | {:.1} | {:.1} | {} | {} | {} / {} / {} | {:.0} | {:.0} | {} / {} | {} | {:.0} |\n",
+            "| {} | {} | {:.0} | {:.1} | {:.1} | {} | {} | {} / {} / {} | {:.0} | {:.0} | {} / {} / {} | {} / {} | {} | {:.0} |\n",
             r.wiring.name(),
             if r.flooded { "yes" } else { "no" },
             r.rate(),
@@ -513,6 +572,9 @@ pub(crate) fn table(report: &Report) -> String {
             q.other,
             q.ok_latency.p50_us as f64 / 1000.0,
             q.ok_latency.p99_us as f64 / 1000.0,
+            r.readiness.ready,
+            r.readiness.not_ready,
+            r.readiness.other,
             r.effects,
             r.distinct_keys,
             r.double_applied,
@@ -549,6 +611,7 @@ mod tests {
             double_applied: 1,
             distinct_keys: 7,
             requests: Requests::default(),
+            readiness: Readiness { ready: 5, ..Readiness::default() },
             peak_rss_mib: 0.0,
         };
         let mut report = Report { runs: vec![run.clone()] };
@@ -556,7 +619,12 @@ mod tests {
         // The naive wiring may time out; only the books fail it.
         report.runs[0] = Run { effects: 7, double_applied: 0, ..run.clone() };
         assert!(report.check().is_ok());
-        report.runs[0] = Run { wiring: Wiring::Defaults, effects: 7, double_applied: 0, ..run };
+        report.runs[0] = Run { wiring: Wiring::Defaults, effects: 7, double_applied: 0, ..run.clone() };
         assert!(report.check().is_err(), "the defaults may not time out");
+        let ready = Run { wiring: Wiring::Defaults, effects: 7, double_applied: 0, pool_timeouts: 0, ..run };
+        report.runs[0] = ready.clone();
+        assert!(report.check().is_ok());
+        report.runs[0] = Run { readiness: Readiness { ready: 5, not_ready: 1, other: 0 }, ..ready };
+        assert!(report.check().is_err(), "with the defaults /readyz may not turn false");
     }
 }
