@@ -14,6 +14,7 @@ use crate::app::{Application, Feed};
 use crate::bench::command::BenchCommand;
 use crate::config::Settings;
 use crate::demo::{self, DemoOptions};
+use crate::handler::Handlers;
 use crate::inspect::trace::SearchBy;
 use crate::shop;
 use crate::store::{Store, redact_url};
@@ -52,10 +53,22 @@ impl From<Exit> for ExitCode {
 /// The command line of this process, or, when clap cannot read it (or was asked for `--help`
 /// or `--version`), the exit status after clap has printed why.
 pub fn parse() -> Result<Cli, Exit> {
-    Cli::try_parse().map_err(|e| {
-        let _ = e.print();
-        if e.use_stderr() { Exit::Usage } else { Exit::Success }
-    })
+    parse_as("idemgate")
+}
+
+/// [`parse`] for a program named `name` that embeds this command line with handlers of its
+/// own ([`run_with`]): its usage lines and errors name it.
+pub fn parse_as(name: &'static str) -> Result<Cli, Exit> {
+    use clap::{CommandFactory, FromArgMatches};
+    Cli::command()
+        .name(name)
+        .bin_name(name)
+        .try_get_matches()
+        .and_then(|matches| Cli::from_arg_matches(&matches))
+        .map_err(|e| {
+            let _ = e.print();
+            if e.use_stderr() { Exit::Usage } else { Exit::Success }
+        })
 }
 
 /// Idempotent RocketMQ consumption: every duplicate harmless and visible.
@@ -247,8 +260,15 @@ pub struct ProduceArgs {
     pub sends: Option<PathBuf>,
 }
 
-/// Runs the parsed command line.
+/// Runs the parsed command line, with the configured handlers only.
 pub async fn run(cli: Cli) -> anyhow::Result<Exit> {
+    run_with(cli, Handlers::new()).await
+}
+
+/// Runs the parsed command line for a program that brings handlers of its own: `serve` runs
+/// them besides the configured ones, `trace` shows the business state they describe, and
+/// `reconcile` runs their checks. The demo always runs the example shop.
+pub async fn run_with(cli: Cli, own: Handlers) -> anyhow::Result<Exit> {
     let settings = Settings::load(cli.config.as_deref())?;
     match &cli.command {
         Command::Demo(args) if args.log_file != "-" => {
@@ -263,14 +283,14 @@ pub async fn run(cli: Cli) -> anyhow::Result<Exit> {
     }
     match cli.command {
         Command::Serve => {
-            crate::serve::run(&settings).await?;
+            crate::serve::run(&settings, settings.handlers_with(own)?).await?;
             Ok(Exit::Success)
         }
         Command::Produce(args) => produce_command(&settings, args).await,
         Command::Demo(args) => demo_command(settings, args).await,
         Command::Archive(args) => archive_command(&settings, args).await,
-        Command::Trace(args) => trace_command(&settings, args).await,
-        Command::Reconcile(args) => reconcile_command(&settings, args).await,
+        Command::Trace(args) => trace_command(&settings, settings.handlers_with(own)?, args).await,
+        Command::Reconcile(args) => reconcile_command(&settings, settings.handlers_with(own)?, args).await,
         Command::Replay(args) => replay_command(&settings, args).await,
         Command::Migrate => {
             let store = open_store(&settings).await?;
@@ -296,7 +316,11 @@ pub async fn run(cli: Cli) -> anyhow::Result<Exit> {
 async fn demo_command(mut settings: Settings, args: DemoArgs) -> anyhow::Result<Exit> {
     let duplicates = share("duplicates", args.duplicates, 0.9)?;
     settings.consumer.max_reconsume_times = args.max_reconsume_times;
-    let mut running = Application::build(&settings, Feed::Caller).await?.start().await?;
+    // The demo brings the example shop: its handlers (which make its tables) beside any
+    // configured ones, and its routes and group where none are configured.
+    shop::configure(&mut settings, shop::TOPIC);
+    let handlers = settings.handlers_with(shop::handlers())?;
+    let mut running = Application::build_with(&settings, handlers, Feed::Caller).await?.start().await?;
     let log = if args.log_file == "-" { "the terminal".to_owned() } else { args.log_file.clone() };
     println!(
         "idemgate demo: {} deliveries/s with {:.0}% duplicates into {} (instance {}).\n\
@@ -352,6 +376,7 @@ async fn replay_command(settings: &Settings, args: ReplayArgs) -> anyhow::Result
             anyhow::bail!("give --biz-id, --msg-id, --dead-lettered-since or --invalid-since")
         }
     };
+    settings.require_group()?;
     let store = open_store(settings).await?;
     let producer = if args.dry_run {
         None
@@ -376,7 +401,11 @@ async fn replay_command(settings: &Settings, args: ReplayArgs) -> anyhow::Result
 }
 
 /// `idemgate reconcile`: [`Exit::Success`] without anomalies, [`Exit::AnomaliesFound`] with.
-async fn reconcile_command(settings: &Settings, args: ReconcileArgs) -> anyhow::Result<Exit> {
+async fn reconcile_command(
+    settings: &Settings,
+    handlers: Handlers,
+    args: ReconcileArgs,
+) -> anyhow::Result<Exit> {
     use crate::reconcile::settings::Runner;
     let biz_type = match args.biz_type {
         Some(t) => {
@@ -390,6 +419,7 @@ async fn reconcile_command(settings: &Settings, args: ReconcileArgs) -> anyhow::
         Some(ms) => Duration::from_millis(u64::try_from(ms).context("--since must be positive")?),
         None => settings.reconcile.window(),
     };
+    settings.require_group()?;
     let store = open_store(settings).await?;
     let identity = settings.identity();
     let who = Runner {
@@ -400,7 +430,7 @@ async fn reconcile_command(settings: &Settings, args: ReconcileArgs) -> anyhow::
     };
     let now = crate::clock::now_ms();
     let options = settings.reconcile.options(&who, biz_type, window, now);
-    let checks = settings.handlers()?.checks(&settings.routes());
+    let checks = handlers.checks(&settings.routes());
     let report = crate::reconcile::reconcile_once(&store, &options, &checks, now).await;
     store.close().await;
     let report = report?;
@@ -413,7 +443,7 @@ async fn reconcile_command(settings: &Settings, args: ReconcileArgs) -> anyhow::
 
 /// `idemgate trace`: [`Exit::Success`] with a story, [`Exit::SeveralMatches`] with keys to
 /// choose from, [`Exit::NothingFound`].
-async fn trace_command(settings: &Settings, args: TraceArgs) -> anyhow::Result<Exit> {
+async fn trace_command(settings: &Settings, handlers: Handlers, args: TraceArgs) -> anyhow::Result<Exit> {
     use crate::inspect::trace::{self, Answer, TraceQuery};
     let query = TraceQuery::new(
         &args.text,
@@ -427,7 +457,7 @@ async fn trace_command(settings: &Settings, args: TraceArgs) -> anyhow::Result<E
     let web = crate::http::Web::new(
         &settings.http,
         &settings.archive,
-        settings.handlers()?.by_biz_type(&settings.routes()),
+        handlers.by_biz_type(&settings.routes()),
     );
     let answer = trace::trace(&store, &web.trace, &query).await;
     store.close().await;

@@ -2,8 +2,9 @@
 //! variables. Every field names its environment variable; `Settings::load` validates the
 //! whole and names the offending key when something is wrong.
 //!
-//! The defaults are the embedded ones: a SQLite file and the example shop routes, so that
-//! `idemgate demo` needs no services. This module owns reading and checking settings; it must
+//! The defaults are the embedded ones: a SQLite file, and neither a consumer group nor routes,
+//! which name a deployment's own business (`idemgate serve` refuses to start without them; the
+//! demo brings the example shop's). This module owns reading and checking settings; it must
 //! not open connections.
 
 use std::path::Path;
@@ -22,7 +23,6 @@ use crate::prefilter::RedisSettings;
 use crate::reconcile::ReconcileSettings;
 use crate::route::{RouteConfig, Routes};
 use crate::setting::Invalid;
-use crate::shop;
 use crate::sql_handler::{self, SqlHandlerConfig};
 use crate::state_machine::{self, StateMachineConfig};
 use crate::store::{DatabaseSettings, StoreOptions};
@@ -34,8 +34,8 @@ use crate::telemetry::LogSettings;
 pub struct Settings {
     pub database: DatabaseSettings,
     pub consumer: ConsumerSettings,
-    /// Which business key each topic/tag carries. The file's `[[routes]]` tables replace the
-    /// default shop routes as a whole.
+    /// Which business key each topic/tag carries: the file's `[[routes]]` tables. None by
+    /// default; the service needs at least one.
     pub routes: Vec<RouteConfig>,
     pub broker: BrokerSettings,
     pub http: HttpSettings,
@@ -68,7 +68,7 @@ impl Default for Settings {
         Self {
             database: DatabaseSettings::default(),
             consumer: ConsumerSettings::default(),
-            routes: shop::routes(shop::TOPIC),
+            routes: Vec::new(),
             broker: BrokerSettings::default(),
             http: HttpSettings::default(),
             log: LogSettings::default(),
@@ -129,15 +129,9 @@ impl Settings {
         Ok(settings)
     }
 
-    /// Checks what types alone cannot.
+    /// Checks what types alone cannot: every setting that is given. What only the service
+    /// needs (a consumer group, routes, handlers for them) is [`Settings::validate_service`]'s.
     pub fn validate(&self) -> Result<(), ConfigError> {
-        self.validate_with(&self.handlers()?)
-    }
-
-    /// [`Settings::validate`] against `handlers` instead of the configured ones: for a program
-    /// that brings handlers of its own, whose routes name them.
-    pub fn validate_with(&self, handlers: &Handlers) -> Result<(), ConfigError> {
-        // The configured handlers are checked even when others are given.
         self.handlers()?;
         self.database.validate()?;
         self.consumer.validate()?;
@@ -168,21 +162,7 @@ impl Settings {
             ));
         }
         self.http.validate()?;
-        if self.routes.is_empty() {
-            return Err(invalid("routes", "at least one route is needed"));
-        }
         let routes = Routes::new(&self.routes).map_err(|e| invalid(&e.field, e.message))?;
-        for (route, name) in routes.handler_names() {
-            if handlers.get(name).is_none() {
-                return Err(invalid(
-                    &format!("routes[{route}].handler"),
-                    format!(
-                        "no handler named {name:?} (a route without `handler` uses its biz_type); known handlers: {}",
-                        handlers.names().collect::<Vec<_>>().join(", ")
-                    ),
-                ));
-            }
-        }
         self.archive.validate()?;
         self.reconcile.validate()?;
         self.redis.validate()?;
@@ -198,6 +178,44 @@ impl Settings {
         }
         self.dedup.validate()?;
         self.check_delivery_budget()?;
+        Ok(())
+    }
+
+    /// [`Settings::validate`], and what the service needs besides: a consumer group, at least
+    /// one route, and a handler in `handlers` for each route.
+    pub fn validate_service(&self, handlers: &Handlers) -> Result<(), ConfigError> {
+        self.validate()?;
+        self.require_group()?;
+        if self.routes.is_empty() {
+            return Err(invalid(
+                "routes",
+                "no [[routes]] entry is configured: the service consumes nothing without one; add a \
+                 [[routes]] table per topic and tag (topic, tags, biz_type, biz_id), see docs/configuration.md",
+            ));
+        }
+        for (route, name) in self.routes().handler_names() {
+            if handlers.get(name).is_none() {
+                return Err(invalid(
+                    &format!("routes[{route}].handler"),
+                    format!(
+                        "no handler named {name:?} (a route without `handler` uses its biz_type); known handlers: {}",
+                        handlers.names().collect::<Vec<_>>().join(", ")
+                    ),
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    /// Fails unless `consumer.group` is set: the service, replay and the reconciler work for
+    /// one consumer group, and there is no default.
+    pub fn require_group(&self) -> Result<(), ConfigError> {
+        if self.consumer.group.is_empty() {
+            return Err(invalid(
+                "consumer.group",
+                "is not set: name the RocketMQ consumer group whose deliveries this is (IDEMGATE_CONSUMER__GROUP)",
+            ));
+        }
         Ok(())
     }
 
@@ -267,18 +285,24 @@ impl Settings {
         ))
     }
 
-    /// The built-in shop handlers, the configured `[[state_machines]]` and the configured
-    /// `[[sql_handlers]]`. A configured name that is taken already (a built-in handler's, a
-    /// state machine's) is refused, with its key named.
+    /// The configured `[[state_machines]]` and `[[sql_handlers]]`. A name taken twice is
+    /// refused, with its key named.
     pub fn handlers(&self) -> Result<Handlers, ConfigError> {
-        let mut handlers = shop::handlers();
+        self.handlers_with(Handlers::new())
+    }
+
+    /// `own` (the handlers of a program that embeds the service), then the configured ones. A
+    /// configured name that is taken already (one of `own`, a state machine's) is refused,
+    /// with its key named.
+    pub fn handlers_with(&self, own: Handlers) -> Result<Handlers, ConfigError> {
+        let mut handlers = own;
         let configured =
             state_machine::handlers(&self.state_machines).map_err(|e| invalid(&e.field, e.message))?;
         for (i, machine) in self.state_machines.iter().enumerate() {
             if handlers.get(&machine.name).is_some() {
                 return Err(invalid(
                     &format!("state_machines[{i}].name"),
-                    format!("{:?} is the name of a built-in handler; choose another", machine.name),
+                    format!("{:?} is the name of a handler the program brings; choose another", machine.name),
                 ));
             }
         }
@@ -359,10 +383,44 @@ mod tests {
     }
 
     #[test]
-    fn the_defaults_are_valid_and_embedded() {
+    fn the_defaults_are_valid_and_embedded_and_name_no_business() {
         let s = Settings::load_from(None, no_env()).unwrap();
         assert!(s.database.url.starts_with("sqlite://"));
-        assert_eq!(s.routes.len(), 3);
+        assert!(s.routes.is_empty() && s.consumer.group.is_empty());
+    }
+
+    #[test]
+    fn the_service_needs_a_group_routes_and_a_handler_for_each_route() {
+        struct Noop;
+        #[async_trait::async_trait]
+        impl crate::handler::Handler for Noop {
+            async fn handle(
+                &self,
+                _: &crate::handler::Work<'_>,
+                _: &mut crate::store::Conn,
+            ) -> Result<crate::handler::Effect, crate::handler::HandlerError> {
+                Ok(crate::handler::Effect::Applied)
+            }
+        }
+        let handlers = Handlers::new().with("wallet.credit", Noop);
+        let mut s = Settings::default();
+        let err = s.validate_service(&handlers).unwrap_err().to_string();
+        assert!(err.contains("consumer.group: is not set"), "{err}");
+        s.consumer.group = "wallet_consumer".to_owned();
+        let err = s.validate_service(&handlers).unwrap_err().to_string();
+        assert!(err.contains("no [[routes]] entry is configured"), "{err}");
+        s.routes = vec![RouteConfig {
+            topic: "wallet".to_owned(),
+            tags: "*".to_owned(),
+            biz_type: "wallet.debit".to_owned(),
+            biz_id: "keys".to_owned(),
+            execute_time: None,
+            handler: None,
+        }];
+        let err = s.validate_service(&handlers).unwrap_err().to_string();
+        assert!(err.contains("routes[0].handler") && err.contains("\"wallet.debit\""), "{err}");
+        s.routes[0].biz_type = "wallet.credit".to_owned();
+        s.validate_service(&handlers).unwrap();
     }
 
     #[test]
@@ -588,6 +646,9 @@ mod tests {
     }
 
     const SHIP: &str = r#"
+        [consumer]
+        group = "logistics_consumer"
+
         [[routes]]
         topic = "logistics"
         tags = "shipped"
@@ -628,9 +689,12 @@ mod tests {
         let s = Settings::load_from(Some(&write(&dir, SHIP)), no_env()).unwrap();
         let m = &s.state_machines[0];
         assert_eq!((m.done.as_ref(), m.on_missing), (None, state_machine::OnMissing::Retry));
-        let handlers = s.handlers().unwrap();
+        let names: Vec<_> = s.handlers().unwrap().names().map(str::to_owned).collect();
+        assert_eq!(names, ["order.ship"], "the configured ones only");
+        let handlers = s.handlers_with(crate::shop::handlers()).unwrap();
         let names: Vec<_> = handlers.names().collect();
         assert_eq!(names, ["order.create", "order.ship", "payment.confirm", "stock.deduct"]);
+        s.validate_service(&handlers).unwrap();
     }
 
     #[test]
@@ -713,11 +777,6 @@ mod tests {
                 with("row_key = \"json:/order_no\"", "set_time_column = \"shipped at\""),
                 "configuration key state_machines[0].set_time_column: \"shipped at\" is not a plain SQL identifier",
             ),
-            (
-                with("name = \"order.ship\"", "name = \"payment.confirm\"")
-                    .replace("handler = \"order.ship\"", "handler = \"payment.confirm\""),
-                "configuration key state_machines[0].name: \"payment.confirm\" is the name of a built-in handler",
-            ),
             (with("to = \"SHIPPED\"", "to = \"PAID\""), "configuration key state_machines[0].to:"),
             (
                 with("from = [\"PAID\"]", "from = []"),
@@ -728,18 +787,33 @@ mod tests {
                 "key state_machines.0.on_missing: unknown variant: found `explode`",
             ),
             (with("row_key =", "tabel = \"t\"\nrow_key ="), "unknown field: found `tabel`"),
-            (
-                with("handler = \"order.ship\"", "handler = \"order.shipp\""),
-                "configuration key routes[0].handler: no handler named \"order.shipp\" (a route without `handler` uses its biz_type); known handlers: order.create, order.ship, payment.confirm, stock.deduct",
-            ),
-            (
-                with("handler = \"order.ship\"", ""),
-                "configuration key routes[0].handler: no handler named \"order.shipment\"",
-            ),
         ];
         for (text, expected) in cases {
             let err = Settings::load_from(Some(&write(&dir, &text)), no_env()).unwrap_err().to_string();
             assert!(err.contains(expected), "expected {expected:?} in {err:?}\n{text}");
         }
+        // What the program brings is known only where the service is assembled: a name taken
+        // twice, and routes to no handler, are refused there.
+        let service = |text: &str| -> String {
+            let s = Settings::load_from(Some(&write(&dir, text)), no_env()).unwrap();
+            match s.handlers_with(crate::shop::handlers()) {
+                Err(e) => e.to_string(),
+                Ok(handlers) => s.validate_service(&handlers).unwrap_err().to_string(),
+            }
+        };
+        let taken = with("name = \"order.ship\"", "name = \"payment.confirm\"")
+            .replace("handler = \"order.ship\"", "handler = \"payment.confirm\"");
+        let err = service(&taken);
+        assert!(
+            err.contains("state_machines[0].name: \"payment.confirm\" is the name of a handler the program brings"),
+            "{err}"
+        );
+        let err = service(&with("handler = \"order.ship\"", "handler = \"order.shipp\""));
+        assert!(
+            err.contains("configuration key routes[0].handler: no handler named \"order.shipp\" (a route without `handler` uses its biz_type); known handlers: order.create, order.ship, payment.confirm, stock.deduct"),
+            "{err}"
+        );
+        let err = service(&with("handler = \"order.ship\"", ""));
+        assert!(err.contains("configuration key routes[0].handler: no handler named \"order.shipment\""), "{err}");
     }
 }

@@ -99,7 +99,7 @@ impl Counters {
     }
 }
 
-/// Creates the example SKUs' stock where missing, then feeds the traffic through `gate` until `shutdown`
+/// Creates the example shop's tables and stock where missing, then feeds the traffic through `gate` until `shutdown`
 /// resolves or the duration passes. Status lines go to `status`.
 pub(crate) async fn run(
     gate: Arc<Gate>,
@@ -107,7 +107,7 @@ pub(crate) async fn run(
     shutdown: impl Future<Output = ()>,
     mut status: impl FnMut(String),
 ) -> anyhow::Result<Arc<Counters>> {
-    crate::shop::ensure_example_stock(gate.store()).await?;
+    crate::shop::prepare(gate.store()).await.map_err(anyhow::Error::msg)?;
     let counters = Arc::new(Counters::default());
     let max_reconsume = gate.policy().max_reconsume_times;
     let (tx, rx) = mpsc::channel::<Delivery>(options.workers * 4);

@@ -136,6 +136,15 @@ pub trait Handler: Send + Sync + 'static {
         Vec::new()
     }
 
+    /// Makes what this handler needs in the business database, once, when the service is
+    /// assembled and before [`Handler::verify`]: its own tables (by its own migrations) and
+    /// the rows it expects to find. It runs at every start, so it must find its work done
+    /// already and change nothing then. The default makes nothing: the service never creates a
+    /// business table of its own accord.
+    async fn prepare(&self, _store: &Store) -> Result<(), String> {
+        Ok(())
+    }
+
     /// Checks this handler against the database it will run on, once, when the service is
     /// assembled and before any delivery (a configured statement is prepared, so that a table
     /// or column that does not exist is refused at start). The error says what is wrong and
@@ -221,13 +230,17 @@ impl Handlers {
         self.by_name.keys().map(String::as_str)
     }
 
-    /// The invariant checks of every handler `routes` use, each once. A check that names no
-    /// biz_type (a configured one) reports under the first biz_type whose route names its
-    /// handler.
+    /// The invariant checks of every handler, each once. A check that names no biz_type (a
+    /// configured one) reports under the first biz_type whose route names its handler, or,
+    /// when no route names it, under the handler's own name (as a route without `handler`
+    /// names the handler of its biz_type).
     pub fn checks(&self, routes: &Routes) -> Vec<crate::reconcile::check::Check> {
         let mut first_biz_type: BTreeMap<&str, &str> = BTreeMap::new();
         for (biz_type, name) in routes.handler_by_biz_type() {
             first_biz_type.entry(name).or_insert(biz_type);
+        }
+        for name in self.by_name.keys() {
+            first_biz_type.entry(name).or_insert(name);
         }
         first_biz_type
             .into_iter()
@@ -243,6 +256,15 @@ impl Handlers {
             .collect()
     }
 
+    /// [`Handler::prepare`] of every handler on `store`; the first failure, with the handler's
+    /// name.
+    pub async fn prepare(&self, store: &Store) -> Result<(), String> {
+        for (name, handler) in &self.by_name {
+            handler.prepare(store).await.map_err(|why| format!("handler {name:?}: {why}"))?;
+        }
+        Ok(())
+    }
+
     /// [`Handler::verify`] of every handler against `store`; the first refusal, with the
     /// handler's name.
     pub async fn verify(&self, store: &Store) -> Result<(), String> {
@@ -252,12 +274,18 @@ impl Handlers {
         Ok(())
     }
 
-    /// The handler of each biz_type `routes` name, for showing business state by biz_type.
+    /// The handler of each biz_type, for showing business state by biz_type: the handler its
+    /// route names, else the handler of its name (a key logged before its route was removed,
+    /// a command run without the service's routes).
     pub fn by_biz_type(&self, routes: &Routes) -> BTreeMap<String, Arc<dyn Handler>> {
-        routes
-            .handler_by_biz_type()
-            .into_iter()
-            .filter_map(|(biz_type, name)| Some((biz_type.to_owned(), self.get(name)?.clone())))
-            .collect()
+        let mut by_biz_type: BTreeMap<String, Arc<dyn Handler>> =
+            self.by_name.iter().map(|(name, h)| (name.clone(), h.clone())).collect();
+        for (biz_type, name) in routes.handler_by_biz_type() {
+            match self.get(name) {
+                Some(h) => by_biz_type.insert(biz_type.to_owned(), h.clone()),
+                None => by_biz_type.remove(biz_type),
+            };
+        }
+        by_biz_type
     }
 }

@@ -99,7 +99,7 @@ mod scratch;
 #[cfg(feature = "tools")]
 mod serve;
 mod setting;
-mod shop;
+pub mod shop;
 mod sql_handler;
 pub mod state_machine;
 mod store;

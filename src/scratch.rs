@@ -11,7 +11,9 @@ use std::sync::atomic::{AtomicU32, Ordering};
 
 use sqlx::{AnyPool, AssertSqlSafe, Executor};
 
-use crate::store::{Backend, Store, StoreError, StoreOptions};
+use sqlx::Row;
+
+use crate::store::{Backend, Sql, Store, StoreError, StoreOptions};
 
 pub(crate) mod galera;
 
@@ -46,6 +48,32 @@ pub struct ScratchDb {
 
 static NEXT: AtomicU32 = AtomicU32::new(0);
 
+/// Every table the service's migrations make, sorted, and nothing else: what the tests expect
+/// to find in a business database the service has started on (besides the business's own and
+/// the claim shards of `dedup.shards`).
+pub const SERVICE_TABLES: [&str; 9] = [
+    "_sqlx_migrations",
+    "archive_lease",
+    "archive_run",
+    "dedup_layout",
+    "delivery_log",
+    "idempotent_record",
+    "idempotent_record_archive",
+    "reconcile_anomaly",
+    "reconcile_run",
+];
+
+static TABLES_POSTGRES: Sql = Sql::new(
+    "SELECT CAST(table_name AS TEXT) FROM information_schema.tables \
+     WHERE table_schema = current_schema() AND table_type = 'BASE TABLE'",
+);
+static TABLES_MYSQL: Sql = Sql::new(
+    "SELECT CAST(table_name AS CHAR) FROM information_schema.tables \
+     WHERE table_schema = DATABASE() AND table_type = 'BASE TABLE'",
+);
+static TABLES_SQLITE: Sql =
+    Sql::new("SELECT name FROM sqlite_master WHERE type = 'table' AND name NOT LIKE 'sqlite_%'");
+
 #[derive(Debug, thiserror::Error)]
 pub enum ScratchError {
     #[error("{backend} is needed here and is not reachable at {url}: {source}")]
@@ -61,25 +89,48 @@ pub enum ScratchError {
     TempDir(#[source] std::io::Error),
     #[error(transparent)]
     Store(#[from] StoreError),
+    #[error("creating the example shop's tables: {0}")]
+    Shop(#[source] sqlx::migrate::MigrateError),
 }
 
 impl ScratchDb {
-    /// Creates and migrates a scratch database on `backend`'s server.
+    /// Creates a scratch database on `backend`'s server, with the service's tables and the
+    /// example shop's, which the tests and benchmarks run.
     pub async fn create(backend: Backend, options: &StoreOptions) -> Result<Self, ScratchError> {
+        let db = Self::create_empty(backend, options).await?;
+        db.store.migrate().await?;
+        crate::shop::migrate(&db.store).await.map_err(ScratchError::Shop)?;
+        Ok(db)
+    }
+
+    /// Creates a scratch database on `backend`'s server with no table at all: what a
+    /// deployment's new business database is before the service first starts on it.
+    pub async fn create_empty(backend: Backend, options: &StoreOptions) -> Result<Self, ScratchError> {
         match admin_url(backend) {
-            Some(admin) => Self::create_at(backend, &admin, options).await,
+            Some(admin) => Self::create_unmigrated(backend, &admin, options).await,
             None => {
                 let dir = tempfile::tempdir().map_err(ScratchError::TempDir)?;
                 let url = format!("sqlite://{}?mode=rwc", dir.path().join("idemgate.db").display());
-                let store = Store::open(&url, options).await?;
+                let store = Store::connect(&url, options).await?;
                 Ok(Self { store, url, backend, name: String::new(), admin: None, _dir: Some(dir) })
             }
         }
     }
 
-    /// Creates and migrates a scratch database on the PostgreSQL or MySQL-protocol server that
-    /// `admin` (a URL that may create databases) points at.
+    /// [`ScratchDb::create`] on the PostgreSQL or MySQL-protocol server that `admin` (a URL
+    /// that may create databases) points at.
     pub async fn create_at(
+        backend: Backend,
+        admin: &str,
+        options: &StoreOptions,
+    ) -> Result<Self, ScratchError> {
+        let db = Self::create_unmigrated(backend, admin, options).await?;
+        db.store.migrate().await?;
+        crate::shop::migrate(&db.store).await.map_err(ScratchError::Shop)?;
+        Ok(db)
+    }
+
+    async fn create_unmigrated(
         backend: Backend,
         admin: &str,
         options: &StoreOptions,
@@ -100,8 +151,21 @@ impl ScratchDb {
         pool.close().await;
         let base = admin.rsplit_once('/').map(|(b, _)| b).unwrap_or(admin);
         let url = format!("{base}/{name}");
-        let store = Store::open(&url, options).await?;
+        let store = Store::connect(&url, options).await?;
         Ok(Self { store, url, backend, name, admin: Some(admin.to_owned()), _dir: None })
+    }
+
+    /// The names of the database's tables, sorted.
+    pub async fn tables(&self) -> Result<Vec<String>, sqlx::Error> {
+        let sql = match self.backend {
+            Backend::Postgres => &TABLES_POSTGRES,
+            Backend::MySql => &TABLES_MYSQL,
+            Backend::Sqlite => &TABLES_SQLITE,
+        };
+        let rows = self.store.query(sql).fetch_all(self.store.pool()).await?;
+        let mut names = rows.iter().map(|r| r.try_get::<String, _>(0)).collect::<Result<Vec<_>, _>>()?;
+        names.sort();
+        Ok(names)
     }
 
     /// The database's name on its server (empty for SQLite).

@@ -11,11 +11,12 @@
 
 use crate::app::{Application, Feed};
 use crate::config::Settings;
+use crate::handler::Handlers;
 use crate::store::redact_url;
 
-/// Runs the service `settings` describe until a shutdown signal.
-pub(crate) async fn run(settings: &Settings) -> anyhow::Result<()> {
-    let running = Application::build(settings, Feed::Broker).await?.start().await?;
+/// Runs the service `settings` describe, with `handlers`, until a shutdown signal.
+pub(crate) async fn run(settings: &Settings, handlers: Handlers) -> anyhow::Result<()> {
+    let running = Application::build_with(settings, handlers, Feed::Broker).await?.start().await?;
     let identity = running.gate().identity();
     tracing::info!(
         http = %running.url(),

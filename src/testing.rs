@@ -108,7 +108,7 @@ pub mod route {
     pub use crate::route::{BizKey, RouteConfig, Routes};
 }
 pub mod scratch {
-    pub use crate::scratch::ScratchDb;
+    pub use crate::scratch::{SERVICE_TABLES, ScratchDb};
     pub mod galera {
         pub use crate::scratch::galera::{LocalGalera, NODES, StateTransfer};
     }
@@ -116,8 +116,8 @@ pub mod scratch {
 pub mod shop {
     pub use crate::shop::{
         ConfirmPayment, CreateOrder, DeductStock, INITIAL_STOCK, ORDER_CREATE, PAYMENT_CONFIRM, STOCK_DEDUCT,
-        STOCK_LEDGER_CHECK, TAG_ORDER_CREATE, TAG_PAYMENT_CONFIRM, TAG_STOCK_DEDUCT, TOPIC, handlers,
-        order_message, payment_message, routes, seed_stock,
+        CONSUMER_GROUP, STOCK_LEDGER_CHECK, TAG_ORDER_CREATE, TAG_PAYMENT_CONFIRM, TAG_STOCK_DEDUCT, TOPIC,
+        configure, handlers, migrate, order_message, payment_message, prepare, routes, seed_stock, settings,
     };
 }
 pub mod sql_handler {
@@ -138,5 +138,7 @@ pub mod store {
     }
     pub mod plan {
         pub use crate::store::plan::reads;
+    }    pub mod migrations {
+        pub use crate::store::migrations::as_first_run;
     }
 }

@@ -60,16 +60,18 @@ pub struct Application {
 }
 
 impl Application {
-    /// Builds the service `settings` describe, with the built-in and configured handlers.
+    /// Builds the service `settings` describe, with the configured handlers.
     pub async fn build(settings: &Settings, feed: Feed) -> anyhow::Result<Self> {
         let handlers = settings.handlers()?;
         Self::build_with(settings, handlers, feed).await
     }
 
     /// Builds the service with `handlers` instead of the configured ones: for a program that
-    /// brings handlers of its own.
+    /// brings handlers of its own ([`Settings::handlers_with`] adds the configured ones). It
+    /// refuses to build without a consumer group, without routes, or with a route whose
+    /// handler `handlers` lacks.
     pub async fn build_with(settings: &Settings, handlers: Handlers, feed: Feed) -> anyhow::Result<Self> {
-        settings.validate_with(&handlers)?;
+        settings.validate_service(&handlers)?;
         let mut settings = settings.clone();
         if settings.consumer.instance.is_empty() {
             // Fixed once, so that the gate, the schedules and the metrics name one instance.
@@ -79,13 +81,17 @@ impl Application {
         let store = Store::open(&settings.database.url, &settings.store_options())
             .await
             .with_context(|| format!("opening {shown}"))?;
-        // Every configured statement is prepared before anything consumes: a typo in a table
+        // What a handler makes of its own (its tables, its reference rows) is made first; then
+        // every configured statement is prepared before anything consumes: a typo in a table
         // or column name stops the service here, with the handler and the statement named.
+        handlers
+            .prepare(&store)
+            .await
+            .map_err(|why| anyhow::anyhow!("preparing the handlers on {shown}: {why}"))?;
         handlers
             .verify(&store)
             .await
             .map_err(|why| anyhow::anyhow!("checking the handlers against {shown}: {why}"))?;
-        crate::shop::ensure_example_stock(&store).await.context("creating the example shop's stock")?;
         let gate_store = gate_store(&settings, &store)
             .await
             .with_context(|| format!("opening the gate's pool on {shown}"))?;

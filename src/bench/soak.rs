@@ -4,7 +4,7 @@
 //!
 //! A private RocketMQ broker (or `--name-server`) and a scratch PostgreSQL database; the example
 //! traffic (`idemgate produce`'s default mix: 30% duplicates of every cause, poison and malformed
-//! messages, payments before their orders) at `--rate` for `--minutes`; `serve` as a child
+//! messages, payments before their orders) at `--rate` for `--minutes`; `idemgate-shop serve` as a child
 //! process of this binary, archiving every minute (with expired claims and log rows loaded
 //! beforehand, so that its runs move rows) and reconciling every minute. Memory is flat when
 //! the slope of the resident memory after `--warm-up-minutes`, fitted by least squares, stays
@@ -233,7 +233,8 @@ fn start_serve(dir: &Path, settings: &Settings) -> anyhow::Result<Child> {
     let config = dir.join("idemgate.toml");
     std::fs::write(&config, toml::to_string(settings)?)?;
     let log = std::fs::File::create(dir.join("serve.log"))?;
-    let child = Command::new(std::env::current_exe()?)
+    // The shop's service: `idemgate-shop`, built beside this binary.
+    let child = Command::new(std::env::current_exe()?.with_file_name("idemgate-shop"))
         .args(["--config", &config.to_string_lossy(), "serve"])
         .env_remove("RUST_LOG")
         .stdin(Stdio::null())

@@ -301,7 +301,7 @@ async fn consume(
     distinct_keys: usize,
     store: &Store,
 ) -> anyhow::Result<Run> {
-    let app = Application::build(settings, Feed::Broker).await?;
+    let app = Application::build_with(settings, settings.handlers_with(shop::handlers())?, Feed::Broker).await?;
     // The naive wiring serves the same pages from a second listener on the gate's own pool.
     let naive = match wiring {
         Wiring::SharedPool => Some(shared_pool_server(settings, app.gate().store().clone()).await?),
@@ -383,7 +383,7 @@ async fn shared_pool_server(
     let mut naive = settings.clone();
     naive.http.max_concurrent_requests = 1_000_000;
     naive.http.bind = "127.0.0.1:0".to_owned();
-    let handlers = naive.handlers()?;
+    let handlers = naive.handlers_with(shop::handlers())?;
     let server = http::Server::bind(&naive.http).await?;
     let addr = server.local_addr()?.to_string();
     let info = BuildInfo {

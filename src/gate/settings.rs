@@ -102,7 +102,7 @@ impl Default for ConsumerSettings {
     fn default() -> Self {
         let policy = Policy::default();
         Self {
-            group: "idemgate_shop_consumer".to_owned(),
+            group: String::new(),
             instance: String::new(),
             max_reconsume_times: policy.max_reconsume_times,
             transient_retries: policy.transient_retries,
@@ -114,7 +114,10 @@ impl Default for ConsumerSettings {
 
 impl ConsumerSettings {
     pub fn validate(&self) -> Result<(), Invalid> {
-        check_key_text(&self.group, MAX_ID_CHARS).map_err(|m| invalid("consumer.group", m))?;
+        // No group by default: the service asks for one (`Settings::require_group`).
+        if !self.group.is_empty() {
+            check_key_text(&self.group, MAX_ID_CHARS).map_err(|m| invalid("consumer.group", m))?;
+        }
         if self.instance.chars().count() > MAX_ID_CHARS {
             return Err(invalid("consumer.instance", "is longer than 128 characters"));
         }

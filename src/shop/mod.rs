@@ -7,13 +7,19 @@
 //! - `stock.deduct` decrements stock: not idempotent at all, made safe only by the gate, and
 //!   it writes a ledger row per applied deduction so a double application is visible.
 //!
-//! The demo, the benchmarks and the tests use these. A deployment registers its own handlers.
+//! The demo, the benchmarks and the tests use these; so does `idemgate-shop`, the service with
+//! the shop's handlers, as a program that embeds idemgate builds it. `idemgate serve` knows none
+//! of it: the shop's tables are its own migrations' (`migrations/shop/`), made by its
+//! handlers' [`prepare`].
 
 mod order;
 mod payment;
 mod stock;
 
+use std::sync::LazyLock;
+
 use serde::de::DeserializeOwned;
+use sqlx::migrate::Migrator;
 
 pub use order::CreateOrder;
 pub(crate) use order::OrderCreate;
@@ -25,6 +31,7 @@ pub(crate) use stock::{StockDeduct, ensure_stock};
 use crate::delivery::Delivery;
 use crate::handler::{HandlerError, Handlers};
 use crate::route::RouteConfig;
+use crate::store::{Backend, Store};
 
 pub const ORDER_CREATE: &str = "order.create";
 pub const PAYMENT_CONFIRM: &str = "payment.confirm";
@@ -45,6 +52,28 @@ pub fn handlers() -> Handlers {
         .with(ORDER_CREATE, OrderCreate)
         .with(PAYMENT_CONFIRM, PaymentConfirm)
         .with(STOCK_DEDUCT, StockDeduct)
+}
+
+/// The consumer group the example shop consumes under, unless one is configured.
+pub const CONSUMER_GROUP: &str = "idemgate_shop_consumer";
+
+/// `settings` made to consume the example traffic on `topic` where they name no business of
+/// their own: the shop's routes unless routes are configured, its consumer group unless one
+/// is set.
+pub fn configure(settings: &mut crate::config::Settings, topic: &str) {
+    if settings.routes.is_empty() {
+        settings.routes = routes(topic);
+    }
+    if settings.consumer.group.is_empty() {
+        settings.consumer.group = CONSUMER_GROUP.to_owned();
+    }
+}
+
+/// The default settings, made to consume the example traffic on [`TOPIC`] ([`configure`]).
+pub fn settings() -> crate::config::Settings {
+    let mut settings = crate::config::Settings::default();
+    configure(&mut settings, TOPIC);
+    settings
 }
 
 /// Routes for the example traffic on `topic`: the bizId is the message's first KEY.
@@ -86,14 +115,44 @@ fn example_message(topic: &str, tag: &str, key: &str, body: serde_json::Result<V
     }
 }
 
-/// The stock every example SKU starts with when `serve` or the demo first meets it.
+/// The stock every example SKU starts with when the shop's handlers first meet a database.
 pub const INITIAL_STOCK: i64 = 1_000_000_000_000;
 
-/// Creates the example SKUs' stock rows that are missing, so that `stock.deduct` traffic from
-/// `idemgate produce` finds its SKUs.
-pub(crate) async fn ensure_example_stock(store: &crate::store::Store) -> Result<(), sqlx::Error> {
+/// Where the shop's migrations record themselves: a table of their own, beside the service's.
+const MIGRATIONS_TABLE: &str = "_idemgate_shop_migrations";
+
+static POSTGRES_MIGRATIONS: LazyLock<Migrator> =
+    LazyLock::new(|| own_table(sqlx::migrate!("migrations/shop/postgres")));
+static MYSQL_MIGRATIONS: LazyLock<Migrator> = LazyLock::new(|| own_table(sqlx::migrate!("migrations/shop/mysql")));
+static SQLITE_MIGRATIONS: LazyLock<Migrator> =
+    LazyLock::new(|| own_table(sqlx::migrate!("migrations/shop/sqlite")));
+
+fn own_table(mut migrator: Migrator) -> Migrator {
+    migrator.dangerous_set_table_name(MIGRATIONS_TABLE);
+    migrator
+}
+
+/// Creates the shop's tables (`migrations/shop/<backend>/`, recorded in
+/// `_idemgate_shop_migrations`), on a database the service's migrations have run on.
+pub async fn migrate(store: &Store) -> Result<(), sqlx::migrate::MigrateError> {
+    let migrator = match store.backend() {
+        Backend::Postgres => &*POSTGRES_MIGRATIONS,
+        Backend::MySql => &*MYSQL_MIGRATIONS,
+        Backend::Sqlite => &*SQLITE_MIGRATIONS,
+    };
+    migrator.run(store.pool()).await
+}
+
+/// What the shop's handlers need before they consume: its tables, and the stock rows of the
+/// example SKUs that are missing, so that `stock.deduct` traffic from `idemgate produce` finds
+/// its SKUs. Each of the three handlers runs it when the service is assembled
+/// ([`Handler::prepare`](crate::handler::Handler::prepare)); the second and third find it done.
+pub async fn prepare(store: &Store) -> Result<(), String> {
+    migrate(store).await.map_err(|e| format!("creating the example shop's tables: {e}"))?;
     for sku in SKUS {
-        ensure_stock(store, sku, INITIAL_STOCK).await?;
+        ensure_stock(store, sku, INITIAL_STOCK)
+            .await
+            .map_err(|e| format!("creating the example shop's stock of {sku}: {e}"))?;
     }
     Ok(())
 }

@@ -140,6 +140,10 @@ impl Handler for OrderCreate {
             .collect())
     }
 
+    async fn prepare(&self, store: &Store) -> Result<(), String> {
+        super::prepare(store).await
+    }
+
     async fn describe(&self, store: &Store, biz_id: &str) -> Result<Vec<Fact>, sqlx::Error> {
         super::describe_order(store, false, biz_id).await
     }

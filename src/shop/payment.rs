@@ -99,6 +99,10 @@ impl Handler for PaymentConfirm {
             .collect())
     }
 
+    async fn prepare(&self, store: &Store) -> Result<(), String> {
+        super::prepare(store).await
+    }
+
     async fn describe(&self, store: &Store, biz_id: &str) -> Result<Vec<Fact>, sqlx::Error> {
         super::describe_order(store, true, biz_id).await
     }

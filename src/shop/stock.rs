@@ -164,6 +164,10 @@ impl Handler for StockDeduct {
 
     /// The ledger rows of this deduction: exactly one when it was applied, none when it was
     /// not; two or more is the double application the gate exists to prevent.
+    async fn prepare(&self, store: &Store) -> Result<(), String> {
+        super::prepare(store).await
+    }
+
     async fn describe(&self, store: &Store, biz_id: &str) -> Result<Vec<Fact>, sqlx::Error> {
         let rows = store.query(&LEDGER_ROWS).bind(biz_id).fetch_all(store.pool()).await?;
         let mut facts = Vec::with_capacity(rows.len() + 1);

@@ -28,13 +28,14 @@ impl Instances {
             .unwrap_or_else(|e| panic!("{e}. Start the service (scripts/services.sh)."));
         let mut running = Vec::new();
         for id in ids {
-            let mut settings = Settings::default();
+            let mut settings = shop::settings();
             settings.database.url = db.url.clone();
             settings.http.bind = "127.0.0.1:0".to_owned();
             settings.consumer.group = GROUP.to_owned();
             settings.consumer.instance = (*id).to_owned();
             configure(&mut settings);
-            let app = Application::build(&settings, Feed::Caller).await.expect("the instance builds");
+            let handlers = settings.handlers_with(shop::handlers()).expect("handlers");
+            let app = Application::build_with(&settings, handlers, Feed::Caller).await.expect("the instance builds");
             running.push(app.start().await.expect("the instance starts"));
         }
         Self { db, running }

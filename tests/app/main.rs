@@ -9,6 +9,7 @@
 
 mod clients;
 mod instances;
+mod no_example;
 #[path = "../layers/redis_server.rs"]
 mod redis_server;
 mod support;

@@ -60,7 +60,7 @@ pub async fn scratch_db(backend: Backend) -> ScratchDb {
 /// [`spawn_app_with`] on `db`, which the test has prepared (business tables of its own).
 pub async fn spawn_app_on(db: ScratchDb, configure: impl FnOnce(&mut Settings), extra: Handlers) -> TestApp {
     shop::seed_stock(&db.store, SKU, 1_000_000).await.expect("stock");
-    let mut settings = Settings::default();
+    let mut settings = shop::settings();
     settings.database.url = db.url.clone();
     settings.http.bind = "127.0.0.1:0".to_owned();
     settings.consumer.group = GROUP.to_owned();
@@ -76,7 +76,7 @@ pub async fn spawn_app_on(db: ScratchDb, configure: impl FnOnce(&mut Settings), 
         });
     }
     configure(&mut settings);
-    let mut handlers = settings.handlers().expect("the configured handlers");
+    let mut handlers = settings.handlers_with(shop::handlers()).expect("the configured handlers");
     handlers.extend(extra);
     let app = Application::build_with(&settings, handlers, Feed::Caller).await.expect("the service builds");
     let web = app.web().clone();

@@ -8,6 +8,7 @@ use idemgate::testing::broker::Producer;
 use idemgate::testing::config::Settings;
 use idemgate::testing::delivery::Delivery;
 use idemgate::testing::route::RouteConfig;
+use idemgate::testing::scratch::SERVICE_TABLES;
 use idemgate::testing::sql_handler::SqlHandlerConfig;
 use idemgate::testing::store::{Backend, Sql};
 use sqlx::Row;
@@ -78,7 +79,8 @@ static BALANCES: Sql = Sql::new("SELECT balance_cents FROM wallet");
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_configured_sql_handler_credits_each_wallet_once_through_serve_and_the_trace_shows_it() {
-    let db = database(Backend::Postgres).await;
+    // The business database as a deployment has it: its own tables and nothing of idemgate's.
+    let db = empty_database(Backend::Postgres).await;
     let (topic, group, run) = (unique("wallet"), unique("group"), unique("W").replace('_', ""));
     for ddl in [
         "CREATE TABLE wallet (user_id VARCHAR(64) NOT NULL PRIMARY KEY, balance_cents BIGINT NOT NULL DEFAULT 0)",
@@ -96,7 +98,11 @@ async fn a_configured_sql_handler_credits_each_wallet_once_through_serve_and_the
         sql_handlers: business.sql_handlers,
         ..settings(&db.url, &topic, &group, "solo", 2)
     };
-    let service = Service::start(&s);
+    let service = Service::start_as(PLAIN_BIN, &s);
+    // `serve` made its own tables, and no other: nothing of the example shop, no stock rows.
+    let mut expected: Vec<&str> = SERVICE_TABLES.into_iter().chain(["wallet", "wallet_ledger"]).collect();
+    expected.sort_unstable();
+    assert_eq!(db.tables().await.expect("the tables"), expected);
 
     let producer = Producer::start(broker().name_server(), &unique("pgroup")).await.expect("producer");
     let mut sends = 0;
@@ -216,7 +222,7 @@ async fn a_row_lock_past_the_client_deadline_makes_each_delivery_answer_retry_it
         sql_handlers: business.sql_handlers,
         ..settings(&db.url, &topic, &group, "solo", 16)
     };
-    let service = Service::start(&s);
+    let service = Service::start_as(PLAIN_BIN, &s);
 
     // Another transaction holds the locked wallet's row, and keeps it.
     let mut holder = db.store.pool().acquire().await.expect("a connection");

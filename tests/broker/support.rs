@@ -19,7 +19,11 @@ use idemgate::testing::shop;
 use idemgate::testing::store::{Backend, Sql, Store, StoreOptions};
 use sqlx::Row;
 
-pub const BIN: &str = env!("CARGO_BIN_EXE_idemgate");
+/// The service with the example shop's handlers, whose traffic these tests send, and its
+/// commands (the same command line as `idemgate`'s).
+pub const BIN: &str = env!("CARGO_BIN_EXE_idemgate-shop");
+/// `idemgate` itself: the service with configured handlers only.
+pub const PLAIN_BIN: &str = env!("CARGO_BIN_EXE_idemgate");
 
 /// The broker every test of this binary shares; each test uses its own topic and group.
 pub fn broker() -> &'static LocalBroker {
@@ -36,6 +40,14 @@ pub fn unique(prefix: &str) -> String {
 
 pub async fn database(backend: Backend) -> ScratchDb {
     ScratchDb::create(backend, &StoreOptions { max_connections: 4, ..Default::default() })
+        .await
+        .unwrap_or_else(|e| panic!("{e}"))
+}
+
+/// A database with no table at all: a deployment's business database before the service
+/// first starts on it.
+pub async fn empty_database(backend: Backend) -> ScratchDb {
+    ScratchDb::create_empty(backend, &StoreOptions { max_connections: 4, ..Default::default() })
         .await
         .unwrap_or_else(|e| panic!("{e}"))
 }
@@ -117,14 +129,20 @@ pub struct Service {
 }
 
 impl Service {
-    /// Starts `serve` with `settings` and waits until it reports that it is serving.
+    /// Starts `idemgate-shop serve` with `settings` and waits until it reports that it is
+    /// serving.
     pub fn start(settings: &Settings) -> Self {
+        Self::start_as(BIN, settings)
+    }
+
+    /// Starts `bin serve` with `settings` and waits until it reports that it is serving.
+    pub fn start_as(bin: &str, settings: &Settings) -> Self {
         let dir = tempfile::tempdir().expect("temp dir");
         let config = dir.path().join("idemgate.toml");
         std::fs::write(&config, toml::to_string(settings).expect("settings to TOML")).expect("write config");
         let log = dir.path().join("serve.log");
         let out = std::fs::File::create(&log).expect("log file");
-        let child = Command::new(BIN)
+        let child = Command::new(bin)
             .args(["--config", &config.to_string_lossy(), "serve"])
             .env_remove("RUST_LOG")
             .stdin(Stdio::null())

@@ -16,6 +16,7 @@ use idemgate::testing::gate::{Disposition, Gate};
 use idemgate::testing::outcome::{Layer, Outcome, Verdict};
 use idemgate::testing::route::RouteConfig;
 use idemgate::testing::sql_handler::{Expect, OnZero, SqlHandlerConfig, StatementConfig};
+use idemgate::testing::shop;
 use idemgate::testing::store::{Backend, Sql, Store};
 use sqlx::Row;
 
@@ -201,7 +202,7 @@ async fn wallet_db(backend: Backend, wallets: &[(&str, i64)]) -> TestDb {
 /// against the database first.
 async fn wallet_gate(store: Store, instance: &str) -> Gate {
     let s = settings(instance);
-    let handlers = s.handlers().expect("handlers");
+    let handlers = s.handlers_with(shop::handlers()).expect("handlers");
     handlers.verify(&store).await.expect("every statement prepares");
     idemgate::testing::app::assemble_gate(&s, store, handlers, None).expect("gate")
 }
@@ -532,7 +533,7 @@ pub mod cases {
         let g = wallet_gate(db.store.clone(), "a").await;
         assert_eq!(g.process(&credit("CR-T", "CR-T", "u-1", 250, "M-T")).await.outcome, Outcome::Processed);
         let s = settings("a");
-        let handlers = s.handlers().expect("handlers");
+        let handlers = s.handlers_with(shop::handlers()).expect("handlers");
         let handler = handlers.get("wallet.credit").expect("configured");
         let facts = handler.describe(&db.store, "CR-T").await.expect("describe");
         let shown: Vec<(&str, &str)> = facts.iter().map(|f| (f.label.as_str(), f.value.as_str())).collect();
@@ -576,7 +577,7 @@ pub mod cases {
             s.database.url = db.url().to_owned();
             s.http.bind = "127.0.0.1:0".into();
             change(&mut s);
-            match Application::build(&s, Feed::Caller).await {
+            match Application::build_with(&s, s.handlers_with(shop::handlers()).expect("handlers"), Feed::Caller).await {
                 Ok(_) => panic!("the service built"),
                 Err(e) => format!("{e:#}"),
             }

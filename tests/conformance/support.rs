@@ -111,7 +111,7 @@ pub fn gate_with(store: Store, id: Identity, configure: impl FnOnce(&mut Setting
 /// instance of `id`, the default policy, and the test group commit when the case runs under
 /// [`on_every_backend_with_group_commit!`].
 pub fn gate_settings(id: &Identity, extra_routes: Vec<RouteConfig>) -> Settings {
-    let mut settings = Settings::default();
+    let mut settings = shop::settings();
     settings.routes.extend(extra_routes);
     settings.consumer.group = id.consumer_group.clone();
     settings.consumer.instance = id.instance_id.clone();

@@ -66,7 +66,7 @@ async fn service(url: &str, group: &str, instance: &str, group_commit: bool) -> 
     let mut settings = caller_settings(url, group, instance);
     settings.group_commit.enabled = group_commit;
     let app =
-        Application::build(&settings, Feed::Caller).await.unwrap_or_else(|e| panic!("{instance}: {e:#}"));
+        Application::build_with(&settings, shop::handlers(), Feed::Caller).await.unwrap_or_else(|e| panic!("{instance}: {e:#}"));
     app.start().await.expect("the service starts")
 }
 
@@ -290,13 +290,13 @@ async fn a_start_on_galera_refuses_a_table_without_a_primary_key_and_names_it() 
     let db = database(&cluster).await;
     db.store.query(&CREATE_UNKEYED).execute(db.store.pool()).await.expect("a table without a key");
     let settings = caller_settings(&cluster.url(1, db.name()), "pk", "node-2");
-    let refused = match Application::build(&settings, Feed::Caller).await {
+    let refused = match Application::build_with(&settings, shop::handlers(), Feed::Caller).await {
         Ok(_) => panic!("the service started on a database with a table without a primary key"),
         Err(e) => format!("{e:#}"),
     };
     assert!(refused.contains("table audit_note has no primary key"), "{refused}");
     db.store.query(&KEY_IT).execute(db.store.pool()).await.expect("a key added");
-    let app = Application::build(&settings, Feed::Caller)
+    let app = Application::build_with(&settings, shop::handlers(), Feed::Caller)
         .await
         .expect("the service starts once the table has a key");
     drop(app);
@@ -316,7 +316,7 @@ async fn claims_in_four_shards_on_three_nodes_take_ids_no_other_node_takes_insid
     for node in 0..NODES {
         let mut s = caller_settings(&cluster.url(node, db.name()), &group, &format!("node-{}", node + 1));
         s.dedup.shards = 4;
-        let app = Application::build(&s, Feed::Caller).await.expect("the service builds");
+        let app = Application::build_with(&s, shop::handlers(), Feed::Caller).await.expect("the service builds");
         let store = store_on(&cluster, node, &db).await;
         let ids = idemgate::testing::store::galera::id_settings(store.pool()).await.expect("the id settings");
         // wsrep_auto_increment_control on: the increment is the cluster's size, the offset the node's own.

@@ -40,7 +40,7 @@ struct App {
 
 impl App {
     async fn new(backend: idemgate::testing::store::Backend) -> Self {
-        Self::with_settings(backend, Settings::default()).await
+        Self::with_settings(backend, shop::settings()).await
     }
 
     async fn with_settings(backend: idemgate::testing::store::Backend, mut settings: Settings) -> Self {
@@ -50,7 +50,8 @@ impl App {
         settings.http.bind = "127.0.0.1:0".to_owned();
         settings.consumer.group = GROUP.to_owned();
         settings.consumer.instance = "web-1".to_owned();
-        let app = Application::build(&settings, Feed::Caller).await.expect("the service builds");
+        let handlers = settings.handlers_with(shop::handlers()).expect("handlers");
+        let app = Application::build_with(&settings, handlers, Feed::Caller).await.expect("the service builds");
         let (router, web) = (app.router(), app.web().clone());
         let running = app.start().await.expect("the service starts");
         Self { db, running, router, web }
@@ -481,7 +482,7 @@ mod cases {
 
     /// With credentials configured, everything but health needs them; the token never shows.
     pub async fn credentials_guard_everything_but_health(backend: idemgate::testing::store::Backend) {
-        let mut settings = Settings::default();
+        let mut settings = shop::settings();
         settings.http.auth_token = "tok-0123456789abcdef".to_owned();
         settings.http.basic_user = "ops".to_owned();
         settings.http.basic_password = "pa55".to_owned();
@@ -557,7 +558,7 @@ async fn the_trace_command_prints_the_story_and_exits_by_what_it_found() {
     store.close().await;
 
     let run = |args: &[&str]| {
-        let out = std::process::Command::new(env!("CARGO_BIN_EXE_idemgate"))
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_idemgate-shop"))
             .arg("trace")
             .args(args)
             .env("IDEMGATE_DATABASE__URL", &url)
@@ -678,7 +679,7 @@ async fn a_page_asked_for_under_a_foreign_host_name_is_misdirected() {
         .unwrap();
     assert_eq!(app.request(twice).await.0, StatusCode::MISDIRECTED_REQUEST, "two Host headers");
 
-    let mut settings = Settings::default();
+    let mut settings = shop::settings();
     settings.http.allowed_hosts = vec!["idemgate.example.com".to_owned()];
     settings.http.auth_token = "tok-0123456789abcdef".to_owned();
     let listed = App::with_settings(idemgate::testing::store::Backend::Sqlite, settings).await;
@@ -764,9 +765,10 @@ async fn an_expired_replay_token_is_refused_with_a_request_to_reload_the_page() 
     assert!(body.contains(NO_BROKER), "a fresh token passes: {body}");
 }
 
-/// Runs the `idemgate` binary with `database_url` and `args`: exit code, stdout, stderr.
+/// Runs `idemgate-shop` (idemgate's command line with the example shop's handlers) with
+/// `database_url` and `args`: exit code, stdout, stderr.
 fn idemgate(database_url: &str, args: &[&str]) -> (Option<i32>, String, String) {
-    let out = std::process::Command::new(env!("CARGO_BIN_EXE_idemgate"))
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_idemgate-shop"))
         .args(args)
         .env("IDEMGATE_DATABASE__URL", database_url)
         .env("IDEMGATE_DATABASE__ACQUIRE_TIMEOUT_MS", "3000")
@@ -935,11 +937,12 @@ mod scripts {
             // Assembled as `serve` does, with a broker to replay through: the pages offer the
             // replay; nothing here sends one.
             let db = TestDb::new(backend).await;
-            let mut settings = Settings::default();
+            let mut settings = shop::settings();
             settings.database.url = db.url().to_owned();
             settings.http.bind = "127.0.0.1:0".to_owned();
             settings.consumer.group = GROUP.to_owned();
-            let app = Application::build(&settings, Feed::Broker).await.expect("the service builds");
+            let handlers = settings.handlers_with(shop::handlers()).expect("handlers");
+            let app = Application::build_with(&settings, handlers, Feed::Broker).await.expect("the service builds");
             let router = app.router();
             let get = |uri: String| {
                 let router = router.clone();
