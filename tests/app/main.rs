@@ -176,8 +176,8 @@ fn the_demo_keeps_the_terminal_for_its_urls_and_status_lines_and_logs_to_a_file(
 /// `bench trace` at a small size on every backend: every lookup it times is checked (the
 /// key's deliveries, its claim, and for the hot key a summary that names the second processed
 /// delivery deep in its timeline), the old way's summary misses that delivery, and the naive
-/// schema's drops name indexes the migrations made. The figures of the full size are in
-/// docs/benchmarks.md.
+/// schema's drops name indexes the migrations made. The figures of the full size, and the
+/// target they are held to, are in docs/benchmarks.md.
 #[test]
 fn bench_trace_at_a_small_size_checks_every_lookup_and_names_the_hot_keys_double_apply() {
     let out = std::process::Command::new(env!("CARGO_BIN_EXE_idemgate"))
@@ -198,6 +198,9 @@ fn bench_trace_at_a_small_size_checks_every_lookup_and_names_the_hot_keys_double
             "2",
             "--naive-lookups",
             "2",
+            // A debug build on a busy machine: the timing target is the release run's.
+            "--target-p99-ms",
+            "60000",
         ])
         .env_remove("RUST_LOG")
         .output()
