@@ -262,14 +262,17 @@ pub struct ProduceArgs {
 
 /// Runs the parsed command line, with the configured handlers only.
 pub async fn run(cli: Cli) -> anyhow::Result<Exit> {
-    run_with(cli, Handlers::new()).await
+    run_with(cli, Handlers::new(), |_| {}).await
 }
 
 /// Runs the parsed command line for a program that brings handlers of its own: `serve` runs
 /// them besides the configured ones, `trace` shows the business state they describe, and
-/// `reconcile` runs their checks. The demo always runs the example shop.
-pub async fn run_with(cli: Cli, own: Handlers) -> anyhow::Result<Exit> {
-    let settings = Settings::load(cli.config.as_deref())?;
+/// `reconcile` runs their checks. `defaults` fills in what the loaded settings leave unset
+/// (the program's own routes and consumer group, say). The demo always runs the example shop.
+pub async fn run_with(cli: Cli, own: Handlers, defaults: impl FnOnce(&mut Settings)) -> anyhow::Result<Exit> {
+    let mut settings = Settings::load(cli.config.as_deref())?;
+    defaults(&mut settings);
+    settings.validate()?;
     match &cli.command {
         Command::Demo(args) if args.log_file != "-" => {
             let file = std::fs::OpenOptions::new()
@@ -454,11 +457,8 @@ async fn trace_command(settings: &Settings, handlers: Handlers, args: TraceArgs)
     )?
     .paged(args.after.as_deref(), args.before.as_deref())?;
     let store = open_store(settings).await?;
-    let web = crate::http::Web::new(
-        &settings.http,
-        &settings.archive,
-        handlers.by_biz_type(&settings.routes()),
-    );
+    let web =
+        crate::http::Web::new(&settings.http, &settings.archive, handlers.by_biz_type(&settings.routes()));
     let answer = trace::trace(&store, &web.trace, &query).await;
     store.close().await;
     let answer = answer?;

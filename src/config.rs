@@ -805,7 +805,9 @@ mod tests {
             .replace("handler = \"order.ship\"", "handler = \"payment.confirm\"");
         let err = service(&taken);
         assert!(
-            err.contains("state_machines[0].name: \"payment.confirm\" is the name of a handler the program brings"),
+            err.contains(
+                "state_machines[0].name: \"payment.confirm\" is the name of a handler the program brings"
+            ),
             "{err}"
         );
         let err = service(&with("handler = \"order.ship\"", "handler = \"order.shipp\""));
@@ -814,6 +816,9 @@ mod tests {
             "{err}"
         );
         let err = service(&with("handler = \"order.ship\"", ""));
-        assert!(err.contains("configuration key routes[0].handler: no handler named \"order.shipment\""), "{err}");
+        assert!(
+            err.contains("configuration key routes[0].handler: no handler named \"order.shipment\""),
+            "{err}"
+        );
     }
 }

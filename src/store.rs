@@ -20,8 +20,8 @@ use sqlx::any::{AnyPoolOptions, install_default_drivers};
 use sqlx::{AnyConnection, AnyPool, AssertSqlSafe, Executor};
 
 mod backend;
-pub(crate) mod migrations;
 pub(crate) mod galera;
+pub(crate) mod migrations;
 pub(crate) mod plan;
 mod redact;
 mod settings;

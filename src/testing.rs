@@ -115,9 +115,10 @@ pub mod scratch {
 }
 pub mod shop {
     pub use crate::shop::{
-        ConfirmPayment, CreateOrder, DeductStock, INITIAL_STOCK, ORDER_CREATE, PAYMENT_CONFIRM, STOCK_DEDUCT,
-        CONSUMER_GROUP, STOCK_LEDGER_CHECK, TAG_ORDER_CREATE, TAG_PAYMENT_CONFIRM, TAG_STOCK_DEDUCT, TOPIC,
-        configure, handlers, migrate, order_message, payment_message, prepare, routes, seed_stock, settings,
+        CONSUMER_GROUP, ConfirmPayment, CreateOrder, DeductStock, INITIAL_STOCK, ORDER_CREATE,
+        PAYMENT_CONFIRM, STOCK_DEDUCT, STOCK_LEDGER_CHECK, TAG_ORDER_CREATE, TAG_PAYMENT_CONFIRM,
+        TAG_STOCK_DEDUCT, TOPIC, configure, handlers, migrate, order_message, payment_message, prepare,
+        routes, seed_stock, settings,
     };
 }
 pub mod sql_handler {
@@ -138,7 +139,8 @@ pub mod store {
     }
     pub mod plan {
         pub use crate::store::plan::reads;
-    }    pub mod migrations {
+    }
+    pub mod migrations {
         pub use crate::store::migrations::as_first_run;
     }
 }

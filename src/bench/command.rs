@@ -104,8 +104,26 @@ mod tests {
         let BenchCommand::Trace(t) = parse(&["trace"]) else { panic!("trace") };
         let d = trace::Options::default();
         assert_eq!(
-            (t.backends, t.claims, t.lookups, t.naive_lookups, t.hot_key_rows, t.hot_lookups, t.old_lookups, t.target_p99_ms),
-            (d.backends, d.claims, d.lookups, d.naive_lookups, d.hot_key_rows, d.hot_lookups, d.old_lookups, d.target_p99_ms)
+            (
+                t.backends,
+                t.claims,
+                t.lookups,
+                t.naive_lookups,
+                t.hot_key_rows,
+                t.hot_lookups,
+                t.old_lookups,
+                t.target_p99_ms
+            ),
+            (
+                d.backends,
+                d.claims,
+                d.lookups,
+                d.naive_lookups,
+                d.hot_key_rows,
+                d.hot_lookups,
+                d.old_lookups,
+                d.target_p99_ms
+            )
         );
         let BenchCommand::Reconcile(r) = parse(&["reconcile"]) else { panic!("reconcile") };
         let d = reconcile::Options::default();

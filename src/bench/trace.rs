@@ -133,7 +133,10 @@ pub(crate) fn check(reports: &[Report], target: Duration) -> anyhow::Result<()> 
     for r in reports {
         let mut p99s = vec![("by bizId", r.by_biz_id.p99_us), ("by msgId", r.by_msg_id.p99_us)];
         if let Some(hot) = &r.hot {
-            p99s.extend([("of the hot key", hot.first_page.p99_us), ("of the hot key's deep pages", hot.deep_page.p99_us)]);
+            p99s.extend([
+                ("of the hot key", hot.first_page.p99_us),
+                ("of the hot key's deep pages", hot.deep_page.p99_us),
+            ]);
         }
         for (what, p99) in p99s {
             anyhow::ensure!(
@@ -161,7 +164,10 @@ pub(crate) async fn run(options: &Options) -> anyhow::Result<Vec<Report>> {
         options.hot_key_rows
     );
     anyhow::ensure!(
-        options.lookups > 0 && options.hot_lookups > 0 && options.old_lookups > 0 && options.naive_lookups > 0,
+        options.lookups > 0
+            && options.hot_lookups > 0
+            && options.old_lookups > 0
+            && options.naive_lookups > 0,
         "--lookups, --hot-lookups, --old-lookups and --naive-lookups must be at least 1"
     );
     let mut reports = Vec::new();
@@ -294,10 +300,8 @@ async fn hot_key(
             keys.len(),
             page.len()
         );
-        let processed = page
-            .iter()
-            .filter(|r| r.try_get::<String, _>("outcome").is_ok_and(|o| o == "processed"))
-            .count();
+        let processed =
+            page.iter().filter(|r| r.try_get::<String, _>("outcome").is_ok_and(|o| o == "processed")).count();
         old_saw_double_apply = processed > 1;
     }
     Ok(HotReport {

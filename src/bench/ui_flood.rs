@@ -301,7 +301,8 @@ async fn consume(
     distinct_keys: usize,
     store: &Store,
 ) -> anyhow::Result<Run> {
-    let app = Application::build_with(settings, settings.handlers_with(shop::handlers())?, Feed::Broker).await?;
+    let app =
+        Application::build_with(settings, settings.handlers_with(shop::handlers())?, Feed::Broker).await?;
     // The naive wiring serves the same pages from a second listener on the gate's own pool.
     let naive = match wiring {
         Wiring::SharedPool => Some(shared_pool_server(settings, app.gate().store().clone()).await?),

@@ -2,8 +2,9 @@
 //! as a program that embeds idemgate with Rust handlers of its own builds it. Its command line
 //! is idemgate's; `serve` runs the shop's handlers besides the configured ones (they create the
 //! shop's tables), `trace` shows the orders and ledger rows behind a key, and `reconcile` runs
-//! the shop's ledger check. The routes and the consumer group come from the configuration, as
-//! for `idemgate serve`; `idemgate demo` needs none of it.
+//! the shop's ledger check. Where the configuration names no routes and no consumer group, it
+//! consumes the shop's topic (`idemgate_shop`, the default of `idemgate produce`) under the
+//! shop's group; `idemgate serve` has no such defaults.
 
 use std::process::ExitCode;
 
@@ -15,7 +16,9 @@ async fn main() -> ExitCode {
         Ok(cli) => cli,
         Err(exit) => return exit.into(),
     };
-    match cli::run_with(cli, idemgate::shop::handlers()).await {
+    let shop_defaults =
+        |settings: &mut idemgate::Settings| idemgate::shop::configure(settings, idemgate::shop::TOPIC);
+    match cli::run_with(cli, idemgate::shop::handlers(), shop_defaults).await {
         Ok(exit) => exit.into(),
         Err(e) => {
             eprintln!("idemgate-shop: {e:#}");

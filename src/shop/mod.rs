@@ -123,7 +123,8 @@ const MIGRATIONS_TABLE: &str = "_idemgate_shop_migrations";
 
 static POSTGRES_MIGRATIONS: LazyLock<Migrator> =
     LazyLock::new(|| own_table(sqlx::migrate!("migrations/shop/postgres")));
-static MYSQL_MIGRATIONS: LazyLock<Migrator> = LazyLock::new(|| own_table(sqlx::migrate!("migrations/shop/mysql")));
+static MYSQL_MIGRATIONS: LazyLock<Migrator> =
+    LazyLock::new(|| own_table(sqlx::migrate!("migrations/shop/mysql")));
 static SQLITE_MIGRATIONS: LazyLock<Migrator> =
     LazyLock::new(|| own_table(sqlx::migrate!("migrations/shop/sqlite")));
 

@@ -35,7 +35,9 @@ impl Instances {
             settings.consumer.instance = (*id).to_owned();
             configure(&mut settings);
             let handlers = settings.handlers_with(shop::handlers()).expect("handlers");
-            let app = Application::build_with(&settings, handlers, Feed::Caller).await.expect("the instance builds");
+            let app = Application::build_with(&settings, handlers, Feed::Caller)
+                .await
+                .expect("the instance builds");
             running.push(app.start().await.expect("the instance starts"));
         }
         Self { db, running }

@@ -42,14 +42,16 @@ async fn a_database_that_ran_the_first_texts_keeps_its_shop_tables_and_validates
             .await
             .unwrap_or_else(|e| panic!("{backend}: the migrations as they first ran: {e}"));
         let before = db.tables().await.expect("the tables");
-        assert!(before.contains(&"shop_order".to_owned()), "{backend}: the old shape has the shop: {before:?}");
+        assert!(
+            before.contains(&"shop_order".to_owned()),
+            "{backend}: the old shape has the shop: {before:?}"
+        );
         // The service starts on it: every applied version validates, nothing is pending.
         db.store.migrate().await.unwrap_or_else(|e| panic!("{backend}: {e:?}"));
         // The shop, run on it again, finds its tables made and adds its stock.
         shop::prepare(&db.store).await.unwrap_or_else(|e| panic!("{backend}: {e}"));
         shop::prepare(&db.store).await.unwrap_or_else(|e| panic!("{backend}: a second time: {e}"));
-        let stock: i64 =
-            db.store.query(&STOCK_ROWS).fetch_one(db.store.pool()).await.expect("stock").get(0);
+        let stock: i64 = db.store.query(&STOCK_ROWS).fetch_one(db.store.pool()).await.expect("stock").get(0);
         assert_eq!(stock, 5, "{backend}");
         let after = db.tables().await.expect("the tables");
         let added: Vec<&String> = after.iter().filter(|t| !before.contains(t)).collect();
@@ -74,7 +76,8 @@ fn serve(config: &str) -> (Option<i32>, String) {
 
 #[test]
 fn serve_refuses_to_start_without_routes_or_a_consumer_group_and_names_what_is_missing() {
-    let route = "[[routes]]\ntopic = \"wallet\"\ntags = \"*\"\nbiz_type = \"wallet.credit\"\nbiz_id = \"keys\"\n";
+    let route =
+        "[[routes]]\ntopic = \"wallet\"\ntags = \"*\"\nbiz_type = \"wallet.credit\"\nbiz_id = \"keys\"\n";
     let (code, err) = serve(route);
     assert_eq!(code, Some(1), "{err}");
     assert!(err.contains("consumer.group: is not set"), "{err}");
@@ -82,8 +85,7 @@ fn serve_refuses_to_start_without_routes_or_a_consumer_group_and_names_what_is_m
     assert_eq!(code, Some(1), "{err}");
     assert!(err.contains("no [[routes]] entry is configured"), "{err}");
     // The example's routes are no one's default: `idemgate` itself has no shop handler.
-    let shop_route =
-        "[consumer]\ngroup = \"g\"\n[[routes]]\ntopic = \"t\"\ntags = \"*\"\nbiz_type = \"stock.deduct\"\nbiz_id = \"keys\"\n";
+    let shop_route = "[consumer]\ngroup = \"g\"\n[[routes]]\ntopic = \"t\"\ntags = \"*\"\nbiz_type = \"stock.deduct\"\nbiz_id = \"keys\"\n";
     let (code, err) = serve(shop_route);
     assert_eq!(code, Some(1), "{err}");
     assert!(err.contains("no handler named \"stock.deduct\""), "{err}");

@@ -15,8 +15,8 @@ use idemgate::testing::delivery::Delivery;
 use idemgate::testing::gate::{Disposition, Gate};
 use idemgate::testing::outcome::{Layer, Outcome, Verdict};
 use idemgate::testing::route::RouteConfig;
-use idemgate::testing::sql_handler::{Expect, OnZero, SqlHandlerConfig, StatementConfig};
 use idemgate::testing::shop;
+use idemgate::testing::sql_handler::{Expect, OnZero, SqlHandlerConfig, StatementConfig};
 use idemgate::testing::store::{Backend, Sql, Store};
 use sqlx::Row;
 
@@ -577,7 +577,12 @@ pub mod cases {
             s.database.url = db.url().to_owned();
             s.http.bind = "127.0.0.1:0".into();
             change(&mut s);
-            match Application::build_with(&s, s.handlers_with(shop::handlers()).expect("handlers"), Feed::Caller).await {
+            // Refused where the service is assembled, with the program's handlers (the shop's).
+            let handlers = match s.handlers_with(shop::handlers()) {
+                Ok(handlers) => handlers,
+                Err(e) => return format!("{e:#}"),
+            };
+            match Application::build_with(&s, handlers, Feed::Caller).await {
                 Ok(_) => panic!("the service built"),
                 Err(e) => format!("{e:#}"),
             }

@@ -65,8 +65,9 @@ async fn store_on(cluster: &LocalGalera, index: usize, db: &ScratchDb) -> Store 
 async fn service(url: &str, group: &str, instance: &str, group_commit: bool) -> Running {
     let mut settings = caller_settings(url, group, instance);
     settings.group_commit.enabled = group_commit;
-    let app =
-        Application::build_with(&settings, shop::handlers(), Feed::Caller).await.unwrap_or_else(|e| panic!("{instance}: {e:#}"));
+    let app = Application::build_with(&settings, shop::handlers(), Feed::Caller)
+        .await
+        .unwrap_or_else(|e| panic!("{instance}: {e:#}"));
     app.start().await.expect("the service starts")
 }
 
@@ -316,7 +317,8 @@ async fn claims_in_four_shards_on_three_nodes_take_ids_no_other_node_takes_insid
     for node in 0..NODES {
         let mut s = caller_settings(&cluster.url(node, db.name()), &group, &format!("node-{}", node + 1));
         s.dedup.shards = 4;
-        let app = Application::build_with(&s, shop::handlers(), Feed::Caller).await.expect("the service builds");
+        let app =
+            Application::build_with(&s, shop::handlers(), Feed::Caller).await.expect("the service builds");
         let store = store_on(&cluster, node, &db).await;
         let ids = idemgate::testing::store::galera::id_settings(store.pool()).await.expect("the id settings");
         // wsrep_auto_increment_control on: the increment is the cluster's size, the offset the node's own.

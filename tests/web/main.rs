@@ -51,7 +51,8 @@ impl App {
         settings.consumer.group = GROUP.to_owned();
         settings.consumer.instance = "web-1".to_owned();
         let handlers = settings.handlers_with(shop::handlers()).expect("handlers");
-        let app = Application::build_with(&settings, handlers, Feed::Caller).await.expect("the service builds");
+        let app =
+            Application::build_with(&settings, handlers, Feed::Caller).await.expect("the service builds");
         let (router, web) = (app.router(), app.web().clone());
         let running = app.start().await.expect("the service starts");
         Self { db, running, router, web }
@@ -534,6 +535,7 @@ async fn command_line_database(
 ) -> (String, idemgate::testing::store::Store, idemgate::testing::gate::Gate) {
     let url = format!("sqlite://{}?mode=rwc", dir.path().join("cli.db").display());
     let store = idemgate::testing::store::Store::open(&url, &Default::default()).await.expect("store");
+    shop::migrate(&store).await.expect("the shop's tables");
     shop::seed_stock(&store, "SKU-W", 100).await.expect("stock");
     let gate =
         gate(store.clone(), identity(GROUP, "cli-1"), vec![], idemgate::testing::handler::Handlers::new());
@@ -942,7 +944,8 @@ mod scripts {
             settings.http.bind = "127.0.0.1:0".to_owned();
             settings.consumer.group = GROUP.to_owned();
             let handlers = settings.handlers_with(shop::handlers()).expect("handlers");
-            let app = Application::build_with(&settings, handlers, Feed::Broker).await.expect("the service builds");
+            let app =
+                Application::build_with(&settings, handlers, Feed::Broker).await.expect("the service builds");
             let router = app.router();
             let get = |uri: String| {
                 let router = router.clone();
