@@ -16,6 +16,7 @@
 //! trace ran before its reads were bounded: the bizId's keys counted over every row, and the
 //! oldest 500 rows as both the timeline and the summary.
 
+use std::sync::LazyLock;
 use std::time::{Duration, Instant};
 
 use rand::Rng;
@@ -506,38 +507,38 @@ pub(crate) async fn load(store: &Store, claims: usize, span_ms: i64) -> anyhow::
 // The hot key's deliveries, row i of them a million at a time: i = 0 a failed attempt, i = 1
 // and i = the `double` bound its processed deliveries, every third other row a producer resend
 // under its own msgId, the rest redeliveries of the first msgId.
-static HOT_LOG_PIPES: Sql = Sql::new(
-    "INSERT INTO delivery_log (logged_at_ms, instance_id, consumer_group, msg_id, uniq_key, topic, tags, \
-     queue_id, queue_offset, reconsume_times, biz_type, biz_id, execute_time, outcome, cause, layer, \
-     payload_match, payload_hash, error, latency_us) \
-     SELECT ? + s.i * ?, 'bench', ?, \
-     CASE WHEN s.i > 1 AND s.i % 3 = 0 THEN 'HR-' || CAST(s.i AS TEXT) ELSE 'HM-0' END, \
-     CASE WHEN s.i > 1 AND s.i % 3 = 0 THEN 'HV-' || CAST(s.i AS TEXT) ELSE 'HU-0' END, \
-     'shop', 'stock_deduct', 0, s.i, s.i % 16, ?, ?, 0, \
-     CASE WHEN s.i = 0 THEN 'failed' WHEN s.i = 1 OR s.i = ? THEN 'processed' ELSE 'duplicate' END, \
-     CASE WHEN s.i < 2 OR s.i = ? THEN NULL WHEN s.i % 3 = 0 THEN 'producer_resend' ELSE 'redelivery' END, \
-     CASE WHEN s.i < 2 OR s.i = ? THEN NULL ELSE 'db' END, \
-     CASE WHEN s.i < 2 OR s.i = ? THEN NULL ELSE 1 END, \
-     'hash', CASE WHEN s.i = 0 THEN 'downstream timeout' ELSE NULL END, 900 \
-     FROM (SELECT ? * 1000000 + b.n * 1000 + c.n AS i FROM bench_digits b CROSS JOIN bench_digits c) s \
-     WHERE s.i < ?",
-);
-static HOT_LOG_CONCAT: Sql = Sql::new(
-    "INSERT INTO delivery_log (logged_at_ms, instance_id, consumer_group, msg_id, uniq_key, topic, tags, \
-     queue_id, queue_offset, reconsume_times, biz_type, biz_id, execute_time, outcome, cause, layer, \
-     payload_match, payload_hash, error, latency_us) \
-     SELECT ? + s.i * ?, 'bench', ?, \
-     CASE WHEN s.i > 1 AND s.i % 3 = 0 THEN CONCAT('HR-', s.i) ELSE 'HM-0' END, \
-     CASE WHEN s.i > 1 AND s.i % 3 = 0 THEN CONCAT('HV-', s.i) ELSE 'HU-0' END, \
-     'shop', 'stock_deduct', 0, s.i, s.i % 16, ?, ?, 0, \
-     CASE WHEN s.i = 0 THEN 'failed' WHEN s.i = 1 OR s.i = ? THEN 'processed' ELSE 'duplicate' END, \
-     CASE WHEN s.i < 2 OR s.i = ? THEN NULL WHEN s.i % 3 = 0 THEN 'producer_resend' ELSE 'redelivery' END, \
-     CASE WHEN s.i < 2 OR s.i = ? THEN NULL ELSE 'db' END, \
-     CASE WHEN s.i < 2 OR s.i = ? THEN NULL ELSE 1 END, \
-     'hash', CASE WHEN s.i = 0 THEN 'downstream timeout' ELSE NULL END, 900 \
-     FROM (SELECT ? * 1000000 + b.n * 1000 + c.n AS i FROM bench_digits b CROSS JOIN bench_digits c) s \
-     WHERE s.i < ?",
-);
+/// The hot key's load statement, with string concatenation as the backend spells it: `||` on
+/// PostgreSQL and SQLite, `CONCAT` on MySQL/MariaDB.
+fn hot_log(mysql: bool) -> &'static Sql {
+    static PIPES: LazyLock<Sql> = LazyLock::new(|| hot_log_statement(false));
+    static CONCAT: LazyLock<Sql> = LazyLock::new(|| hot_log_statement(true));
+    if mysql { &CONCAT } else { &PIPES }
+}
+
+fn hot_log_statement(mysql: bool) -> Sql {
+    let numbered = |prefix: &str| {
+        if mysql { format!("CONCAT('{prefix}', s.i)") } else { format!("'{prefix}' || CAST(s.i AS TEXT)") }
+    };
+    let text = format!(
+        "INSERT INTO delivery_log (logged_at_ms, instance_id, consumer_group, msg_id, uniq_key, topic, tags, \
+         queue_id, queue_offset, reconsume_times, biz_type, biz_id, execute_time, outcome, cause, layer, \
+         payload_match, payload_hash, error, latency_us) \
+         SELECT ? + s.i * ?, 'bench', ?, \
+         CASE WHEN s.i > 1 AND s.i % 3 = 0 THEN {} ELSE 'HM-0' END, \
+         CASE WHEN s.i > 1 AND s.i % 3 = 0 THEN {} ELSE 'HU-0' END, \
+         'shop', 'stock_deduct', 0, s.i, s.i % 16, ?, ?, 0, \
+         CASE WHEN s.i = 0 THEN 'failed' WHEN s.i = 1 OR s.i = ? THEN 'processed' ELSE 'duplicate' END, \
+         CASE WHEN s.i < 2 OR s.i = ? THEN NULL WHEN s.i % 3 = 0 THEN 'producer_resend' ELSE 'redelivery' END, \
+         CASE WHEN s.i < 2 OR s.i = ? THEN NULL ELSE 'db' END, \
+         CASE WHEN s.i < 2 OR s.i = ? THEN NULL ELSE 1 END, \
+         'hash', CASE WHEN s.i = 0 THEN 'downstream timeout' ELSE NULL END, 900 \
+         FROM (SELECT ? * 1000000 + b.n * 1000 + c.n AS i FROM bench_digits b CROSS JOIN bench_digits c) s \
+         WHERE s.i < ?",
+        numbered("HR-"),
+        numbered("HV-"),
+    );
+    Sql::new(Box::leak(text.into_boxed_str()))
+}
 static HOT_CLAIM: Sql = Sql::new(
     "INSERT INTO idempotent_record (consumer_group, biz_type, biz_id, execute_time, msg_id, uniq_key, \
      payload_hash, instance_id, claimed_at_ms) VALUES (?, ?, ?, 0, 'HM-0', 'HU-0', 'hash', 'bench', ?)",
@@ -576,7 +577,7 @@ pub(crate) async fn load_hot_key(store: &Store, rows: usize, span_ms: i64) -> an
         .await?;
     for million in 0..rows.div_ceil(1_000_000) as i64 {
         store
-            .query(if mysql { &HOT_LOG_CONCAT } else { &HOT_LOG_PIPES })
+            .query(hot_log(mysql))
             .bind(start_ms)
             .bind(step_ms)
             .bind(GROUP)
@@ -607,26 +608,28 @@ async fn analyze(store: &Store) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// "p50 / p99" in milliseconds, with `decimals` digits after the point.
+fn p50_p99(p: &Percentiles, decimals: usize) -> String {
+    let ms = |us: u64| us as f64 / 1000.0;
+    format!("{:.*} / {:.*}", decimals, ms(p.p50_us), decimals, ms(p.p99_us))
+}
+
 /// The hot key's figures as a Markdown table.
 pub(crate) fn hot_table(reports: &[Report]) -> String {
     let mut out = String::from(
         "| backend | hot key's deliveries | load s | trace, first page p50 / p99 ms | trace, deep page p50 / p99 ms | old way p50 / p99 ms | old way's summary saw the double apply |\n\
          |---|---|---|---|---|---|---|\n",
     );
-    let ms = |us: u64| us as f64 / 1000.0;
     for r in reports {
         let Some(h) = &r.hot else { continue };
         out.push_str(&format!(
-            "| {} | {} | {:.0} | {:.2} / {:.2} | {:.2} / {:.2} | {:.0} / {:.0} ({} lookups) | {} |\n",
+            "| {} | {} | {:.0} | {} | {} | {} ({} lookups) | {} |\n",
             r.backend,
             h.rows,
             h.load.as_secs_f64(),
-            ms(h.first_page.p50_us),
-            ms(h.first_page.p99_us),
-            ms(h.deep_page.p50_us),
-            ms(h.deep_page.p99_us),
-            ms(h.old.p50_us),
-            ms(h.old.p99_us),
+            p50_p99(&h.first_page, 2),
+            p50_p99(&h.deep_page, 2),
+            p50_p99(&h.old, 0),
             h.old_lookups,
             if h.old_saw_double_apply { "yes" } else { "no" },
         ));
@@ -640,20 +643,16 @@ pub(crate) fn table(reports: &[Report]) -> String {
         "| backend | claims | log rows | load s | trace by bizId p50 / p99 ms | trace by msgId p50 / p99 ms | naive by bizId p50 / p99 ms | RSS before / after / peak MiB |\n\
          |---|---|---|---|---|---|---|---|\n",
     );
-    let ms = |us: u64| us as f64 / 1000.0;
     for r in reports {
         out.push_str(&format!(
-            "| {} | {} | {} | {:.0} | {:.2} / {:.2} | {:.2} / {:.2} | {:.0} / {:.0} ({} lookups) | {:.0} / {:.0} / {:.0} |\n",
+            "| {} | {} | {} | {:.0} | {} | {} | {} ({} lookups) | {:.0} / {:.0} / {:.0} |\n",
             r.backend,
             r.claims,
             r.log_rows,
             r.load.as_secs_f64(),
-            ms(r.by_biz_id.p50_us),
-            ms(r.by_biz_id.p99_us),
-            ms(r.by_msg_id.p50_us),
-            ms(r.by_msg_id.p99_us),
-            ms(r.naive.p50_us),
-            ms(r.naive.p99_us),
+            p50_p99(&r.by_biz_id, 2),
+            p50_p99(&r.by_msg_id, 2),
+            p50_p99(&r.naive, 0),
             r.naive_lookups,
             r.rss_before_mib,
             r.rss_after_mib,
