@@ -27,7 +27,7 @@ use crate::clock::format_ms;
 use crate::handler::{Fact, Handler};
 use crate::outcome::{DuplicateCause, Outcome};
 use crate::route::MAX_ID_CHARS;
-use crate::store::{AnyQuery, Arg, Backend, Bound, Sql, Store};
+use crate::store::{AnyQuery, Arg, Bound, Sql, Store};
 
 /// The deliveries one page of a trace's timeline lists.
 pub const PAGE_DELIVERIES: usize = 500;
@@ -436,11 +436,10 @@ macro_rules! of_uniq_key {
         "uniq_key = ? AND biz_id = '' AND biz_type = ? AND consumer_group = ?"
     };
 }
-/// The scope's deliveries from a cursor, `$from` the cursor's condition and the order, `$hint`
-/// what follows the table's name (an index hint, or nothing).
+/// The scope's deliveries from a cursor, `$from` the cursor's condition and the order.
 macro_rules! page_of {
-    ($scope:expr, $hint:expr, $from:expr) => {
-        Sql::new(concat!("SELECT ", log_columns!(), " FROM delivery_log", $hint, " WHERE ", $scope, $from))
+    ($scope:expr, $from:literal) => {
+        Sql::new(concat!("SELECT ", log_columns!(), " FROM delivery_log WHERE ", $scope, $from))
     };
 }
 
@@ -448,72 +447,35 @@ macro_rules! page_of {
 struct ScopeStatements {
     oldest_first: Sql,
     newest_first: Sql,
-    /// The pages as MySQL/MariaDB are given them (`key_after_cursor_mysql!` says why).
-    oldest_first_mysql: Sql,
-    newest_first_mysql: Sql,
     tallies: LazyLock<Tallies>,
     figures: LazyLock<Tallies>,
 }
 
-macro_rules! after_cursor {
-    () => {
-        " AND logged_at_ms >= ? AND (logged_at_ms > ? OR (logged_at_ms = ? AND id > ?)) \
-         ORDER BY logged_at_ms, id LIMIT ?"
-    };
-}
-macro_rules! before_cursor {
-    () => {
-        " AND logged_at_ms <= ? AND (logged_at_ms < ? OR (logged_at_ms = ? AND id < ?)) \
-         ORDER BY logged_at_ms DESC, id DESC LIMIT ?"
-    };
-}
-
-// A key's pages on MySQL/MariaDB. MariaDB reads a page of `after_cursor!` by the equality of
-// the key's columns alone (a `ref` read) and filters every earlier delivery of the key on the
-// way to the cursor, and it reads `before_cursor!`'s `ORDER BY logged_at_ms DESC, id DESC` in
-// the index's order only after sorting: 1 to 2 s for a page deep in a key of 3,000,000
-// deliveries. The hint makes the read a range that starts at the cursor, and the order named
-// as the whole index (its leading columns are fixed, so the order is the same) lets the range be
-// read in that order, either way: a few milliseconds wherever the page lies.
-macro_rules! key_after_cursor_mysql {
-    () => {
-        " AND logged_at_ms >= ? AND (logged_at_ms > ? OR (logged_at_ms = ? AND id > ?)) \
-         ORDER BY biz_id, biz_type, consumer_group, execute_time, logged_at_ms, id LIMIT ?"
-    };
-}
-macro_rules! key_before_cursor_mysql {
-    () => {
-        " AND logged_at_ms <= ? AND (logged_at_ms < ? OR (logged_at_ms = ? AND id < ?)) \
-         ORDER BY biz_id DESC, biz_type DESC, consumer_group DESC, execute_time DESC, logged_at_ms DESC, \
-         id DESC LIMIT ?"
-    };
-}
-
 macro_rules! scope_statements {
-    ($scope:expr, $mysql_hint:expr, $mysql_after:expr, $mysql_before:expr) => {
+    ($scope:expr) => {
         // The cursor's row comparison is written out, since MySQL does not use an index for
         // `(a, b) > (?, ?)`, with the bound on its first column repeated so that every planner
         // starts the index range there.
         ScopeStatements {
-            oldest_first: page_of!($scope, "", after_cursor!()),
-            newest_first: page_of!($scope, "", before_cursor!()),
-            oldest_first_mysql: page_of!($scope, $mysql_hint, $mysql_after),
-            newest_first_mysql: page_of!($scope, $mysql_hint, $mysql_before),
+            oldest_first: page_of!(
+                $scope,
+                " AND logged_at_ms >= ? AND (logged_at_ms > ? OR (logged_at_ms = ? AND id > ?)) \
+                 ORDER BY logged_at_ms, id LIMIT ?"
+            ),
+            newest_first: page_of!(
+                $scope,
+                " AND logged_at_ms <= ? AND (logged_at_ms < ? OR (logged_at_ms = ? AND id < ?)) \
+                 ORDER BY logged_at_ms DESC, id DESC LIMIT ?"
+            ),
             tallies: LazyLock::new(|| Tallies::summary($scope)),
             figures: LazyLock::new(|| Tallies::figures($scope)),
         }
     };
 }
 
-static OF_KEY: ScopeStatements = scope_statements!(
-    of_key!(),
-    " FORCE INDEX (delivery_log_key)",
-    key_after_cursor_mysql!(),
-    key_before_cursor_mysql!()
-);
-static OF_MSG_ID: ScopeStatements = scope_statements!(of_msg_id!(), "", after_cursor!(), before_cursor!());
-static OF_UNIQ_KEY: ScopeStatements =
-    scope_statements!(of_uniq_key!(), "", after_cursor!(), before_cursor!());
+static OF_KEY: ScopeStatements = scope_statements!(of_key!());
+static OF_MSG_ID: ScopeStatements = scope_statements!(of_msg_id!());
+static OF_UNIQ_KEY: ScopeStatements = scope_statements!(of_uniq_key!());
 
 /// Whose deliveries a story tells: the key's, or, for a key without a bizId (a message refused
 /// before its key could be read; every such message of a biz_type shares that key), the one
@@ -557,17 +519,16 @@ impl<'a> Scope<'a> {
         }
     }
 
-    /// The statement of the timeline's page `page` on `backend`: the page's rows and one more,
-    /// to know whether it has a neighbour that way.
-    fn page(self, page: PageAt, backend: Backend) -> Bound {
+    /// The statement of the timeline's page `page`: the page's rows and one more, to know
+    /// whether it has a neighbour that way.
+    fn page(self, page: PageAt) -> Bound {
         let statements = self.statements();
-        let mysql = backend == Backend::MySql;
-        let oldest_first = if mysql { &statements.oldest_first_mysql } else { &statements.oldest_first };
-        let newest_first = if mysql { &statements.newest_first_mysql } else { &statements.newest_first };
         let (name, sql, from) = match page {
-            PageAt::Oldest => ("timeline", oldest_first, Cursor { logged_at_ms: i64::MIN, id: i64::MIN }),
-            PageAt::After(c) => ("timeline after", oldest_first, c),
-            PageAt::Before(c) => ("timeline before", newest_first, c),
+            PageAt::Oldest => {
+                ("timeline", &statements.oldest_first, Cursor { logged_at_ms: i64::MIN, id: i64::MIN })
+            }
+            PageAt::After(c) => ("timeline after", &statements.oldest_first, c),
+            PageAt::Before(c) => ("timeline before", &statements.newest_first, c),
         };
         let mut args = self.args();
         args.extend([
@@ -886,7 +847,7 @@ fn next_key(key: &KeyRef) -> Bound {
 /// The statements a trace of `key` runs on the log, with their values: the stepping through its
 /// bizId's keys, its summary and a choice list's figures, and the pages of its timeline (the
 /// later and earlier ones from `around_ms`).
-pub fn statements(key: &KeyRef, around_ms: i64, backend: Backend) -> Vec<Bound> {
+pub fn statements(key: &KeyRef, around_ms: i64) -> Vec<Bound> {
     let scope = Scope::Key(key);
     let middle = Cursor { logged_at_ms: around_ms, id: 0 };
     vec![
@@ -894,9 +855,9 @@ pub fn statements(key: &KeyRef, around_ms: i64, backend: Backend) -> Vec<Bound> 
         next_key(key),
         OF_KEY.tallies.statement("summary", scope),
         OF_KEY.figures.statement("figures", scope),
-        scope.page(PageAt::Oldest, backend),
-        scope.page(PageAt::After(middle), backend),
-        scope.page(PageAt::Before(middle), backend),
+        scope.page(PageAt::Oldest),
+        scope.page(PageAt::After(middle)),
+        scope.page(PageAt::Before(middle)),
     ]
 }
 
@@ -966,7 +927,7 @@ struct Timeline {
 /// that way).
 async fn timeline(store: &Store, scope: Scope<'_>, page: PageAt) -> Result<Timeline, sqlx::Error> {
     let cursor_of = |r: &LogRow| Cursor { logged_at_ms: r.logged_at_ms, id: r.id };
-    let rows = scope.page(page, store.backend()).query(store).fetch_all(store.pool()).await?;
+    let rows = scope.page(page).query(store).fetch_all(store.pool()).await?;
     let mut rows = rows.iter().map(LogRow::from_row).collect::<Result<Vec<_>, _>>()?;
     match page {
         PageAt::Oldest | PageAt::After(_) => {

@@ -168,7 +168,7 @@ mod cases {
         };
         let whole_key = ["biz_id", "biz_type", "consumer_group", "execute_time"];
         let counts = Outcome::ALL.len() + 2 * idemgate::testing::outcome::DuplicateCause::ALL.len();
-        for statement in statements(&key, now + 10_000, store.backend()) {
+        for statement in statements(&key, now + 10_000) {
             let reads = plan::reads(store, &statement).await.expect("plan");
             let log: Vec<_> = reads.iter().filter(|r| r.table == "delivery_log").collect();
             assert!(!log.is_empty(), "{}: no read of the log in {reads:#?}", statement.name);
