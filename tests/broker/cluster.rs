@@ -433,7 +433,8 @@ async fn a_database_stalled_for_fifteen_seconds_slows_the_consumers_and_loses_no
     let otherwise: Vec<&(String, i64)> =
         failed.iter().filter(|(error, _)| !early_payment(error) && !lock_wait(error)).collect();
     assert!(otherwise.is_empty(), "deliveries failed during the stall on the database: {otherwise:?}");
-    let count = |pick: &dyn Fn(&str) -> bool| -> i64 { failed.iter().filter(|(e, _)| pick(e)).map(|(_, n)| n).sum() };
+    let count =
+        |pick: &dyn Fn(&str) -> bool| -> i64 { failed.iter().filter(|(e, _)| pick(e)).map(|(_, n)| n).sum() };
     println!(
         "slow database: {} payments retried because the stall held their order back, {} deliveries redelivered \
          after their claim's lock wait reached database.lock_timeout_ms",
