@@ -97,10 +97,14 @@ impl ScratchDb {
     /// Creates a scratch database on `backend`'s server, with the service's tables and the
     /// example shop's, which the tests and benchmarks run.
     pub async fn create(backend: Backend, options: &StoreOptions) -> Result<Self, ScratchError> {
-        let db = Self::create_empty(backend, options).await?;
-        db.store.migrate().await?;
-        crate::shop::migrate(&db.store).await.map_err(ScratchError::Shop)?;
-        Ok(db)
+        Self::create_empty(backend, options).await?.migrated().await
+    }
+
+    /// This database with the service's tables and the example shop's.
+    async fn migrated(self) -> Result<Self, ScratchError> {
+        self.store.migrate().await?;
+        crate::shop::migrate(&self.store).await.map_err(ScratchError::Shop)?;
+        Ok(self)
     }
 
     /// Creates a scratch database on `backend`'s server with no table at all: what a
@@ -124,10 +128,7 @@ impl ScratchDb {
         admin: &str,
         options: &StoreOptions,
     ) -> Result<Self, ScratchError> {
-        let db = Self::create_unmigrated(backend, admin, options).await?;
-        db.store.migrate().await?;
-        crate::shop::migrate(&db.store).await.map_err(ScratchError::Shop)?;
-        Ok(db)
+        Self::create_unmigrated(backend, admin, options).await?.migrated().await
     }
 
     async fn create_unmigrated(

@@ -8,7 +8,7 @@ use idemgate::testing::broker::Producer;
 use idemgate::testing::config::Settings;
 use idemgate::testing::delivery::Delivery;
 use idemgate::testing::route::RouteConfig;
-use idemgate::testing::scratch::SERVICE_TABLES;
+use idemgate::testing::scratch::{SERVICE_TABLES, ScratchDb};
 use idemgate::testing::sql_handler::SqlHandlerConfig;
 use idemgate::testing::store::{Backend, Sql};
 use sqlx::Row;
@@ -77,11 +77,8 @@ static LEDGER: Sql = Sql::new(
 );
 static BALANCES: Sql = Sql::new("SELECT balance_cents FROM wallet");
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_configured_sql_handler_credits_each_wallet_once_through_serve_and_the_trace_shows_it() {
-    // The business database as a deployment has it: its own tables and nothing of idemgate's.
-    let db = empty_database(Backend::Postgres).await;
-    let (topic, group, run) = (unique("wallet"), unique("group"), unique("W").replace('_', ""));
+/// The wallet's tables, and ten wallets at zero.
+async fn create_wallets(db: &ScratchDb) {
     for ddl in [
         "CREATE TABLE wallet (user_id VARCHAR(64) NOT NULL PRIMARY KEY, balance_cents BIGINT NOT NULL DEFAULT 0)",
         "CREATE TABLE wallet_ledger (credit_id VARCHAR(128) NOT NULL PRIMARY KEY, user_id VARCHAR(64) NOT NULL, \
@@ -90,14 +87,26 @@ async fn a_configured_sql_handler_credits_each_wallet_once_through_serve_and_the
     ] {
         sqlx::query(sqlx::AssertSqlSafe(ddl)).execute(db.store.pool()).await.expect("wallet tables");
     }
+}
 
+/// `serve`'s settings for the wallet business of the documented configuration, on `topic`.
+fn wallet_settings(db_url: &str, topic: &str, group: &str, max_reconsume_times: i32) -> Settings {
     let business: Business =
-        toml::from_str(&wallet_configuration(&topic)).expect("the documented configuration");
-    let s = Settings {
+        toml::from_str(&wallet_configuration(topic)).expect("the documented configuration");
+    Settings {
         routes: business.routes,
         sql_handlers: business.sql_handlers,
-        ..settings(&db.url, &topic, &group, "solo", 2)
-    };
+        ..settings(db_url, topic, group, "solo", max_reconsume_times)
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_configured_sql_handler_credits_each_wallet_once_through_serve_and_the_trace_shows_it() {
+    // The business database as a deployment has it: its own tables and nothing of idemgate's.
+    let db = empty_database(Backend::Postgres).await;
+    let (topic, group, run) = (unique("wallet"), unique("group"), unique("W").replace('_', ""));
+    create_wallets(&db).await;
+    let s = wallet_settings(&db.url, &topic, &group, 2);
     let service = Service::start_as(PLAIN_BIN, &s);
     // `serve` made its own tables, and no other: nothing of the example shop, no stock rows.
     let mut expected: Vec<&str> = SERVICE_TABLES.into_iter().chain(["wallet", "wallet_ledger"]).collect();
@@ -207,21 +216,8 @@ async fn a_row_lock_past_the_client_deadline_makes_each_delivery_answer_retry_it
     use sqlx::Executor;
     let db = database(Backend::Postgres).await;
     let (topic, group, run) = (unique("wallet"), unique("group"), unique("L").replace('_', ""));
-    for ddl in [
-        "CREATE TABLE wallet (user_id VARCHAR(64) NOT NULL PRIMARY KEY, balance_cents BIGINT NOT NULL DEFAULT 0)",
-        "CREATE TABLE wallet_ledger (credit_id VARCHAR(128) NOT NULL PRIMARY KEY, user_id VARCHAR(64) NOT NULL, \
-         cents BIGINT NOT NULL)",
-        "INSERT INTO wallet (user_id) SELECT 'user-' || i FROM generate_series(0, 9) AS i",
-    ] {
-        sqlx::query(sqlx::AssertSqlSafe(ddl)).execute(db.store.pool()).await.expect("wallet tables");
-    }
-    let business: Business =
-        toml::from_str(&wallet_configuration(&topic)).expect("the documented configuration");
-    let s = Settings {
-        routes: business.routes,
-        sql_handlers: business.sql_handlers,
-        ..settings(&db.url, &topic, &group, "solo", 16)
-    };
+    create_wallets(&db).await;
+    let s = wallet_settings(&db.url, &topic, &group, 16);
     let service = Service::start_as(PLAIN_BIN, &s);
 
     // Another transaction holds the locked wallet's row, and keeps it.
