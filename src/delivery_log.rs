@@ -25,7 +25,7 @@ pub(crate) const MAX_ERROR_CHARS: usize = 2_000;
 pub const MAX_KEPT_PAYLOAD: usize = 4 * 1024 * 1024;
 
 /// The columns of one row, in the order [`bind`] binds them.
-pub(crate) const COLUMNS: [&str; 23] = [
+pub const COLUMNS: [&str; 23] = [
     "logged_at_ms",
     "instance_id",
     "consumer_group",

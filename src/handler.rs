@@ -289,3 +289,17 @@ impl Handlers {
         by_biz_type
     }
 }
+
+/// Handlers that apply nothing, under `names`: what a program brings besides the configured
+/// handlers, for the tests of the checks that see both.
+#[cfg(test)]
+pub(crate) fn doing_nothing(names: &[&str]) -> Handlers {
+    struct Nothing;
+    #[async_trait]
+    impl Handler for Nothing {
+        async fn handle(&self, _: &Work<'_>, _: &mut Conn) -> Result<Effect, HandlerError> {
+            Ok(Effect::Applied)
+        }
+    }
+    names.iter().fold(Handlers::new(), |handlers, name| handlers.with(*name, Nothing))
+}

@@ -18,8 +18,11 @@
 //! conditional update. A [`Gate`] can also be driven without the service, with [`Routes`] built
 //! from [`RouteConfig`]s. [`trace()`] reads a key's story back, and [`render_trace`] prints it.
 //!
-//! Everything else is the crate's own (`pub(crate)`); the integration tests reach what they
-//! need through `testing`, built with the `tools` feature and not part of the API.
+//! The modules below are public where the example shop (`idemgate-shop`), the test kit
+//! (`idemgate-testkit`), the benchmarks (`idemgate-bench`) and the command line
+//! (`idemgate-cli`) build on them: the stores and their statements, the gate's parts, the jobs
+//! run by hand, the readers of the story, the broker client. What no other crate needs is the
+//! crate's own (`pub(crate)`).
 //!
 //! # Layout
 //! - `store`: the database pool (SQLite, PostgreSQL, MySQL/MariaDB) and the migrations.
@@ -37,78 +40,46 @@
 //! - `reconcile`: lost, stuck, double-applied, orphan, colliding and late keys in a window; the runs.
 //! - `replay`: guarded re-publication of dead letters whose keys are not claimed.
 //! - `archive`: old claims to the archive table and old log rows out, in batches, on a schedule.
-//! - `scratch`: throwaway databases for benchmarks and tests.
-//! - `shop`: the built-in example business (orders, payments, stock).
 //! - `broker`: the RocketMQ client: the push consumer that feeds the gate, and the producer.
 //! - `app`: the service assembled from its settings, once for `serve`, the demo, embedding
 //!   programs and the tests; its parts run as named tasks, watched.
 //! - `cron`: the cron job the archive and reconcile schedules run on.
-//! - `serve`: `idemgate serve`: the service fed by the broker, until a signal.
-//! - `produce`: `idemgate produce`, the example traffic sent to a real topic.
 //! - `inspect`: reading the story back: a key's trace, the overview, the lists of trouble.
 //! - `http`: the HTTP server: the web UI, the JSON API, health and `/metrics`.
 //! - `metrics`: every Prometheus metric, declared once; `/metrics`.
-//! - `traffic`: the example traffic, and the books of what was sent.
-//! - `demo`: the one-command demo on embedded defaults.
-//! - `bench`: the measurements behind the figures in docs/benchmarks.md.
-//! - `cli`: the command line.
 //! - `config`: the typed, layered configuration.
 //!
-//! # Features
-//! `tools` (on by default) adds what the `idemgate` binary and the tests need besides the
-//! service: the command line ([`cli`]), the benchmarks (`bench`), throwaway databases
-//! (`scratch`) and the tests' view of the inside (`testing`). A program that embeds the service
-//! with handlers of its own ([`Application::build_with`]) can leave it out:
-//! `default-features = false`.
+//! - `telemetry`: the process's one `tracing` subscriber.
 
-// An item is `pub` only if the API or the tests' view (`testing`) names it.
-#![cfg_attr(feature = "tools", warn(unreachable_pub))]
-// Without the `tools` feature the command line, the benchmarks and the tests' view are not
-// built, so what only they use (the demo, `produce`, the local broker, plan reading, the
-// by-hand archive run, …) is unused there: not dead, only not in that build.
-#![cfg_attr(not(feature = "tools"), allow(dead_code, unused_imports))]
+// An item is `pub` only if the API names it.
+#![warn(unreachable_pub)]
 
-mod app;
-mod archive;
-#[cfg(feature = "tools")]
-mod bench;
-mod broker;
-#[cfg(feature = "tools")]
-pub mod cli;
-mod clock;
-mod config;
-mod cron;
-mod delivery;
-mod delivery_log;
-mod demo;
-mod gate;
-mod handler;
-mod http;
-mod inspect;
+pub mod app;
+pub mod archive;
+pub mod broker;
+pub mod clock;
+pub mod config;
+pub mod cron;
+pub mod delivery;
+pub mod delivery_log;
+pub mod gate;
+pub mod handler;
+pub mod http;
+pub mod inspect;
 mod labelled;
-mod layout;
-mod metrics;
-mod outcome;
-mod prefilter;
-mod produce;
-mod reconcile;
-mod replay;
-mod route;
-#[cfg(feature = "tools")]
-mod scratch;
-#[cfg(feature = "tools")]
-mod serve;
-mod setting;
-pub mod shop;
-mod sql_handler;
+pub mod layout;
+pub mod metrics;
+pub mod outcome;
+pub mod prefilter;
+pub mod reconcile;
+pub mod replay;
+pub mod route;
+pub mod setting;
+pub mod sql_handler;
 pub mod state_machine;
-mod store;
-mod telemetry;
-#[cfg(feature = "tools")]
-#[doc(hidden)]
-pub mod testing;
+pub mod store;
+pub mod telemetry;
 mod throttle;
-mod traffic;
 
 pub use app::{Application, Feed, Running};
 pub use config::Settings;

@@ -402,7 +402,7 @@ async fn replay_through(
 }
 
 /// The lines as text, for the command line.
-pub(crate) fn render_text(lines: &[Line], dry_run: bool) -> String {
+pub fn render_text(lines: &[Line], dry_run: bool) -> String {
     use std::fmt::Write;
     let mut out = String::new();
     if lines.is_empty() {

@@ -7,8 +7,7 @@
 //! placeholders and renumbered once for PostgreSQL ([`Sql`]); where the dialects really differ
 //! (insert-if-absent, transaction start) the module that owns the statement says why.
 //!
-//! [`plan`] reads what the database would do with a statement, for the readers' tests and
-//! benchmarks. [`galera`] holds what a MariaDB Galera node asks of the service: causal reads on
+//! [`galera`] holds what a MariaDB Galera node asks of the service: causal reads on
 //! every connection, and the start-up checks of primary keys and auto-increment ids.
 //!
 //! This module owns connecting and migrating. It must not know about claims or deliveries.
@@ -20,9 +19,8 @@ use sqlx::any::{AnyPoolOptions, install_default_drivers};
 use sqlx::{AnyConnection, AnyPool, AssertSqlSafe, Executor};
 
 mod backend;
-pub(crate) mod galera;
-pub(crate) mod migrations;
-pub(crate) mod plan;
+pub mod galera;
+pub mod migrations;
 mod redact;
 mod settings;
 mod sql;
@@ -30,14 +28,12 @@ mod unique;
 
 pub use backend::Backend;
 pub(crate) use backend::UnknownScheme;
-pub(crate) use redact::redact_url;
+pub use redact::redact_url;
 pub(crate) use settings::DatabaseSettings;
 pub use sql::values_list;
-pub(crate) use sql::{AnyQuery, bind_all};
-pub(crate) use sql::{Arg, Bound, InsertIfAbsent, Written};
-pub(crate) use sql::{
-    Pad, bind_rows, filtered_insert, number_placeholders, padded, padded_values, placeholders,
-};
+pub use sql::{AnyQuery, bind_all};
+pub use sql::{Arg, Bound, InsertIfAbsent, Written};
+pub use sql::{Pad, bind_rows, filtered_insert, number_placeholders, padded, padded_values, placeholders};
 pub use sql::{Sql, query, query_built};
 pub(crate) use unique::{UniqueKey, Violated, unique_keys};
 
@@ -403,7 +399,7 @@ pub(crate) fn effective_lock_timeout(backend: Backend, limit: Duration) -> Durat
 /// Bounds every later statement of `conn` to `limit` on the server ([`statement_timeout`]),
 /// asking a MySQL-protocol server first which one it is: behind a proxy each connection may
 /// reach another server.
-pub(crate) async fn limit_statements(
+pub async fn limit_statements(
     conn: &mut AnyConnection,
     backend: Backend,
     limit: Duration,

@@ -49,12 +49,12 @@ static STATEMENTS: AtomicU64 = AtomicU64::new(0);
 /// statements-per-message figures). sqlx reports each statement it has run as a `sqlx::query`
 /// event (all but `BEGIN`, which [`crate::store::Store::begin`] reports the same way); while
 /// counting is off, those events are not even built.
-pub(crate) fn count_statements(on: bool) {
+pub fn count_statements(on: bool) {
     COUNTING.store(on, Ordering::Release);
 }
 
 /// The statements counted so far.
-pub(crate) fn statements_counted() -> u64 {
+pub fn statements_counted() -> u64 {
     STATEMENTS.load(Ordering::Acquire)
 }
 
@@ -68,13 +68,13 @@ impl<S: tracing::Subscriber> Layer<S> for StatementCounter {
 
 /// Installs the global subscriber, writing to standard error. Safe to call twice (the second
 /// call does nothing), so tests and the CLI can both call it.
-pub(crate) fn init(settings: &LogSettings) {
+pub fn init(settings: &LogSettings) {
     init_to(settings, None);
 }
 
 /// Installs the global subscriber, writing to `file` when given (the demo keeps its terminal
 /// for status lines), else to standard error.
-pub(crate) fn init_to(settings: &LogSettings, file: Option<std::fs::File>) {
+pub fn init_to(settings: &LogSettings, file: Option<std::fs::File>) {
     use std::io::IsTerminal;
     let filter = EnvFilter::try_from_default_env()
         .or_else(|_| EnvFilter::try_new(&settings.filter))

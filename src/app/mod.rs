@@ -416,7 +416,7 @@ impl Running {
 /// The gate `settings` describe on `gate_store` (its own pool), ready for its first delivery:
 /// the claim layout checked (or recorded) and Redis asked once, the layout's statements on
 /// `store`, whose statements are not bounded. [`Application::build`] calls it.
-pub(crate) async fn gate(
+pub async fn gate(
     settings: &Settings,
     store: &Store,
     gate_store: Store,

@@ -22,20 +22,19 @@
 
 mod batch;
 pub(crate) mod lease;
-pub(crate) mod manual;
-pub(crate) mod retention;
-pub(crate) mod runs;
+pub mod retention;
+pub mod runs;
 pub(crate) mod schedule;
 pub(crate) mod settings;
 
 use std::time::{Duration, Instant};
 
 pub(crate) use lease::{ARCHIVE_LEASE, Held, Lease};
-pub(crate) use retention::{LogRetention, parse_age};
+pub use retention::{LogRetention, parse_age};
 pub(crate) use runs::RunRecord;
 pub use runs::{RunKind, RunStatus, StartedBy};
 pub use schedule::ArchiveScheduler;
-pub(crate) use settings::ArchiveSettings;
+pub use settings::ArchiveSettings;
 
 use crate::store::Store;
 use batch::{Interrupt, Walk};
@@ -144,7 +143,7 @@ pub enum ArchiveError {
 
 /// Where a running pass stands, for a progress bar.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) struct Progress {
+pub struct Progress {
     pub kind: RunKind,
     pub rows: u64,
     pub batches: u64,
@@ -161,7 +160,7 @@ pub async fn archive_once(
 }
 
 /// [`archive_once`], calling `observe` after every batch.
-pub(crate) async fn archive_observed(
+pub async fn archive_observed(
     store: &Store,
     options: &ArchiveOptions,
     now_ms: i64,
@@ -455,11 +454,7 @@ pub async fn dry_run(store: &Store, options: &ArchiveOptions, now_ms: i64) -> Re
 }
 
 /// How many rows each pass would touch now: the estimate behind a progress bar.
-pub(crate) async fn estimate(
-    store: &Store,
-    options: &ArchiveOptions,
-    now_ms: i64,
-) -> Result<u64, ArchiveError> {
+pub async fn estimate(store: &Store, options: &ArchiveOptions, now_ms: i64) -> Result<u64, ArchiveError> {
     let mut total = 0;
     let windows =
         [(RunKind::Dedup, Some(options.dedup_retention_ms)), (RunKind::Log, options.log_retention_ms)];

@@ -12,7 +12,7 @@ use std::fmt;
 
 pub(crate) const SECOND_MS: i64 = 1_000;
 pub(crate) const MINUTE_MS: i64 = 60 * SECOND_MS;
-pub(crate) const HOUR_MS: i64 = 60 * MINUTE_MS;
+pub const HOUR_MS: i64 = 60 * MINUTE_MS;
 pub const DAY_MS: i64 = 24 * HOUR_MS;
 
 /// RocketMQ's delay levels 1 to 18 (`messageDelayLevel`: 1s 5s 10s 30s 1m 2m 3m 4m 5m 6m 7m 8m
@@ -83,7 +83,7 @@ impl fmt::Display for RetentionWarning {
 
 /// A warning when `retention_ms` is shorter than the retry horizon of `max_reconsume_times`
 /// plus `replay_ms` (delayed messages, dead-letter replays).
-pub(crate) fn check_dedup_retention(
+pub fn check_dedup_retention(
     retention_ms: i64,
     max_reconsume_times: i32,
     replay_ms: i64,
@@ -134,7 +134,7 @@ impl LogRetention {
 }
 
 /// Reads an age such as `90d`, `36h`, `30m` or `45s` (for `--older-than`), in milliseconds.
-pub(crate) fn parse_age(text: &str) -> Result<i64, String> {
+pub fn parse_age(text: &str) -> Result<i64, String> {
     let text = text.trim();
     let split = text.find(|c: char| !c.is_ascii_digit()).unwrap_or(text.len());
     let (digits, unit) = text.split_at(split);
@@ -153,7 +153,7 @@ pub(crate) fn parse_age(text: &str) -> Result<i64, String> {
 }
 
 /// `90 days`, `4 h 45 min 40 s`: a duration for people.
-pub(crate) fn human(ms: i64) -> String {
+pub fn human(ms: i64) -> String {
     if ms % DAY_MS == 0 && ms > 0 {
         let d = ms / DAY_MS;
         return format!("{d} day{}", if d == 1 { "" } else { "s" });

@@ -39,7 +39,7 @@ use crate::outcome::Verdict;
 
 /// What the consumer has seen, for status lines, benchmarks and tests.
 #[derive(Debug, Default)]
-pub(crate) struct ConsumerCounters {
+pub struct ConsumerCounters {
     pub listener_calls: AtomicU64,
     pub deliveries: AtomicU64,
     /// Deliveries whose reconsume count was above 0.
@@ -52,7 +52,7 @@ pub(crate) struct ConsumerCounters {
 /// The listener's own answer time, from the start of a call: two seconds before the client's
 /// [`CONSUME_DEADLINE`]. The gate's deadline (at most `crate::gate::MAX_DELIVERY_TIMEOUT_MS`)
 /// and a log row's grace after it end before this.
-pub(crate) const LISTENER_DEADLINE: Duration = CONSUME_DEADLINE.saturating_sub(Duration::from_secs(2));
+pub const LISTENER_DEADLINE: Duration = CONSUME_DEADLINE.saturating_sub(Duration::from_secs(2));
 
 // The gate's longest deadline and a log row's grace after it end before the listener's own.
 const _: () = assert!(
@@ -63,7 +63,7 @@ const _: () = assert!(
 /// What the consumer hands each delivery to: the gate in the service, simpler sinks in the
 /// benchmark.
 #[async_trait]
-pub(crate) trait Sink: Send + Sync + 'static {
+pub trait Sink: Send + Sync + 'static {
     /// The verdict on `d`, a delivery of the listener call that began at `began`.
     async fn consume(&self, d: &Delivery, began: Instant) -> Verdict;
 
@@ -98,7 +98,7 @@ impl Sink for Gate {
 
 /// Who consumes what.
 #[derive(Debug, Clone)]
-pub(crate) struct Subscription {
+pub struct Subscription {
     pub group: String,
     /// (topic, tag expression) pairs.
     pub topics: Vec<(String, String)>,
@@ -117,7 +117,7 @@ impl Subscription {
 }
 
 /// A started consumer. Call [`Consumer::shutdown`] before the process exits.
-pub(crate) struct Consumer {
+pub struct Consumer {
     /// Shared with the route watcher ([`watch_routes`]).
     consumer: Arc<tokio::sync::Mutex<DefaultMQPushConsumer>>,
     route_watcher: tokio::task::JoinHandle<()>,
@@ -135,7 +135,7 @@ impl Consumer {
     }
 
     /// Starts a consumer that hands deliveries to `sink`, on the client runtime `host`.
-    pub(crate) async fn start_with(
+    pub async fn start_with(
         sink: Arc<dyn Sink>,
         subscription: &Subscription,
         options: &BrokerSettings,
@@ -183,7 +183,7 @@ impl Consumer {
         Ok(Self { consumer, route_watcher, host, counters, faults })
     }
 
-    pub(crate) fn counters(&self) -> &Arc<ConsumerCounters> {
+    pub fn counters(&self) -> &Arc<ConsumerCounters> {
         &self.counters
     }
 
@@ -213,7 +213,7 @@ impl Consumer {
 
     /// Stops pulling, waits for the listener calls in flight (each finishes or rolls back its
     /// transaction), and stops the client.
-    pub(crate) async fn shutdown(self) {
+    pub async fn shutdown(self) {
         self.route_watcher.abort();
         self.consumer.lock().await.shutdown().await;
         self.host.shutdown().await;

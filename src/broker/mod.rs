@@ -5,14 +5,13 @@
 //! and between the gate's [`Verdict`](crate::outcome::Verdict) and the broker's consume status. It
 //! must not decide outcomes.
 
-pub(crate) mod consumer;
-pub(crate) mod lag;
-pub(crate) mod local;
+pub mod consumer;
+pub mod lag;
 pub(crate) mod producer;
 mod runtime;
 pub(crate) mod settings;
 
-pub(crate) use consumer::Consumer;
+pub use consumer::Consumer;
 pub use producer::Producer;
-pub(crate) use runtime::{CONSUME_DEADLINE, ClientHost};
-pub(crate) use settings::{BrokerSettings, StartFrom};
+pub use runtime::{CONSUME_DEADLINE, ClientHost};
+pub use settings::{BrokerSettings, StartFrom};

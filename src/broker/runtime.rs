@@ -27,10 +27,10 @@ use rocketmq_runtime::{RuntimeConfig, RuntimeOwner};
 /// How long the RocketMQ client lets one listener call run before it abandons it: the listener
 /// lane's `task_timeout`, 30 s by the client's default, set here so that it cannot change under
 /// idemgate's deadlines.
-pub(crate) const CONSUME_DEADLINE: Duration = Duration::from_secs(30);
+pub const CONSUME_DEADLINE: Duration = Duration::from_secs(30);
 
 /// Owns the RocketMQ client's runtime; shut it down after the clients it hosts.
-pub(crate) struct ClientHost {
+pub struct ClientHost {
     owner: RuntimeOwner,
     client_runtime: Arc<ClientRuntime>,
     telemetry: TelemetryRuntimeGuard,
@@ -39,7 +39,7 @@ pub(crate) struct ClientHost {
 impl ClientHost {
     /// A runtime whose listener lane admits `consume_threads` listener calls at once, with a
     /// queue four times as deep behind them.
-    pub(crate) fn new(name: &str, consume_threads: usize) -> anyhow::Result<Self> {
+    pub fn new(name: &str, consume_threads: usize) -> anyhow::Result<Self> {
         let parallelism = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(2);
         let lane_concurrency = consume_threads.max(1) + 4;
         let mut config = RuntimeConfig::for_parallelism(format!("idemgate-{name}"), parallelism)
@@ -54,7 +54,7 @@ impl ClientHost {
 
     /// The client's own default sizing, for comparison in the benchmark: on 2 cores its
     /// listener lane admits 4 calls with 16 queued.
-    pub(crate) fn with_client_defaults(name: &str) -> anyhow::Result<Self> {
+    pub fn with_client_defaults(name: &str) -> anyhow::Result<Self> {
         let parallelism = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(2);
         Self::from_config(RuntimeConfig::for_parallelism(format!("idemgate-{name}"), parallelism))
     }
@@ -74,12 +74,12 @@ impl ClientHost {
         Ok(Self { owner, client_runtime, telemetry })
     }
 
-    pub(crate) fn client_runtime(&self) -> Arc<ClientRuntime> {
+    pub fn client_runtime(&self) -> Arc<ClientRuntime> {
         Arc::clone(&self.client_runtime)
     }
 
     /// Stops the client runtime and its tasks; reports problems in the log, never panics.
-    pub(crate) async fn shutdown(self) {
+    pub async fn shutdown(self) {
         let report = self.client_runtime.shutdown().await;
         if !report.is_healthy() {
             tracing::warn!(report = %report.to_json(), "the RocketMQ client did not shut down cleanly");

@@ -47,7 +47,7 @@ use crate::outcome::{Outcome, Verdict};
 
 /// Runs one group of deliveries by `due` and answers each, in their order.
 #[async_trait]
-pub(crate) trait GroupRunner: Send + Sync + 'static {
+pub trait GroupRunner: Send + Sync + 'static {
     async fn run_group(&self, deliveries: &[Delivery], due: Instant) -> Vec<Disposition>;
 
     /// A fingerprint of the key `d` will claim, or `None` when it claims none (a key that cannot
@@ -96,7 +96,7 @@ pub(crate) type Faults = watch::Sender<Option<String>>;
 
 /// The queue and the tasks that turn it into groups. Dropping it (with its gate) closes the
 /// queue; the tasks finish the groups they hold, and the deliveries set aside for them, and stop.
-pub(crate) struct Committer {
+pub struct Committer {
     queue: mpsc::Sender<Job>,
     runner: Arc<dyn GroupRunner>,
     observer: Option<Arc<dyn Observer>>,
@@ -121,7 +121,7 @@ impl Committer {
 
     /// A committer whose groups `runner` runs, reporting waits to `observer` and a task's panic
     /// to `faults`.
-    pub(crate) fn start_with(
+    pub fn start_with(
         runner: Arc<dyn GroupRunner>,
         observer: Option<Arc<dyn Observer>>,
         settings: &GroupSettings,
@@ -144,7 +144,7 @@ impl Committer {
     /// caller wait for room first (counted: the database is not keeping up); the time in the
     /// queue is measured from when the delivery got in. A group that has not answered by
     /// [`ANSWER_GRACE`] after `due` (its COMMIT hangs) is not waited for any longer.
-    pub(crate) async fn submit(&self, delivery: Delivery, due: Instant) -> Disposition {
+    pub async fn submit(&self, delivery: Delivery, due: Instant) -> Disposition {
         let room = match self.queue.try_reserve() {
             Ok(room) => room,
             Err(mpsc::error::TrySendError::Full(())) => {

@@ -35,14 +35,14 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 pub use claim::ClaimPath;
-pub(crate) use committer::{Committer, GroupRunner};
+pub use committer::{Committer, GroupRunner};
 pub(crate) use core::ANSWER_GRACE;
 pub use disposition::Disposition;
-pub(crate) use disposition::Phases;
-pub(crate) use observer::{GroupEnd, GroupReport, Observer};
+pub use disposition::Phases;
+pub use observer::{GroupEnd, GroupReport, Observer};
 pub(crate) use settings::ConsumerSettings;
 pub use settings::{GroupSettings, Identity, Policy};
-pub(crate) use settings::{MAX_BATCH, MAX_DELIVERY_TIMEOUT_MS};
+pub use settings::{MAX_BATCH, MAX_DELIVERY_TIMEOUT_MS};
 
 use self::core::Core;
 use crate::delivery::Delivery;
@@ -161,7 +161,7 @@ impl Gate {
 
     /// Lets the committer put one key in two groups in flight, which then wait for each other in
     /// the database: what the benchmarks compare the committer's deferral against.
-    pub(crate) fn without_key_deferral(mut self) -> Self {
+    pub fn without_key_deferral(mut self) -> Self {
         self.defer_held_keys = false;
         self
     }

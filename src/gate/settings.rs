@@ -43,7 +43,7 @@ pub(crate) const MAX_TRANSIENT_RETRIES: u32 = 10;
 /// The longest `consumer.delivery_timeout_ms`: five seconds below the RocketMQ client's consume
 /// deadline (`crate::broker::CONSUME_DEADLINE`, 30 s), which leaves the failed delivery's log row
 /// its grace and the listener its answer before the client gives up on the call.
-pub(crate) const MAX_DELIVERY_TIMEOUT_MS: u64 = 25_000;
+pub const MAX_DELIVERY_TIMEOUT_MS: u64 = 25_000;
 
 /// The pause before the n-th retry of a transient conflict is at most this many ms `<< n`
 /// (and never more than [`crate::store::MAX_RETRY_PAUSE`]).
@@ -169,7 +169,7 @@ impl ConsumerSettings {
 /// The most deliveries one group may hold. PostgreSQL keeps the ids of 64 subtransactions
 /// (savepoints that wrote) per transaction in shared memory; one more and every other session's
 /// snapshots slow down until the group commits.
-pub(crate) const MAX_BATCH: usize = 64;
+pub const MAX_BATCH: usize = 64;
 
 /// `[group_commit]`: deliveries that arrive together share one transaction, each handler
 /// taking its deliveries at once (or each delivery in its own savepoint). Off by default: one

@@ -51,7 +51,7 @@ use tokio::net::TcpListener;
 use tokio::sync::Semaphore;
 use tower_http::timeout::TimeoutLayer;
 
-pub(crate) use state::AppState;
+pub use state::AppState;
 pub use state::Web;
 
 use crate::metrics::HttpTimeout;
@@ -155,7 +155,7 @@ async fn close_after_timeout(
 
 /// A bound listener, not yet serving: bind first so that the address (port 0 picks a free
 /// one) is known to what is built before serving.
-pub(crate) struct Server {
+pub struct Server {
     listener: TcpListener,
     header_read_timeout: Duration,
     max_client_connections: usize,
@@ -163,7 +163,7 @@ pub(crate) struct Server {
 
 impl Server {
     /// Binds `http.bind`, to serve with `http`'s limits on what a client may hold.
-    pub(crate) async fn bind(http: &HttpSettings) -> anyhow::Result<Self> {
+    pub async fn bind(http: &HttpSettings) -> anyhow::Result<Self> {
         let addr = &http.bind;
         let listener =
             TcpListener::bind(addr).await.with_context(|| format!("binding the HTTP server to {addr}"))?;
@@ -174,7 +174,7 @@ impl Server {
         })
     }
 
-    pub(crate) fn local_addr(&self) -> std::io::Result<SocketAddr> {
+    pub fn local_addr(&self) -> std::io::Result<SocketAddr> {
         self.listener.local_addr()
     }
 
@@ -187,7 +187,7 @@ impl Server {
     /// `http.max_client_connections` are open at once; at the limit the loop stops accepting,
     /// so that further connections wait in the listen queue, as the kernel holds them, until
     /// one closes.
-    pub(crate) async fn run(
+    pub async fn run(
         self,
         state: AppState,
         shutdown: impl std::future::Future<Output = ()> + Send + 'static,

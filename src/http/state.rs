@@ -16,7 +16,7 @@ use crate::store::Store;
 
 /// What the handlers share.
 #[derive(Clone)]
-pub(crate) struct AppState {
+pub struct AppState {
     /// The pages' own pool (`http.max_connections`).
     pub store: Store,
     /// The consumer's pool, which `/readyz` asks: whether the service can consume does not

@@ -6,9 +6,9 @@
 //! ([`Limits`]), so that a page opened during an incident cannot add to it. This module only
 //! reads; it must not write, and it must not know about HTTP or HTML.
 
-pub(crate) mod lists;
-pub(crate) mod overview;
-pub(crate) mod trace;
+pub mod lists;
+pub mod overview;
+pub mod trace;
 
 use std::future::Future;
 use std::time::Duration;
@@ -18,7 +18,6 @@ use sqlx::Row;
 use sqlx::any::AnyRow;
 
 use crate::route::{MAX_BIZ_ID_CHARS, MAX_BIZ_TYPE_CHARS, MAX_ID_CHARS};
-use crate::store::plan::Bounds;
 
 /// The bounds of one request's reads.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -138,7 +137,7 @@ impl LogRow {
 /// A text parameter as the UI and the API take it: trimmed, at most `max` characters, no
 /// control characters. Anything printable is allowed, since that is what keys may hold in the
 /// log; it is only ever bound as a parameter and escaped on output.
-pub(crate) fn checked_text(name: &str, value: &str, max: usize) -> Result<String, InspectError> {
+pub fn checked_text(name: &str, value: &str, max: usize) -> Result<String, InspectError> {
     let value = value.trim();
     let chars = value.chars().count();
     if chars > max {
@@ -174,10 +173,18 @@ pub(crate) fn biz_type_filter(value: Option<&str>) -> Result<Option<String>, Ins
 pub(crate) const MAX_SEARCH_CHARS: usize =
     if MAX_BIZ_ID_CHARS > MAX_ID_CHARS { MAX_BIZ_ID_CHARS } else { MAX_ID_CHARS };
 
+/// The columns that confine a read: keys (a probe reads a few rows whatever the table's size)
+/// and time windows (a range read once, as large as the window).
+#[derive(Debug, Clone, Copy)]
+pub struct Bounds {
+    pub keys: &'static [&'static str],
+    pub windows: &'static [&'static str],
+}
+
 /// What confines every read of the readers' statements (the overview, the lists, the
 /// reconciler and its checks) so that none costs more when the planner's statistics are stale:
 /// a probe by a key (bizId, msgId, a ledger's deduction) or, for the read that drives a
-/// statement, its time window. Their tests read the plans ([`crate::store::plan`]) against it.
+/// statement, its time window. Their tests and `idemgate-bench reconcile` read the plans against it.
 pub const READ_BOUNDS: Bounds = Bounds {
     keys: &["biz_id", "msg_id", "deduction_id"],
     windows: &["logged_at_ms", "claimed_at_ms", "applied_at_ms"],

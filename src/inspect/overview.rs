@@ -24,7 +24,7 @@ pub const LATEST: usize = 5;
 /// not by the whole window: a database whose first delivery came 30 s ago has 30 s of data in
 /// its last 5 minutes, and dividing its deliveries by 300 s would show a tenth of the real rate.
 #[derive(Debug, Clone, Default, PartialEq, Serialize)]
-pub(crate) struct Window {
+pub struct Window {
     pub label: &'static str,
     /// The window's length.
     pub seconds: i64,
@@ -93,7 +93,7 @@ impl Window {
 
 /// One minute of the chart.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
-pub(crate) struct Minute {
+pub struct Minute {
     pub start_ms: i64,
     pub deliveries: i64,
     pub duplicates: i64,
@@ -103,14 +103,14 @@ pub(crate) struct Minute {
 
 /// A biz_type's duplicates over the last hour.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
-pub(crate) struct Conflicts {
+pub struct Conflicts {
     pub biz_type: String,
     pub duplicates: i64,
 }
 
 /// The archive job as the overview shows it.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
-pub(crate) struct ArchiveStatus {
+pub struct ArchiveStatus {
     pub enabled: bool,
     pub schedule: String,
     pub next_run_ms: Option<i64>,
@@ -140,7 +140,7 @@ pub(crate) async fn archive_status(
 
 /// The whole overview.
 #[derive(Debug, Clone, Serialize)]
-pub(crate) struct Overview {
+pub struct Overview {
     pub now_ms: i64,
     pub last_5_minutes: Window,
     pub last_hour: Window,
@@ -157,7 +157,7 @@ pub(crate) struct Overview {
 
 /// The reconciler as the overview shows it.
 #[derive(Debug, Clone, Serialize)]
-pub(crate) struct ReconcileStatus {
+pub struct ReconcileStatus {
     pub run: crate::reconcile::runs::RunRecord,
     pub counts: BTreeMap<crate::reconcile::AnomalyKind, i64>,
 }
@@ -199,7 +199,7 @@ pub fn statements(now_ms: i64) -> [Bound; 4] {
 }
 
 /// Reads the overview at `now_ms` within `limits`.
-pub(crate) async fn overview(
+pub async fn overview(
     store: &Store,
     limits: &Limits,
     archive: &ArchiveSettings,

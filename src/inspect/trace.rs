@@ -44,9 +44,8 @@ pub(crate) fn count_text(n: usize) -> String {
 }
 
 /// What the search text is.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default, clap::ValueEnum)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
 #[serde(rename_all = "snake_case")]
-#[value(rename_all = "snake_case")]
 pub enum SearchBy {
     /// A bizId, else a msgId, else a UNIQ_KEY.
     #[default]
@@ -436,10 +435,25 @@ macro_rules! of_uniq_key {
         "uniq_key = ? AND biz_id = '' AND biz_type = ? AND consumer_group = ?"
     };
 }
-/// The scope's deliveries from a cursor, `$from` the cursor's condition and the order.
+/// The scope's deliveries from a cursor, `$from` the cursor's condition and the order; with
+/// `$index`, MySQL/MariaDB is told to read that index.
 macro_rules! page_of {
     ($scope:expr, $from:literal) => {
         Sql::new(concat!("SELECT ", log_columns!(), " FROM delivery_log WHERE ", $scope, $from))
+    };
+    ($scope:expr, $from:literal, $index:literal) => {
+        Sql::with_mysql(
+            concat!("SELECT ", log_columns!(), " FROM delivery_log WHERE ", $scope, $from),
+            concat!(
+                "SELECT ",
+                log_columns!(),
+                " FROM delivery_log FORCE INDEX (",
+                $index,
+                ") WHERE ",
+                $scope,
+                $from
+            ),
+        )
     };
 }
 
@@ -452,7 +466,7 @@ struct ScopeStatements {
 }
 
 macro_rules! scope_statements {
-    ($scope:expr) => {
+    ($scope:expr $(, $index:literal)?) => {
         // The cursor's row comparison is written out, since MySQL does not use an index for
         // `(a, b) > (?, ?)`, with the bound on its first column repeated so that every planner
         // starts the index range there.
@@ -461,11 +475,13 @@ macro_rules! scope_statements {
                 $scope,
                 " AND logged_at_ms >= ? AND (logged_at_ms > ? OR (logged_at_ms = ? AND id > ?)) \
                  ORDER BY logged_at_ms, id LIMIT ?"
+                $(, $index)?
             ),
             newest_first: page_of!(
                 $scope,
                 " AND logged_at_ms <= ? AND (logged_at_ms < ? OR (logged_at_ms = ? AND id < ?)) \
                  ORDER BY logged_at_ms DESC, id DESC LIMIT ?"
+                $(, $index)?
             ),
             tallies: LazyLock::new(|| Tallies::summary($scope)),
             figures: LazyLock::new(|| Tallies::figures($scope)),
@@ -473,7 +489,10 @@ macro_rules! scope_statements {
     };
 }
 
-static OF_KEY: ScopeStatements = scope_statements!(of_key!());
+// MariaDB reads a deep page of a hot key by the key's columns alone (a `ref` read on
+// `delivery_log_key`), filtering every earlier delivery, rather than as a range from the cursor;
+// told to read that index, it starts the range at the cursor.
+static OF_KEY: ScopeStatements = scope_statements!(of_key!(), "delivery_log_key");
 static OF_MSG_ID: ScopeStatements = scope_statements!(of_msg_id!());
 static OF_UNIQ_KEY: ScopeStatements = scope_statements!(of_uniq_key!());
 

@@ -13,10 +13,10 @@
 //! This module reads the gate's tables and writes only its own (`reconcile_run`,
 //! `reconcile_anomaly`). It must not change a claim or a log row.
 
-pub(crate) mod check;
-pub(crate) mod runs;
+pub mod check;
+pub mod runs;
 pub(crate) mod schedule;
-pub(crate) mod settings;
+pub mod settings;
 
 use std::collections::BTreeMap;
 use std::time::Instant;
@@ -410,7 +410,7 @@ fn merge(found: Vec<Anomaly>) -> Vec<Anomaly> {
 }
 
 /// The report as text, for the command line.
-pub(crate) fn render_text(r: &ReconcileReport) -> String {
+pub fn render_text(r: &ReconcileReport) -> String {
     use std::fmt::Write;
     let mut out = String::new();
     let _ = writeln!(

@@ -11,14 +11,14 @@ use unicode_properties::{GeneralCategoryGroup, UnicodeGeneralCategory};
 use crate::store::AnyQuery;
 
 /// Longest `biz_type`, in characters (the column is VARCHAR(64)).
-pub(crate) const MAX_BIZ_TYPE_CHARS: usize = 64;
+pub const MAX_BIZ_TYPE_CHARS: usize = 64;
 /// Longest `biz_id`, in characters (the column is VARCHAR(128)). Order numbers, UUIDs and
 /// composite keys such as `ORDER-2026-000123:LINE-2` fit with room to spare.
-pub(crate) const MAX_BIZ_ID_CHARS: usize = 128;
+pub const MAX_BIZ_ID_CHARS: usize = 128;
 /// Longest msgId, UNIQ_KEY and consumer group, in characters.
-pub(crate) const MAX_ID_CHARS: usize = 128;
+pub const MAX_ID_CHARS: usize = 128;
 /// Longest topic and tags, in characters (RocketMQ's own topic limit is 127).
-pub(crate) const MAX_TOPIC_CHARS: usize = 255;
+pub const MAX_TOPIC_CHARS: usize = 255;
 
 /// Punctuation allowed in a `biz_id` or `biz_type` besides the characters of words.
 ///
@@ -45,7 +45,7 @@ pub struct BizKey {
 /// Binds a claim key in the one order every statement on a key names its columns:
 /// `consumer_group = ? AND biz_type = ? AND biz_id = ? AND execute_time = ?` (and the claim
 /// tables' insert, whose first four columns they are).
-pub(crate) fn bind_key(
+pub fn bind_key(
     q: AnyQuery,
     consumer_group: &str,
     biz_type: &str,
@@ -83,7 +83,7 @@ fn is_word_char(c: char) -> bool {
 
 /// Checks a biz_id or biz_type: 1 to `max` characters, each a character of a word in some
 /// script ([`is_word_char`]), a joiner between two of them ([`JOINERS`]), or [`KEY_PUNCTUATION`].
-pub(crate) fn check_key_text(text: &str, max: usize) -> Result<(), String> {
+pub fn check_key_text(text: &str, max: usize) -> Result<(), String> {
     if text.is_empty() {
         return Err("is empty".to_owned());
     }
@@ -125,7 +125,7 @@ pub(crate) fn check_key_text(text: &str, max: usize) -> Result<(), String> {
 /// never a valid key: it is the refused text itself, or holds the backslash or `…` that
 /// escaping or cutting added, which no key may hold. So a refused message's row can never be
 /// taken for a claimed key's, and [`delivered_text`] reads the refused text back from it.
-pub(crate) fn stored_key(text: &str, max: usize) -> Cow<'_, str> {
+pub fn stored_key(text: &str, max: usize) -> Cow<'_, str> {
     match check_key_text(text, max) {
         Ok(()) => Cow::Borrowed(text),
         Err(_) => Cow::Owned(excerpt(text, max)),
@@ -137,7 +137,7 @@ pub(crate) fn stored_key(text: &str, max: usize) -> Cow<'_, str> {
 /// which PostgreSQL's text cannot hold), so that the claim, the log, the trace and the
 /// reconciler all hold and compare the same text; else (a delivery refused for it) as its
 /// [`excerpt`].
-pub(crate) fn stored_id(text: &str, max: usize) -> Cow<'_, str> {
+pub fn stored_id(text: &str, max: usize) -> Cow<'_, str> {
     if text.chars().count() <= max && !text.contains('\0') {
         Cow::Borrowed(text)
     } else {
@@ -150,7 +150,7 @@ pub(crate) fn stored_id(text: &str, max: usize) -> Cow<'_, str> {
 /// line and a VARCHAR(max). A combining mark stays on the letter it follows (Thai `สั่ง`,
 /// Devanagari `क्ष` stay readable and searchable); only one that opens the text, with nothing
 /// to combine with, is escaped, and so are the invisible joiners (`\u{200c}`).
-pub(crate) fn excerpt(text: &str, max: usize) -> String {
+pub fn excerpt(text: &str, max: usize) -> String {
     let escaped: String = text.escape_debug().collect();
     if escaped.chars().count() <= max {
         return escaped;
@@ -166,7 +166,7 @@ pub(crate) fn excerpt(text: &str, max: usize) -> String {
 /// for a valid key, the unescaped [`excerpt`] for a refused one. `None` when `stored` is no
 /// excerpt of anything. A cut excerpt reads back as its kept part with the note, which holds
 /// `…` and so passes for no key.
-pub(crate) fn delivered_text(stored: &str) -> Option<String> {
+pub fn delivered_text(stored: &str) -> Option<String> {
     let mut out = String::with_capacity(stored.len());
     let mut chars = stored.chars();
     while let Some(c) = chars.next() {

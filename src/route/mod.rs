@@ -15,7 +15,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 pub use key::BizKey;
-pub(crate) use key::{
+pub use key::{
     MAX_BIZ_ID_CHARS, MAX_BIZ_TYPE_CHARS, MAX_ID_CHARS, MAX_TOPIC_CHARS, bind_key, check_key_text,
     delivered_text, excerpt, stored_id, stored_key,
 };
@@ -407,7 +407,7 @@ fn json_kind(v: &Value) -> &'static str {
 
 /// Epoch milliseconds, or an RFC 3339 time: how a route, the trace page and the command line
 /// read an execute_time.
-pub(crate) fn parse_execute_time(text: &str) -> Result<i64, String> {
+pub fn parse_execute_time(text: &str) -> Result<i64, String> {
     let ms = match text.parse::<i64>() {
         Ok(ms) => ms,
         Err(_) => chrono::DateTime::parse_from_rfc3339(text).map(|t| t.timestamp_millis()).map_err(|_| {

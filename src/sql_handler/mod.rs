@@ -371,7 +371,13 @@ mod tests {
     }
 
     fn refused(config: SqlHandlerConfig) -> String {
-        handlers(&[config], &crate::shop::handlers()).map(|_| ()).unwrap_err().to_string()
+        handlers(
+            &[config],
+            &crate::handler::doing_nothing(&["order.create", "payment.confirm", "stock.deduct"]),
+        )
+        .map(|_| ())
+        .unwrap_err()
+        .to_string()
     }
 
     #[test]

@@ -3,7 +3,7 @@
 //! sqlx records each applied migration's checksum and refuses to start when a migration's text
 //! no longer matches it: migrations are append-only. Three versions changed their text once,
 //! when the example shop's tables left the service's set for the example's own
-//! (`migrations/shop/`): 2 (the shop's tables) and 8 (an index on its ledger) do nothing now,
+//! (`crates/idemgate-shop/migrations/`): 2 (the shop's tables) and 8 (an index on its ledger) do nothing now,
 //! and 4 keeps only the service's index. Their first texts are kept, verbatim, in
 //! `migrations/<backend>/first/`, and each of these versions records its first text's checksum,
 //! as every database that ran that text did. So a database that ran the first texts validates

@@ -14,7 +14,7 @@
 ///   it with no `=` of its own (a raw `&` in the secret) is hidden with it;
 /// - the query is read from the first `?`, and again from the first `?` after the password,
 ///   so a raw `?` in the password cannot hide a secret parameter behind it.
-pub(crate) fn redact_url(url: &str) -> String {
+pub fn redact_url(url: &str) -> String {
     let mut hidden = vec![false; url.len()];
     let mut hide = |range: std::ops::Range<usize>| hidden[range].iter_mut().for_each(|h| *h = true);
     let start = url.find("://").map_or(0, |i| i + 3);

@@ -16,17 +16,33 @@ use super::backend::Backend;
 /// statement costs one pointer load, not a rewrite.
 pub struct Sql {
     portable: &'static str,
+    mysql: Option<&'static str>,
     numbered: OnceLock<SqlStr>,
 }
 
 impl Sql {
     pub const fn new(portable: &'static str) -> Self {
-        Self { portable, numbered: OnceLock::new() }
+        Self { portable, mysql: None, numbered: OnceLock::new() }
+    }
+
+    /// The statement, and the same statement as MySQL/MariaDB should run it: the same
+    /// placeholders in the same order, with an index hint where its planner picks a worse
+    /// index than the others do.
+    pub const fn with_mysql(portable: &'static str, mysql: &'static str) -> Self {
+        Self { portable, mysql: Some(mysql), numbered: OnceLock::new() }
     }
 
     /// The statement as written, with `?` placeholders.
     pub fn portable(&self) -> &'static str {
         self.portable
+    }
+
+    /// The statement as `backend` runs it, with `?` placeholders.
+    pub fn written_for(&self, backend: Backend) -> &'static str {
+        match (backend, self.mysql) {
+            (Backend::MySql, Some(mysql)) => mysql,
+            _ => self.portable,
+        }
     }
 
     /// The statement's text for `backend`.
@@ -36,7 +52,7 @@ impl Sql {
                 .numbered
                 .get_or_init(|| AssertSqlSafe(number_placeholders(self.portable)).into_sql_str())
                 .clone(),
-            Backend::Sqlite | Backend::MySql => self.portable.into_sql_str(),
+            Backend::Sqlite | Backend::MySql => self.written_for(backend).into_sql_str(),
         }
     }
 }
@@ -49,7 +65,7 @@ impl fmt::Debug for Sql {
 
 /// Rewrites `?` placeholders as `$1, $2, …`. The statements in this crate hold no `?` inside
 /// string literals, which this relies on.
-pub(crate) fn number_placeholders(sql: &str) -> String {
+pub fn number_placeholders(sql: &str) -> String {
     let mut out = String::with_capacity(sql.len() + 16);
     let mut n = 0;
     for c in sql.chars() {
@@ -173,7 +189,7 @@ fn names_index(message: &str, index: &str) -> bool {
 }
 
 /// A query on the `Any` driver.
-pub(crate) type AnyQuery = sqlx::query::Query<'static, sqlx::Any, sqlx::any::AnyArguments>;
+pub type AnyQuery = sqlx::query::Query<'static, sqlx::Any, sqlx::any::AnyArguments>;
 
 /// A value bound to a [`Bound`] statement.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -206,7 +222,7 @@ impl Bound {
 }
 
 /// `query` with `args` bound in order.
-pub(crate) fn bind_all(query: AnyQuery, args: &[Arg]) -> AnyQuery {
+pub fn bind_all(query: AnyQuery, args: &[Arg]) -> AnyQuery {
     args.iter().fold(query, |q, arg| match arg {
         Arg::Int(v) => q.bind(*v),
         Arg::Text(v) => q.bind(v.clone()),
@@ -246,14 +262,14 @@ const PADDED_LENGTHS: [usize; 7] = [1, 2, 4, 8, 16, 32, 64];
 
 /// The length a list of `n` keys is padded to: the next of [`PADDED_LENGTHS`], or `n` itself
 /// beyond them.
-pub(crate) fn padded(n: usize) -> usize {
+pub fn padded(n: usize) -> usize {
     PADDED_LENGTHS.into_iter().find(|&len| len >= n).unwrap_or(n)
 }
 
 /// How a multi-row insert is padded to a length of [`PADDED_LENGTHS`], so that the statement
 /// cache keeps a few texts of it, not one per count of rows.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Pad {
+pub enum Pad {
     /// A `VALUES` list with the last row repeated: for an insert that skips a key already there
     /// (`ON CONFLICT DO NOTHING`, `INSERT IGNORE`), which skips the copy like any taken key.
     Repeat,
@@ -263,7 +279,7 @@ pub(crate) enum Pad {
 }
 
 /// `VALUES` rows for a [`Pad::Repeat`] insert of `rows` rows of `columns` values.
-pub(crate) fn padded_values(columns: usize, rows: usize) -> String {
+pub fn padded_values(columns: usize, rows: usize) -> String {
     values_list(columns, padded(rows))
 }
 
@@ -272,7 +288,7 @@ pub(crate) fn padded_values(columns: usize, rows: usize) -> String {
 /// rows, padded; [`bind_rows`] binds each row's values and its `keep_row`. Every backend runs
 /// this form (MariaDB names the columns of a bare `VALUES` list after its first row, so the
 /// rows are `SELECT`s).
-pub(crate) fn filtered_insert(table: &str, columns: &[&str], rows: usize) -> String {
+pub fn filtered_insert(table: &str, columns: &[&str], rows: usize) -> String {
     let names = columns.join(", ");
     let first = columns.iter().map(|c| format!("? AS {c}")).collect::<Vec<_>>().join(", ");
     let other = format!("SELECT {}", vec!["?"; columns.len() + 1].join(", "));
@@ -287,7 +303,7 @@ pub(crate) fn filtered_insert(table: &str, columns: &[&str], rows: usize) -> Str
 /// Binds `rows` with `bind`, then `pad` until the padded length; under [`Pad::Filter`] each row
 /// is followed by its `keep_row` (1 for a row, 0 for padding). `pad` is a real row (the last,
 /// for [`Pad::Repeat`]) or a cheaper row of the same types.
-pub(crate) fn bind_rows<T>(
+pub fn bind_rows<T>(
     mut q: AnyQuery,
     rows: &[T],
     pad: &T,
@@ -304,7 +320,7 @@ pub(crate) fn bind_rows<T>(
 }
 
 /// `?, ?, …`: `n` placeholders, comma-separated, for an `IN (…)` list.
-pub(crate) fn placeholders(n: usize) -> String {
+pub fn placeholders(n: usize) -> String {
     vec!["?"; n].join(", ")
 }
 

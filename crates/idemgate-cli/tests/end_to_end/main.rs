@@ -1,0 +1,186 @@
+//! `idemgate serve` and `idemgate produce` against a real RocketMQ broker and real databases.
+
+mod browser;
+mod cluster;
+mod command_line;
+mod lag;
+mod lifecycle;
+mod prometheus;
+mod replay;
+mod sql_handler;
+mod support;
+
+use std::time::Duration;
+
+use idemgate::store::Backend;
+use sqlx::Row;
+use support::*;
+
+/// `group_commit`: none, or the messages per listener call under group commit.
+async fn exactly_once_through_a_real_broker(backend: Backend, group_commit: Option<u32>) {
+    let db = database(backend).await;
+    let (topic, group, run) = (unique("shop"), unique("group"), unique("R").replace('_', ""));
+    let mut s = settings(&db.url, &topic, &group, "solo", 2);
+    if let Some(listener_batch) = group_commit {
+        s = with_group_commit(s, listener_batch);
+    }
+    let service = Service::start(&s);
+    let (report, sends) = produce(&topic, &run, 2000, 0, &["--duplicates", "0.3"]);
+    let t = &report.tally;
+    for kind in ["redelivery", "producer_resend", "late_duplicate", "poison", "malformed"] {
+        assert!(t.sends.get(kind).copied().unwrap_or(0) > 0, "the traffic has {kind} sends: {:?}", t.sends);
+    }
+    assert_converges(&db.store, &run, &group, &report, &sends).await;
+    if group_commit.is_some() {
+        assert_groups_formed(&service);
+    }
+    assert_eq!(service.terminate().code(), Some(0));
+    db.drop_now().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_thousand_messages_with_thirty_percent_duplicates_are_applied_exactly_once_on_postgres() {
+    exactly_once_through_a_real_broker(Backend::Postgres, None).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_thousand_messages_with_thirty_percent_duplicates_are_applied_exactly_once_on_mariadb() {
+    exactly_once_through_a_real_broker(Backend::MySql, None).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_group_commit_two_thousand_messages_are_applied_exactly_once_on_postgres() {
+    exactly_once_through_a_real_broker(Backend::Postgres, Some(1)).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_group_commit_two_thousand_messages_are_applied_exactly_once_on_mariadb() {
+    exactly_once_through_a_real_broker(Backend::MySql, Some(16)).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_poison_message_is_retried_with_growing_reconsume_counts_and_ends_dead_lettered() {
+    let db = database(Backend::Postgres).await;
+    let (topic, group, run) = (unique("poison"), unique("group"), unique("P").replace('_', ""));
+    let service = Service::start(&settings(&db.url, &topic, &group, "solo", 2));
+    // Twenty ordinary sends and one poison payment for an order that never exists.
+    let (report, _) =
+        produce(&topic, &run, 20, 0, &["--duplicates", "0", "--poison", "0", "--malformed", "0"]);
+    let (poison, _) = produce(&topic, &run, 1, 0, &["--poison", "1", "--malformed", "0"]);
+    assert_eq!(poison.tally.poison, 1);
+    let key = format!("{run}-POISON-1");
+
+    static ATTEMPTS: idemgate::store::Sql = idemgate::store::Sql::new(
+        "SELECT reconsume_times, outcome FROM delivery_log WHERE biz_id = ? ORDER BY id",
+    );
+    let started = std::time::Instant::now();
+    let attempts = loop {
+        let rows = db.store.query(&ATTEMPTS).bind(key.as_str()).fetch_all(db.store.pool()).await.unwrap();
+        let attempts: Vec<(i32, String)> = rows.iter().map(|r| (r.get(0), r.get(1))).collect();
+        if attempts.iter().any(|(_, o)| o == "dead_lettered") || started.elapsed() > Duration::from_secs(180)
+        {
+            break attempts;
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    };
+    assert_eq!(
+        attempts,
+        vec![(0, "failed".to_owned()), (1, "failed".to_owned()), (2, "dead_lettered".to_owned())],
+        "serve log:\n{}",
+        tail(&service.log_text())
+    );
+    // After the last attempt the broker keeps it in its DLQ: no further delivery arrives.
+    tokio::time::sleep(Duration::from_secs(12)).await;
+    let rows = db.store.query(&ATTEMPTS).bind(key.as_str()).fetch_all(db.store.pool()).await.unwrap();
+    let after: Vec<(i32, String)> = rows.iter().map(|r| (r.get(0), r.get(1))).collect();
+    assert_eq!(after, attempts, "no delivery after the dead letter");
+    // Nothing else was affected.
+    let expected = expected_books(&report);
+    assert_eq!(books(&db.store, &run, &group).await.orders, expected.orders);
+    assert_eq!(service.terminate().code(), Some(0));
+    db.drop_now().await;
+}
+
+/// Starts a consumer, stops it with `stop` two seconds into a 2,000-message stream, starts a
+/// second one in the same group, and checks that the books converge.
+async fn interrupted_mid_stream(
+    prefix: &str,
+    names: [&str; 2],
+    group_commit: bool,
+    stop: impl FnOnce(Service),
+) {
+    let db = database(Backend::Postgres).await;
+    let (topic, group, run) = (unique(prefix), unique("group"), unique(prefix).replace('_', ""));
+    let configure = |name: &str| {
+        let s = settings(&db.url, &topic, &group, name, 2);
+        if group_commit { with_group_commit(s, 16) } else { s }
+    };
+    let first = Service::start(&configure(names[0]));
+    let producer = {
+        let (topic, run) = (topic.clone(), run.clone());
+        std::thread::spawn(move || produce(&topic, &run, 2000, 500, &["--duplicates", "0.3"]))
+    };
+    if group_commit {
+        // Once groups are committing, so that the stop lands among groups in flight.
+        wait_for_groups(&first, 3, Duration::from_secs(30));
+        assert_groups_formed(&first);
+    } else {
+        // About 2 of the stream's 4 seconds in.
+        tokio::time::sleep(Duration::from_secs(2)).await;
+    }
+    stop(first);
+    let second = Service::start(&configure(names[1]));
+    let (report, sends) = producer.join().expect("producer thread");
+    assert_converges(&db.store, &run, &group, &report, &sends).await;
+    let by_instance = processed_by_instance(&db.store, &group).await;
+    assert!(by_instance.contains_key(names[1]), "{by_instance:?}");
+    assert_eq!(second.terminate().code(), Some(0));
+    db.drop_now().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_consumer_killed_mid_stream_converges_to_the_same_books_after_restart() {
+    interrupted_mid_stream("crash", ["before-crash", "after-crash"], false, Service::kill_hard).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_consumer_killed_mid_group_converges_to_the_same_books_after_restart() {
+    interrupted_mid_stream("gcrash", ["before-crash", "after-crash"], true, Service::kill_hard).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigterm_mid_stream_exits_zero_after_the_deliveries_in_flight_and_loses_nothing() {
+    interrupted_mid_stream("term", ["terminated", "restarted"], false, |first| {
+        let exit = first.terminate();
+        assert_eq!(exit.code(), Some(0), "{}", tail(&exit.log));
+        assert!(exit.log.contains("SIGTERM") && exit.log.contains("idemgate stopped"), "{}", tail(&exit.log));
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_consumers_in_one_group_share_the_stream_without_double_effects() {
+    let db = database(Backend::MySql).await;
+    let (topic, group, run) = (unique("scale"), unique("group"), unique("S").replace('_', ""));
+    let a = Service::start(&settings(&db.url, &topic, &group, "instance-a", 2));
+    let b = Service::start(&settings(&db.url, &topic, &group, "instance-b", 2));
+    // Let both join the group before the stream starts, so that the queues are shared.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let (report, sends) = produce(&topic, &run, 2000, 400, &["--duplicates", "0.3"]);
+    assert_converges(&db.store, &run, &group, &report, &sends).await;
+    let by_instance = processed_by_instance(&db.store, &group).await;
+    assert!(
+        by_instance.get("instance-a").copied().unwrap_or(0) > 0
+            && by_instance.get("instance-b").copied().unwrap_or(0) > 0,
+        "both instances processed part of the stream: {by_instance:?}"
+    );
+    assert_eq!(a.terminate().code(), Some(0));
+    assert_eq!(b.terminate().code(), Some(0));
+    db.drop_now().await;
+}
+
+/// The last lines of a log, for failure messages.
+fn tail(log: &str) -> String {
+    let lines: Vec<&str> = log.lines().filter(|l| !l.contains("PopBuffer")).collect();
+    lines[lines.len().saturating_sub(40)..].join("\n")
+}

@@ -1,0 +1,541 @@
+//! A private three-node MariaDB Galera cluster on loopback, for tests and benchmarks, and
+//! HAProxy in front of it. [`LocalGalera`] starts three `mariadbd` processes with the wsrep
+//! provider of the `galera-4` package, each with a data directory of its own (made by
+//! `mariadb-install-db`) and free ports: node 1 bootstraps the cluster, nodes 2 and 3 join it
+//! by state transfer, and the start returns once the cluster has three members, every one of
+//! them `Synced`. A node can be SIGKILLed and started again; it rejoins by incremental state
+//! transfer. [`LocalProxy`] is HAProxy with a MySQL health check on each node: the one database
+//! URL that survives the loss of a node. `scripts/install-galera.sh` installs what they run.
+//!
+//! Every process is stopped by process id when its owner is dropped, and a watchdog per process
+//! stops it too if this process dies first, so a killed test run leaves nothing behind. It never
+//! touches the machine's own MariaDB server: its processes, ports and directories are its own.
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, bail};
+use sqlx::{Connection, Row};
+
+use crate::broker::{free_port_run, remove_when_gone, watch_over};
+
+/// The wsrep provider the `galera-4` package installs.
+const PROVIDER: &str = "/usr/lib/galera/libgalera_smm.so";
+
+/// What installs the servers, the provider and HAProxy, named in every error about them.
+const INSTALL: &str = "scripts/install-galera.sh";
+
+/// The cluster's size.
+pub const NODES: usize = 3;
+
+/// How long a node may take to become `Synced` (a joiner's state transfer included).
+const SYNCED_WITHIN: Duration = Duration::from_secs(120);
+
+/// The MySQL user HAProxy's health check logs in as (no password, no privilege), as
+/// [`LocalGalera::start`] creates it.
+const CHECK_USER: &str = "haproxy";
+
+/// A running three-node cluster.
+pub struct LocalGalera {
+    nodes: Vec<Node>,
+    dir: tempfile::TempDir,
+}
+
+/// One `mariadbd` of the cluster: its ports, its data directory, and its process while it runs.
+struct Node {
+    /// 1, 2 or 3.
+    number: usize,
+    /// The MySQL protocol's port.
+    port: u16,
+    /// Galera's group communication, incremental and snapshot state transfer ports.
+    gcomm: u16,
+    ist: u16,
+    sst: u16,
+    data: PathBuf,
+    starts: u32,
+    child: Option<Child>,
+}
+
+/// How a node that started again caught up with the cluster.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum StateTransfer {
+    /// Only the write sets it missed, from a donor's gcache (IST).
+    Incremental,
+    /// A full copy of a donor's data directory (SST).
+    Snapshot,
+    /// Neither: it had missed nothing.
+    None,
+}
+
+impl StateTransfer {
+    /// Reads a joiner's error log since its start. The state transfer script runs either way and
+    /// logs `SST received` either way; what it did is in its own line: `rsync SST completed on
+    /// joiner` when it copied the data files, `rsync IST completed on joiner` when the donor
+    /// bypassed the copy. The write sets themselves arrive after it, `IST received: <uuid>:<seqno>`.
+    fn from_joiner_log(log: &str) -> Self {
+        if log.contains(" SST completed on joiner") {
+            Self::Snapshot
+        } else if log.contains("IST received") {
+            Self::Incremental
+        } else {
+            Self::None
+        }
+    }
+}
+
+/// A node's state as `SHOW STATUS` tells it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct NodeState {
+    comment: String,
+    cluster_size: u32,
+}
+
+impl LocalGalera {
+    /// Creates three data directories, bootstraps node 1, lets nodes 2 and 3 join, and waits
+    /// until the cluster has three members, all `Synced`.
+    pub async fn start() -> anyhow::Result<Self> {
+        sqlx::any::install_default_drivers();
+        let mariadbd = program("mariadbd")?;
+        let install_db = program("mariadb-install-db")?;
+        program("rsync")?;
+        anyhow::ensure!(
+            Path::new(PROVIDER).is_file(),
+            "the Galera provider {PROVIDER} is missing (package galera-4): run {INSTALL}"
+        );
+        let dir = tempfile::Builder::new()
+            .prefix(&format!("idemgate-galera-{}-", std::process::id()))
+            .tempdir()
+            .context("a temporary folder")?;
+        remove_when_gone(dir.path());
+        let as_root = running_as_root();
+        if as_root {
+            // The servers run as `mysql` (see `Node::args`) and must reach their directories.
+            use std::os::unix::fs::PermissionsExt;
+            std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755))
+                .context("opening the cluster's folder to the mysql user")?;
+        }
+        let mut nodes = Vec::with_capacity(NODES);
+        for number in 1..=NODES {
+            let base = free_port_run(4)?;
+            let data = dir.path().join(format!("node{number}"));
+            nodes.push(Node {
+                number,
+                port: base,
+                gcomm: base + 1,
+                ist: base + 2,
+                sst: base + 3,
+                data,
+                starts: 0,
+                child: None,
+            });
+        }
+        // The system databases are made one node after another (a few seconds each): run at
+        // once, the installs share the temporary folder of their bootstrap servers and one of
+        // three failed now and then ("Unknown table 'mysql.tmp_user_sys'").
+        for node in &nodes {
+            let log = dir.path().join(format!("node{}-install.log", node.number));
+            let mut install = Command::new(&install_db);
+            install
+                .arg("--no-defaults")
+                .arg(format!("--datadir={}", node.data.display()))
+                .args(["--auth-root-authentication-method=normal", "--skip-test-db"]);
+            if as_root {
+                install.arg("--user=mysql");
+            }
+            let mut child: Child = spawn_logged(&mut install, &log)?;
+            let status = tokio::task::spawn_blocking(move || child.wait()).await??;
+            if !status.success() {
+                // The folder goes with this error, so the log's end is quoted here.
+                let text = std::fs::read_to_string(&log).unwrap_or_default();
+                let tail: Vec<&str> = text.lines().rev().take(15).collect();
+                let tail: Vec<&str> = tail.into_iter().rev().collect();
+                anyhow::bail!(
+                    "mariadb-install-db failed for node {} ({status}):\n{}",
+                    node.number,
+                    tail.join("\n")
+                );
+            }
+        }
+        let mut cluster = Self { nodes, dir };
+        let address = cluster.cluster_address();
+        cluster.nodes[0].start(&mariadbd, &address, &["--wsrep-new-cluster".to_owned()])?;
+        cluster.wait_synced(0, 1).await?;
+        for node in &mut cluster.nodes[1..] {
+            node.start(&mariadbd, &address, &[])?;
+        }
+        for index in 1..NODES {
+            cluster.wait_synced(index, NODES as u32).await?;
+        }
+        cluster.wait_synced(0, NODES as u32).await?;
+        // DDL replicates to every node: the health check's user exists everywhere.
+        let mut conn = sqlx::AnyConnection::connect(&cluster.admin_url(0)).await?;
+        sqlx::query("CREATE USER IF NOT EXISTS 'haproxy'@'127.0.0.1'").execute(&mut conn).await?;
+        conn.close().await?;
+        Ok(cluster)
+    }
+
+    /// `mysql://root@127.0.0.1:<port>/<database>` of node `index` (0-based).
+    pub fn url(&self, index: usize, database: &str) -> String {
+        format!("mysql://root@127.0.0.1:{}/{database}", self.nodes[index].port)
+    }
+
+    /// An admin URL of node `index`, for [`crate::scratch::ScratchDb::create_at`].
+    pub fn admin_url(&self, index: usize) -> String {
+        self.url(index, "mysql")
+    }
+
+    /// Where the servers' logs and data are.
+    pub fn dir(&self) -> &Path {
+        self.dir.path()
+    }
+
+    /// The lines of node `index`'s error log that speak of state transfers (`SST`, `IST`, the
+    /// recovered position), for a failure message.
+    pub fn transfer_log(&self, index: usize) -> String {
+        let text = std::fs::read_to_string(self.nodes[index].log()).unwrap_or_default();
+        let mut lines: Vec<&str> = text
+            .lines()
+            .filter(|l| {
+                ["SST", "IST", "state transfer", "State transfer", "position"].iter().any(|w| l.contains(w))
+            })
+            .collect();
+        lines.drain(..lines.len().saturating_sub(40));
+        lines.join("\n")
+    }
+
+    /// SIGKILLs node `index`: no chance to flush or to leave the cluster.
+    pub fn kill(&mut self, index: usize) {
+        self.nodes[index].stop();
+    }
+
+    /// Starts node `index` again with its data and waits until it is `Synced` in a cluster of
+    /// three.
+    ///
+    /// A SIGKILLed node's `grastate.dat` says `seqno: -1`: started as it is, it would not know
+    /// its position and would ask for a full snapshot (rsync copies every data file: it works,
+    /// in seconds here, but grows with the data). So the position is first recovered from
+    /// InnoDB with `mariadbd --wsrep-recover` (which logs `WSREP: Recovered position:
+    /// <uuid>:<seqno>`) and passed as `--wsrep-start-position`: the node then receives only the
+    /// write sets it missed, by incremental state transfer from a donor's gcache (the donor
+    /// logs `Bypassing state dump`). Without a recoverable position it falls back to the snapshot.
+    ///
+    /// Returns how the node caught up, as its error log tells it.
+    pub async fn restart(&mut self, index: usize) -> anyhow::Result<StateTransfer> {
+        let mariadbd = program("mariadbd")?;
+        let address = self.cluster_address();
+        let position = self.nodes[index].recover_position(&mariadbd, &address).await?;
+        let extra: Vec<String> =
+            position.map(|p| format!("--wsrep-start-position={p}")).into_iter().collect();
+        let log = self.nodes[index].log();
+        let logged_before = std::fs::metadata(&log).map_or(0, |m| m.len());
+        self.nodes[index].start(&mariadbd, &address, &extra)?;
+        self.wait_synced(index, NODES as u32).await?;
+        let text = std::fs::read(&log).with_context(|| format!("reading {}", log.display()))?;
+        let since_start = String::from_utf8_lossy(text.get(logged_before as usize..).unwrap_or_default());
+        Ok(StateTransfer::from_joiner_log(&since_start))
+    }
+
+    /// `gcomm://` with every node's group-communication address.
+    fn cluster_address(&self) -> String {
+        let members: Vec<String> = self.nodes.iter().map(|n| format!("127.0.0.1:{}", n.gcomm)).collect();
+        format!("gcomm://{}", members.join(","))
+    }
+
+    /// Waits until node `index` is `Synced` in a cluster of `size` members.
+    async fn wait_synced(&mut self, index: usize, size: u32) -> anyhow::Result<()> {
+        let url = self.admin_url(index);
+        let started = Instant::now();
+        let mut last = None;
+        while started.elapsed() < SYNCED_WITHIN {
+            if let Ok(state) = node_state(&url).await {
+                if state.comment == "Synced" && state.cluster_size == size {
+                    return Ok(());
+                }
+                last = Some(state);
+            }
+            let node = &mut self.nodes[index];
+            if let Some(Ok(Some(status))) = node.child.as_mut().map(Child::try_wait) {
+                bail!("galera node {} exited with {status}; see {}", node.number, node.log().display());
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+        let node = &self.nodes[index];
+        bail!(
+            "galera node {} was not Synced in a cluster of {size} within {SYNCED_WITHIN:?} (last seen {last:?}); see {}",
+            node.number,
+            node.log().display()
+        )
+    }
+
+    /// Starts HAProxy in front of the three nodes: one URL for every consumer, each new
+    /// connection to a node whose health check passes.
+    pub async fn proxy(&self) -> anyhow::Result<LocalProxy> {
+        LocalProxy::start(self.dir.path(), &self.nodes.iter().map(|n| n.port).collect::<Vec<_>>()).await
+    }
+}
+
+impl Drop for LocalGalera {
+    fn drop(&mut self) {
+        for node in &mut self.nodes {
+            node.stop();
+        }
+    }
+}
+
+impl Node {
+    fn log(&self) -> PathBuf {
+        self.data.join("error.log")
+    }
+
+    /// The server's options. Those Galera needs (`docs/galera.md` explains each): row-based
+    /// binary log events, InnoDB, interleaved auto-increment locks, the provider and the cluster's
+    /// addresses; a snapshot transfer by rsync. The rest keeps a test cluster small: a 64 MiB
+    /// buffer pool and gcache, and the redo log written (not flushed) at each commit, which a
+    /// killed process does not lose.
+    fn args(&self, cluster_address: &str) -> Vec<String> {
+        let d = self.data.display();
+        let mut args = vec![
+            "--no-defaults".to_owned(),
+            format!("--datadir={d}"),
+            format!("--socket={d}/mariadbd.sock"),
+            format!("--pid-file={d}/mariadbd.pid"),
+            format!("--log-error={}", self.log().display()),
+            format!("--port={}", self.port),
+            "--bind-address=127.0.0.1".to_owned(),
+            "--skip-name-resolve".to_owned(),
+            "--binlog-format=ROW".to_owned(),
+            "--default-storage-engine=InnoDB".to_owned(),
+            "--innodb-autoinc-lock-mode=2".to_owned(),
+            "--innodb-buffer-pool-size=64M".to_owned(),
+            "--innodb-flush-log-at-trx-commit=2".to_owned(),
+            "--wsrep-on=ON".to_owned(),
+            format!("--wsrep-provider={PROVIDER}"),
+            "--wsrep-cluster-name=idemgate".to_owned(),
+            format!("--wsrep-cluster-address={cluster_address}"),
+            format!("--wsrep-node-name=node{}", self.number),
+            format!("--wsrep-node-address=127.0.0.1:{}", self.gcomm),
+            format!("--wsrep-node-incoming-address=127.0.0.1:{}", self.port),
+            format!(
+                "--wsrep-provider-options=gmcast.listen_addr=tcp://127.0.0.1:{};ist.recv_addr=127.0.0.1:{};gcache.size=64M",
+                self.gcomm, self.ist
+            ),
+            "--wsrep-sst-method=rsync".to_owned(),
+            format!("--wsrep-sst-receive-address=127.0.0.1:{}", self.sst),
+        ];
+        // As root, the server runs as `mysql`: the rsync daemon of a snapshot transfer would
+        // otherwise drop to `nobody`, who cannot enter the data directory, and the transfer fails.
+        if running_as_root() {
+            args.push("--user=mysql".to_owned());
+        }
+        args
+    }
+
+    /// Starts the server, with a watchdog that stops it if this process dies first.
+    fn start(&mut self, mariadbd: &Path, cluster_address: &str, extra: &[String]) -> anyhow::Result<()> {
+        self.starts += 1;
+        let out = self.data.with_extension(format!("{}.out", self.starts));
+        let child = spawn_logged(Command::new(mariadbd).args(self.args(cluster_address)).args(extra), &out)?;
+        watch_over(&child);
+        tracing::debug!(node = self.number, port = self.port, pid = child.id(), "a galera node started");
+        self.child = Some(child);
+        Ok(())
+    }
+
+    /// The position InnoDB holds, `<uuid>:<seqno>`, read by `mariadbd --wsrep-recover`.
+    async fn recover_position(
+        &self,
+        mariadbd: &Path,
+        cluster_address: &str,
+    ) -> anyhow::Result<Option<String>> {
+        let log = self.data.join("recover.log");
+        let _ = std::fs::remove_file(&log);
+        let mut recover = Command::new(mariadbd);
+        recover
+            .args(self.args(cluster_address))
+            .arg("--wsrep-recover")
+            .arg(format!("--log-error={}", log.display()))
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null());
+        let status = tokio::task::spawn_blocking(move || recover.status()).await??;
+        anyhow::ensure!(
+            status.success(),
+            "mariadbd --wsrep-recover failed ({status}); see {}",
+            log.display()
+        );
+        let text = std::fs::read_to_string(&log).unwrap_or_default();
+        Ok(recovered_position(&text))
+    }
+
+    /// SIGKILL, and reap.
+    fn stop(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}
+
+/// The last `WSREP: Recovered position: <uuid>:<seqno>` of a `--wsrep-recover` log, unless its
+/// seqno is -1 (nothing to recover).
+fn recovered_position(log: &str) -> Option<String> {
+    let position = log.lines().rev().find_map(|l| l.split("WSREP: Recovered position: ").nth(1))?.trim();
+    let (uuid, seqno) = position.rsplit_once(':')?;
+    (seqno.parse::<i64>().ok()? >= 0 && !uuid.is_empty()).then(|| position.to_owned())
+}
+
+/// A node's local state and the cluster's size, as the node tells them.
+async fn node_state(url: &str) -> Result<NodeState, sqlx::Error> {
+    let mut conn = sqlx::AnyConnection::connect(url).await?;
+    let rows = sqlx::query(
+        "SELECT VARIABLE_NAME, VARIABLE_VALUE FROM information_schema.GLOBAL_STATUS \
+         WHERE VARIABLE_NAME IN ('WSREP_LOCAL_STATE_COMMENT', 'WSREP_CLUSTER_SIZE')",
+    )
+    .fetch_all(&mut conn)
+    .await?;
+    let _ = conn.close().await;
+    let mut state = NodeState { comment: String::new(), cluster_size: 0 };
+    for row in rows {
+        let (name, value): (String, String) = (row.try_get(0)?, row.try_get(1)?);
+        match name.to_ascii_uppercase().as_str() {
+            "WSREP_LOCAL_STATE_COMMENT" => state.comment = value,
+            _ => state.cluster_size = value.parse().unwrap_or(0),
+        }
+    }
+    Ok(state)
+}
+
+/// HAProxy in front of the cluster's nodes, on a free loopback port.
+pub struct LocalProxy {
+    port: u16,
+    child: Child,
+}
+
+impl LocalProxy {
+    /// Writes the configuration under `dir`, starts HAProxy, and waits until a query through it
+    /// answers.
+    ///
+    /// Each node is checked every 500 ms by logging in as the check user (`mysql-check`, a real
+    /// MySQL handshake, not just an open port); two failed checks take it out of the rotation and
+    /// close its sessions, two good ones put it back. A connection refused by a node that is
+    /// down but not yet marked so is tried again on another (`option redispatch`).
+    async fn start(dir: &Path, ports: &[u16]) -> anyhow::Result<Self> {
+        let haproxy = program("haproxy")?;
+        let port = free_port_run(1)?;
+        let servers: String = ports
+            .iter()
+            .enumerate()
+            .map(|(i, p)| format!("    server node{} 127.0.0.1:{p} check\n", i + 1))
+            .collect();
+        let config = dir.join("haproxy.cfg");
+        std::fs::write(
+            &config,
+            format!(
+                "global\n    maxconn 2000\n\n\
+                 defaults\n    mode tcp\n    timeout connect 2s\n    timeout client 30m\n    timeout server 30m\n    \
+                 retries 3\n    option redispatch\n\n\
+                 listen galera\n    bind 127.0.0.1:{port}\n    balance roundrobin\n    \
+                 option mysql-check user {CHECK_USER} post-41\n    \
+                 default-server inter 500ms fall 2 rise 2 on-marked-down shutdown-sessions\n{servers}"
+            ),
+        )
+        .context("writing HAProxy's configuration")?;
+        let log = dir.join("haproxy.log");
+        let child = spawn_logged(Command::new(&haproxy).arg("-db").arg("-f").arg(&config), &log)?;
+        watch_over(&child);
+        let mut proxy = Self { port, child };
+        let started = Instant::now();
+        loop {
+            match node_state(&proxy.url("mysql")).await {
+                Ok(state) if state.comment == "Synced" => return Ok(proxy),
+                _ if started.elapsed() > Duration::from_secs(30) => {
+                    bail!("no query through HAProxy answered within 30 s; see {}", log.display())
+                }
+                _ => {}
+            }
+            if let Ok(Some(status)) = proxy.child.try_wait() {
+                bail!("haproxy exited with {status}; see {}", log.display());
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    }
+
+    /// `mysql://root@127.0.0.1:<port>/<database>` through HAProxy.
+    pub fn url(&self, database: &str) -> String {
+        format!("mysql://root@127.0.0.1:{}/{database}", self.port)
+    }
+}
+
+impl Drop for LocalProxy {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Starts `command` with its output (both streams) in `log`.
+fn spawn_logged(command: &mut Command, log: &Path) -> anyhow::Result<Child> {
+    let out = std::fs::File::create(log).context("creating a log file")?;
+    command
+        .stdin(Stdio::null())
+        .stdout(out.try_clone().context("creating a log file")?)
+        .stderr(out)
+        .spawn()
+        .with_context(|| format!("starting {:?}", command.get_program()))
+}
+
+/// True when this process runs as root (it owns its own `/proc/self`).
+fn running_as_root() -> bool {
+    use std::os::unix::fs::MetadataExt;
+    std::fs::metadata("/proc/self").is_ok_and(|m| m.uid() == 0)
+}
+
+/// The path of `name`: on `PATH`, or in `/usr/sbin` (where Debian puts `mariadbd` and
+/// `haproxy`, outside an ordinary user's `PATH`).
+fn program(name: &str) -> anyhow::Result<PathBuf> {
+    let path = std::env::var_os("PATH").unwrap_or_default();
+    std::env::split_paths(&path)
+        .chain([PathBuf::from("/usr/sbin"), PathBuf::from("/usr/bin")])
+        .map(|dir| dir.join(name))
+        .find(|candidate| candidate.is_file())
+        .with_context(|| format!("{name} is not installed: run {INSTALL}"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A joiner's log after a SIGKILL and a start at its recovered position (MariaDB 10.11,
+    /// galera-4 26.4, rsync), and after a start that copied the data.
+    const IST_LOG: &str = "\
+WSREP: State transfer required:
+WSREP_SST: [INFO] rsync SST started on joiner (20261203 06:49:30.253)
+WSREP: Prepared IST receiver for 1674-5207, listening at: tcp://127.0.0.1:35755
+WSREP_SST: [INFO] rsync IST completed on joiner (20261203 06:49:32.732)
+WSREP: SST received: 94c7bfe5-eee5-11f1-9940-66de76d450d8:1673
+WSREP: Receiving IST: 3534 writesets, seqnos 1674-5207
+WSREP: IST received: 94c7bfe5-eee5-11f1-9940-66de76d450d8:5207
+";
+
+    #[test]
+    fn a_joiner_log_tells_an_incremental_transfer_from_a_snapshot() {
+        assert_eq!(StateTransfer::from_joiner_log(IST_LOG), StateTransfer::Incremental);
+        let snapshot = IST_LOG.replace("rsync IST completed", "rsync SST completed");
+        assert_eq!(StateTransfer::from_joiner_log(&snapshot), StateTransfer::Snapshot);
+        assert_eq!(
+            StateTransfer::from_joiner_log("WSREP: Synchronized with group, ready for connections"),
+            StateTransfer::None
+        );
+    }
+
+    #[test]
+    fn the_recovered_position_is_the_last_one_logged_and_never_minus_one() {
+        let log = "2026-12-02 18:42:05 0 [Note] WSREP: Recovered position: 00000000-0000-0000-0000-000000000000:-1\n\
+                   2026-12-02 18:42:05 0 [Note] WSREP: Recovered position: dca73576-ee7f-11f1-bdec-ff2cff3a2420:304\n";
+        assert_eq!(recovered_position(log).as_deref(), Some("dca73576-ee7f-11f1-bdec-ff2cff3a2420:304"));
+        let unknown = "2026-12-02 18:42:05 0 [Note] WSREP: Recovered position: dca73576-ee7f-11f1-bdec-ff2cff3a2420:-1\n";
+        assert_eq!(recovered_position(unknown), None);
+        assert_eq!(recovered_position("nothing here"), None);
+    }
+}
