@@ -32,7 +32,7 @@ use crate::metrics::{BuildInfo, Metrics};
 use crate::prefilter::Prefilter;
 use crate::reconcile::{Check, ReconcileScheduler};
 use crate::replay::Replayer;
-use crate::store::{Backend, Store, StoreOptions, redact_url};
+use crate::store::{Store, StoreOptions, redact_url};
 use tasks::{Stop, Tasks};
 
 /// Where the gate's deliveries come from.
@@ -509,9 +509,8 @@ async fn ui_store(settings: &Settings, store: &Store) -> anyhow::Result<Store> {
 /// A pool of its own on the database of `store`, with `options`. An in-memory SQLite database
 /// exists once per pool, so there it is `store` itself.
 async fn own_pool(settings: &Settings, store: &Store, options: &StoreOptions) -> anyhow::Result<Store> {
-    let url = &settings.database.url;
-    if store.backend() == Backend::Sqlite && (url.contains(":memory:") || url.contains("mode=memory")) {
+    if store.is_in_memory() {
         return Ok(store.clone());
     }
-    Ok(Store::connect(url, options).await?)
+    Ok(Store::connect(&settings.database.url, options).await?)
 }
