@@ -90,18 +90,13 @@ pub enum ConfigError {
     MissingFile(String),
     #[error("configuration: {0}")]
     Parse(String),
-    #[error("configuration key {key}: {message}")]
-    Invalid { key: String, message: String },
-}
-
-impl From<Invalid> for ConfigError {
-    fn from(e: Invalid) -> Self {
-        ConfigError::Invalid { key: e.key, message: e.message }
-    }
+    /// A key's value is refused, with the key named.
+    #[error(transparent)]
+    Invalid(#[from] Invalid),
 }
 
 fn invalid(key: &str, message: impl Into<String>) -> ConfigError {
-    ConfigError::Invalid { key: key.to_owned(), message: message.into() }
+    crate::setting::invalid(key, message).into()
 }
 
 impl Settings {
@@ -162,7 +157,7 @@ impl Settings {
             ));
         }
         self.http.validate()?;
-        let routes = Routes::new(&self.routes).map_err(|e| invalid(&e.field, e.message))?;
+        let routes = Routes::new(&self.routes)?;
         self.archive.validate()?;
         self.reconcile.validate()?;
         self.redis.validate()?;
@@ -296,8 +291,7 @@ impl Settings {
     /// with its key named.
     pub fn handlers_with(&self, own: Handlers) -> Result<Handlers, ConfigError> {
         let mut handlers = own;
-        let configured =
-            state_machine::handlers(&self.state_machines).map_err(|e| invalid(&e.field, e.message))?;
+        let configured = state_machine::handlers(&self.state_machines)?;
         for (i, machine) in self.state_machines.iter().enumerate() {
             if handlers.get(&machine.name).is_some() {
                 return Err(invalid(

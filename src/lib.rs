@@ -118,4 +118,5 @@ pub use handler::{Answers, Effect, Fact, Handler, HandlerError, Handlers, Work, 
 pub use inspect::trace::{Answer as Trace, SearchBy, TraceQuery, render_text as render_trace, trace};
 pub use outcome::{DuplicateCause, Layer, Outcome, Verdict};
 pub use route::{RouteConfig, Routes};
+pub use setting::Invalid;
 pub use store::{Backend, Conn, Sql, Store, StoreOptions, query};

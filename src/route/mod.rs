@@ -21,6 +21,7 @@ pub(crate) use key::{
 };
 
 use crate::delivery::Delivery;
+use crate::setting::{Invalid, invalid};
 
 /// A route as written in the configuration file.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -63,10 +64,12 @@ pub(crate) enum Source {
 
 impl Source {
     /// Reads `keys`, `property:NAME` or `json:/pointer`; an error names `field`.
-    pub(crate) fn parse(text: &str, field: &str) -> Result<Self, RouteError> {
-        let bad = |why: &str| RouteError {
-            field: field.to_owned(),
-            message: format!("{text:?} {why}; expected \"keys\", \"property:NAME\" or \"json:/pointer\""),
+    pub(crate) fn parse(text: &str, field: &str) -> Result<Self, Invalid> {
+        let bad = |why: &str| {
+            invalid(
+                field,
+                format!("{text:?} {why}; expected \"keys\", \"property:NAME\" or \"json:/pointer\""),
+            )
         };
         if text == "keys" {
             return Ok(Self::Keys);
@@ -98,14 +101,6 @@ impl Source {
             Self::Json(pointer) => format!("JSON field {pointer}"),
         }
     }
-}
-
-/// A configuration error in one route, naming the offending key.
-#[derive(Debug, Clone, thiserror::Error)]
-#[error("{field}: {message}")]
-pub struct RouteError {
-    pub field: String,
-    pub message: String,
 }
 
 #[derive(Debug, Clone)]
@@ -167,31 +162,23 @@ pub struct Routes {
 impl Routes {
     /// Builds the table, rejecting the first route that is wrong with an error naming it as
     /// `routes[i].field`.
-    pub fn new(configs: &[RouteConfig]) -> Result<Self, RouteError> {
+    pub fn new(configs: &[RouteConfig]) -> Result<Self, Invalid> {
         let mut routes = Vec::with_capacity(configs.len());
         for (i, c) in configs.iter().enumerate() {
             let at = |field: &str| format!("routes[{i}].{field}");
             if c.topic.is_empty() || c.topic.chars().count() > MAX_TOPIC_CHARS {
-                return Err(RouteError {
-                    field: at("topic"),
-                    message: format!("must be 1 to {MAX_TOPIC_CHARS} characters"),
-                });
+                return Err(invalid(at("topic"), format!("must be 1 to {MAX_TOPIC_CHARS} characters")));
             }
-            let tags = TagFilter::parse(&c.tags).ok_or_else(|| RouteError {
-                field: at("tags"),
-                message: format!("{:?} is not \"*\" or a tag list such as \"a || b\"", c.tags),
+            let tags = TagFilter::parse(&c.tags).ok_or_else(|| {
+                invalid(at("tags"), format!("{:?} is not \"*\" or a tag list such as \"a || b\"", c.tags))
             })?;
-            check_key_text(&c.biz_type, MAX_BIZ_TYPE_CHARS)
-                .map_err(|m| RouteError { field: at("biz_type"), message: m })?;
+            check_key_text(&c.biz_type, MAX_BIZ_TYPE_CHARS).map_err(|m| invalid(at("biz_type"), m))?;
             let biz_id = Source::parse(&c.biz_id, &at("biz_id"))?;
             let execute_time = c
                 .execute_time
                 .as_deref()
                 .map(|s| match Source::parse(s, &at("execute_time"))? {
-                    Source::Keys => Err(RouteError {
-                        field: at("execute_time"),
-                        message: "cannot come from the message KEYS".to_owned(),
-                    }),
+                    Source::Keys => Err(invalid(at("execute_time"), "cannot come from the message KEYS")),
                     other => Ok(other),
                 })
                 .transpose()?;
@@ -565,16 +552,16 @@ mod tests {
             handler: None,
         };
         let e = Routes::new(std::slice::from_ref(&c)).unwrap_err();
-        assert_eq!(e.field, "routes[0].biz_id");
+        assert_eq!(e.key, "routes[0].biz_id");
         c.biz_id = "keys".into();
         c.biz_type = "order create".into();
-        assert_eq!(Routes::new(std::slice::from_ref(&c)).unwrap_err().field, "routes[0].biz_type");
+        assert_eq!(Routes::new(std::slice::from_ref(&c)).unwrap_err().key, "routes[0].biz_type");
         c.biz_type = "order.create".into();
         c.tags = "a || ".into();
-        assert_eq!(Routes::new(std::slice::from_ref(&c)).unwrap_err().field, "routes[0].tags");
+        assert_eq!(Routes::new(std::slice::from_ref(&c)).unwrap_err().key, "routes[0].tags");
         c.tags = "*".into();
         c.execute_time = Some("keys".into());
-        assert_eq!(Routes::new(&[c]).unwrap_err().field, "routes[0].execute_time");
+        assert_eq!(Routes::new(&[c]).unwrap_err().key, "routes[0].execute_time");
     }
 
     #[test]
