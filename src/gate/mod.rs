@@ -81,7 +81,9 @@ impl std::fmt::Debug for Gate {
 }
 
 impl Gate {
-    /// Checks that every route has a handler and that the identity fits the key columns.
+    /// Checks that every route has a handler (the one place that check is made: every gate,
+    /// the service's and any other, is made here) and that the identity fits the key columns.
+    /// A refusal names its key: `routes[2].handler`, `consumer.group`.
     pub fn new(
         store: Store,
         routes: Routes,
@@ -94,7 +96,7 @@ impl Gate {
                 return Err(invalid(
                     format!("routes[{route}].handler"),
                     format!(
-                        "no handler named {name:?}; known handlers: {}",
+                        "no handler named {name:?} (a route without `handler` uses its biz_type); known handlers: {}",
                         handlers.names().collect::<Vec<_>>().join(", ")
                     ),
                 ));
