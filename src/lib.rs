@@ -23,7 +23,8 @@
 //!
 //! # Layout
 //! - `store`: the database pool (SQLite, PostgreSQL, MySQL/MariaDB) and the migrations.
-//! - `delivery`: one message as delivered, broker-neutral.
+//! - `delivery`: one message as delivered, broker-neutral; where a value comes from in it
+//!   (`keys`, `property:NAME`, `json:/pointer`), for routes and configured handlers alike.
 //! - `route`: which business key a delivery claims, per topic and tag; the key rules.
 //! - `gate`: claim, handler and log row in one transaction; duplicate causes.
 //! - `layout`: the claim tables: one, or N shards by a stable hash; the readers' view.

@@ -6,8 +6,9 @@ use async_trait::async_trait;
 use serde::{Deserialize, Serialize};
 
 use super::{Move, OnMissing, StateMachine, Transition, TransitionSpec, Value};
+use crate::delivery::value::{Body, Source};
 use crate::handler::{Answers, Effect, Fact, Handler, HandlerError, Handlers, Work};
-use crate::route::{MAX_BIZ_ID_CHARS, MAX_BIZ_TYPE_CHARS, Source, check_key_text};
+use crate::route::{MAX_BIZ_ID_CHARS, MAX_BIZ_TYPE_CHARS, check_key_text};
 use crate::setting::{Invalid, invalid};
 use crate::store::{Conn, Store};
 
@@ -62,7 +63,11 @@ impl StateMachineConfig {
             "set[0]" => Invalid { key: "set_time_column".to_owned(), ..e },
             _ => e,
         })?;
-        let row_key = self.row_key.as_deref().map(|text| Source::parse(text, "row_key")).transpose()?;
+        let row_key = self
+            .row_key
+            .as_deref()
+            .map(|text| Source::parse(text).map_err(|m| invalid("row_key", m)))
+            .transpose()?;
         Ok(TransitionHandler {
             transition,
             row_key: row_key.map(|source| (source, self.row_key.clone().unwrap_or_default())),
@@ -110,9 +115,9 @@ impl TransitionHandler {
     fn row_of(&self, work: &Work<'_>) -> Result<String, HandlerError> {
         let key = match &self.row_key {
             None => work.key.biz_id.clone(),
-            Some((source, _)) => {
-                source.read(work.delivery).map_err(|why| HandlerError::Invalid(format!("row_key: {why}")))?
-            }
+            Some((source, _)) => source
+                .read(work.delivery, &mut Body::new(&work.delivery.body))
+                .map_err(|why| HandlerError::Invalid(format!("row_key: {why}")))?,
         };
         check_key_text(&key, MAX_BIZ_ID_CHARS)
             .map_err(|why| HandlerError::Invalid(format!("row_key {why}")))?;
@@ -240,7 +245,7 @@ mod tests {
             ),
             (
                 StateMachineConfig { row_key: Some("body".into()), ..config() },
-                "state_machines[0].row_key: \"body\" is not a key source",
+                "state_machines[0].row_key: \"body\" is not a value source",
             ),
         ];
         for (c, expected) in cases {
