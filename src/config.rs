@@ -90,18 +90,13 @@ pub enum ConfigError {
     MissingFile(String),
     #[error("configuration: {0}")]
     Parse(String),
-    #[error("configuration key {key}: {message}")]
-    Invalid { key: String, message: String },
-}
-
-impl From<Invalid> for ConfigError {
-    fn from(e: Invalid) -> Self {
-        ConfigError::Invalid { key: e.key, message: e.message }
-    }
+    /// A key's value is refused, with the key named.
+    #[error(transparent)]
+    Invalid(#[from] Invalid),
 }
 
 fn invalid(key: &str, message: impl Into<String>) -> ConfigError {
-    ConfigError::Invalid { key: key.to_owned(), message: message.into() }
+    crate::setting::invalid(key, message).into()
 }
 
 impl Settings {
@@ -130,7 +125,7 @@ impl Settings {
     }
 
     /// Checks what types alone cannot: every setting that is given. What only the service
-    /// needs (a consumer group, routes, handlers for them) is [`Settings::validate_service`]'s.
+    /// needs (a consumer group, routes) is [`Settings::validate_service`]'s.
     pub fn validate(&self) -> Result<(), ConfigError> {
         self.handlers()?;
         self.database.validate()?;
@@ -162,7 +157,7 @@ impl Settings {
             ));
         }
         self.http.validate()?;
-        let routes = Routes::new(&self.routes).map_err(|e| invalid(&e.field, e.message))?;
+        let routes = Routes::new(&self.routes)?;
         self.archive.validate()?;
         self.reconcile.validate()?;
         self.redis.validate()?;
@@ -181,9 +176,10 @@ impl Settings {
         Ok(())
     }
 
-    /// [`Settings::validate`], and what the service needs besides: a consumer group, at least
-    /// one route, and a handler in `handlers` for each route.
-    pub fn validate_service(&self, handlers: &Handlers) -> Result<(), ConfigError> {
+    /// [`Settings::validate`], and what the service needs besides: a consumer group and at
+    /// least one route. That each route names a known handler is the gate's to check
+    /// ([`crate::Gate::new`]), when the service is assembled with its handlers.
+    pub fn validate_service(&self) -> Result<(), ConfigError> {
         self.validate()?;
         self.require_group()?;
         if self.routes.is_empty() {
@@ -192,17 +188,6 @@ impl Settings {
                 "no [[routes]] entry is configured: the service consumes nothing without one; add a \
                  [[routes]] table per topic and tag (topic, tags, biz_type, biz_id), see docs/configuration.md",
             ));
-        }
-        for (route, name) in self.routes().handler_names() {
-            if handlers.get(name).is_none() {
-                return Err(invalid(
-                    &format!("routes[{route}].handler"),
-                    format!(
-                        "no handler named {name:?} (a route without `handler` uses its biz_type); known handlers: {}",
-                        handlers.names().collect::<Vec<_>>().join(", ")
-                    ),
-                ));
-            }
         }
         Ok(())
     }
@@ -296,8 +281,7 @@ impl Settings {
     /// with its key named.
     pub fn handlers_with(&self, own: Handlers) -> Result<Handlers, ConfigError> {
         let mut handlers = own;
-        let configured =
-            state_machine::handlers(&self.state_machines).map_err(|e| invalid(&e.field, e.message))?;
+        let configured = state_machine::handlers(&self.state_machines)?;
         for (i, machine) in self.state_machines.iter().enumerate() {
             if handlers.get(&machine.name).is_some() {
                 return Err(invalid(
@@ -390,24 +374,12 @@ mod tests {
     }
 
     #[test]
-    fn the_service_needs_a_group_routes_and_a_handler_for_each_route() {
-        struct Noop;
-        #[async_trait::async_trait]
-        impl crate::handler::Handler for Noop {
-            async fn handle(
-                &self,
-                _: &crate::handler::Work<'_>,
-                _: &mut crate::store::Conn,
-            ) -> Result<crate::handler::Effect, crate::handler::HandlerError> {
-                Ok(crate::handler::Effect::Applied)
-            }
-        }
-        let handlers = Handlers::new().with("wallet.credit", Noop);
+    fn the_service_needs_a_group_and_routes() {
         let mut s = Settings::default();
-        let err = s.validate_service(&handlers).unwrap_err().to_string();
+        let err = s.validate_service().unwrap_err().to_string();
         assert!(err.contains("consumer.group: is not set"), "{err}");
         s.consumer.group = "wallet_consumer".to_owned();
-        let err = s.validate_service(&handlers).unwrap_err().to_string();
+        let err = s.validate_service().unwrap_err().to_string();
         assert!(err.contains("no [[routes]] entry is configured"), "{err}");
         s.routes = vec![RouteConfig {
             topic: "wallet".to_owned(),
@@ -417,10 +389,7 @@ mod tests {
             execute_time: None,
             handler: None,
         }];
-        let err = s.validate_service(&handlers).unwrap_err().to_string();
-        assert!(err.contains("routes[0].handler") && err.contains("\"wallet.debit\""), "{err}");
-        s.routes[0].biz_type = "wallet.credit".to_owned();
-        s.validate_service(&handlers).unwrap();
+        s.validate_service().unwrap();
     }
 
     #[test]
@@ -700,7 +669,7 @@ mod tests {
             .unwrap();
         let names: Vec<_> = handlers.names().collect();
         assert_eq!(names, ["order.create", "order.ship", "payment.confirm", "stock.deduct"]);
-        s.validate_service(&handlers).unwrap();
+        s.validate_service().unwrap();
     }
 
     #[test]
@@ -763,7 +732,7 @@ mod tests {
     }
 
     #[test]
-    fn hostile_or_colliding_state_machines_and_routes_to_nothing_are_refused_with_their_key_named() {
+    fn hostile_or_colliding_state_machines_are_refused_with_their_key_named() {
         let dir = tempfile::tempdir().unwrap();
         let with = |from: &str, to: &str| SHIP.replace(from, to);
         let cases = [
@@ -799,35 +768,22 @@ mod tests {
             assert!(err.contains(expected), "expected {expected:?} in {err:?}\n{text}");
         }
         // What the program brings is known only where the service is assembled: a name taken
-        // twice, and routes to no handler, are refused there.
-        let service = |text: &str| -> String {
-            let s = Settings::load_from(Some(&write(&dir, text)), no_env()).unwrap();
-            match s.handlers_with(crate::handler::doing_nothing(&[
+        // twice is refused there (and a route to no handler by the gate, `app`'s tests).
+        let taken = with("name = \"order.ship\"", "name = \"payment.confirm\"")
+            .replace("handler = \"order.ship\"", "handler = \"payment.confirm\"");
+        let s = Settings::load_from(Some(&write(&dir, &taken)), no_env()).unwrap();
+        let err = s
+            .handlers_with(crate::handler::doing_nothing(&[
                 "order.create",
                 "payment.confirm",
                 "stock.deduct",
-            ])) {
-                Err(e) => e.to_string(),
-                Ok(handlers) => s.validate_service(&handlers).unwrap_err().to_string(),
-            }
-        };
-        let taken = with("name = \"order.ship\"", "name = \"payment.confirm\"")
-            .replace("handler = \"order.ship\"", "handler = \"payment.confirm\"");
-        let err = service(&taken);
+            ]))
+            .unwrap_err()
+            .to_string();
         assert!(
             err.contains(
                 "state_machines[0].name: \"payment.confirm\" is the name of a handler the program brings"
             ),
-            "{err}"
-        );
-        let err = service(&with("handler = \"order.ship\"", "handler = \"order.shipp\""));
-        assert!(
-            err.contains("configuration key routes[0].handler: no handler named \"order.shipp\" (a route without `handler` uses its biz_type); known handlers: order.create, order.ship, payment.confirm, stock.deduct"),
-            "{err}"
-        );
-        let err = service(&with("handler = \"order.ship\"", ""));
-        assert!(
-            err.contains("configuration key routes[0].handler: no handler named \"order.shipment\""),
             "{err}"
         );
     }

@@ -1,8 +1,11 @@
 //! One delivery of one message, as the gate sees it, whatever brought it: the RocketMQ consumer
 //! or the demo's built-in traffic source.
 //!
-//! This module owns the broker-neutral shape of a message and its payload hash. It must not
-//! parse business content; that is [`crate::route`]'s job.
+//! This module owns the broker-neutral shape of a message and its payload hash, and ([`value`])
+//! the one grammar of where a value comes from in it and how that value is read. It must not
+//! judge business content; that is [`crate::route`]'s job.
+
+pub(crate) mod value;
 
 use std::collections::BTreeMap;
 

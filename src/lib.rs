@@ -26,7 +26,8 @@
 //!
 //! # Layout
 //! - `store`: the database pool (SQLite, PostgreSQL, MySQL/MariaDB) and the migrations.
-//! - `delivery`: one message as delivered, broker-neutral.
+//! - `delivery`: one message as delivered, broker-neutral; where a value comes from in it
+//!   (`keys`, `property:NAME`, `json:/pointer`), for routes and configured handlers alike.
 //! - `route`: which business key a delivery claims, per topic and tag; the key rules.
 //! - `gate`: claim, handler and log row in one transaction; duplicate causes.
 //! - `layout`: the claim tables: one, or N shards by a stable hash; the readers' view.
@@ -89,4 +90,5 @@ pub use handler::{Answers, Effect, Fact, Handler, HandlerError, Handlers, Work, 
 pub use inspect::trace::{Answer as Trace, SearchBy, TraceQuery, render_text as render_trace, trace};
 pub use outcome::{DuplicateCause, Layer, Outcome, Verdict};
 pub use route::{RouteConfig, Routes};
+pub use setting::Invalid;
 pub use store::{Backend, Conn, Sql, Store, StoreOptions, query};

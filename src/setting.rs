@@ -1,12 +1,15 @@
-//! What a settings section answers when a value cannot be used: the key, as the file spells
-//! it, and why. Every section validates itself and answers with this; `config` only gathers
-//! the sections and loads them. Beside it, the machine's name, which defaults derive from.
+//! What a setting answers when a value cannot be used: the key, as the file spells it, and
+//! why. It is the one error of that shape: every settings section validates itself and answers
+//! with it, and so do a route, a state machine's definition, a configured handler and the gate
+//! when what they are given is refused; `config` only gathers the sections and loads them.
+//! Beside it, the machine's name, which defaults derive from.
 
-/// A setting that cannot be used.
+/// A setting (a section's key, a route's, a handler definition's part) that cannot be used.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("configuration key {key}: {message}")]
 pub struct Invalid {
-    /// The key, as the configuration file spells it: `http.bind`, `routes[2].handler`.
+    /// The key, as the configuration file spells it: `http.bind`, `routes[2].handler`; for a
+    /// state machine defined in code, the part of its definition: `table`, `from[1]`.
     pub key: String,
     pub message: String,
 }

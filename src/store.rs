@@ -27,6 +27,7 @@ mod sql;
 mod unique;
 
 pub use backend::Backend;
+pub(crate) use backend::DatabaseUrl;
 pub(crate) use backend::UnknownScheme;
 pub use redact::redact_url;
 pub(crate) use settings::DatabaseSettings;
@@ -163,6 +164,8 @@ pub struct Store {
     mysql_flavour: Option<MySqlFlavour>,
     /// A MariaDB Galera node (`wsrep_on`) answers the URL.
     galera: bool,
+    /// An in-memory SQLite database ([`DatabaseUrl::in_memory`]): it lives in this pool only.
+    in_memory: bool,
 }
 
 impl fmt::Debug for Store {
@@ -206,7 +209,7 @@ impl Store {
     /// Connects without migrating.
     pub async fn connect(url: &str, options: &StoreOptions) -> Result<Self, StoreError> {
         install_default_drivers();
-        let backend = Backend::from_url(url)?;
+        let DatabaseUrl { backend, in_memory } = DatabaseUrl::read(url)?;
         let limit = options.statement_timeout;
         let lock_limit = options.lock_timeout.map(|t| lock_timeout(backend, t));
         let pool_options = AnyPoolOptions::new()
@@ -249,7 +252,7 @@ impl Store {
             }
             Backend::Sqlite | Backend::Postgres => (None, false),
         };
-        Ok(Self { pool, backend, mysql_flavour, galera })
+        Ok(Self { pool, backend, mysql_flavour, galera, in_memory })
     }
 
     /// Connects and applies this backend's migrations.
@@ -271,6 +274,12 @@ impl Store {
 
     pub fn backend(&self) -> Backend {
         self.backend
+    }
+
+    /// True when the database is an in-memory SQLite one, which exists in this pool only: a
+    /// second pool on its URL would open another, empty database.
+    pub(crate) fn is_in_memory(&self) -> bool {
+        self.in_memory
     }
 
     /// On MySQL/MariaDB, which of the two the server is; `None` on SQLite and PostgreSQL.
@@ -603,15 +612,5 @@ mod tests {
             Some("SET statement_timeout = 1500")
         );
         assert_eq!(statement_timeout(Backend::Sqlite, None, limit), None);
-    }
-
-    #[test]
-    fn backend_is_read_from_the_url_scheme() {
-        assert_eq!(Backend::from_url("sqlite://x.db").unwrap(), Backend::Sqlite);
-        assert_eq!(Backend::from_url("postgres://u@h/db").unwrap(), Backend::Postgres);
-        assert_eq!(Backend::from_url("postgresql://u@h/db").unwrap(), Backend::Postgres);
-        assert_eq!(Backend::from_url("mysql://root@h/test").unwrap(), Backend::MySql);
-        let err = Backend::from_url("oracle://x").unwrap_err().to_string();
-        assert!(err.contains("\"oracle\""), "{err}");
     }
 }

@@ -32,7 +32,7 @@ use crate::metrics::{BuildInfo, Metrics};
 use crate::prefilter::Prefilter;
 use crate::reconcile::{Check, ReconcileScheduler};
 use crate::replay::Replayer;
-use crate::store::{Backend, Store, StoreOptions, redact_url};
+use crate::store::{Store, StoreOptions, redact_url};
 use tasks::{Stop, Tasks};
 
 /// Where the gate's deliveries come from.
@@ -69,9 +69,10 @@ impl Application {
     /// Builds the service with `handlers` instead of the configured ones: for a program that
     /// brings handlers of its own ([`Settings::handlers_with`] adds the configured ones). It
     /// refuses to build without a consumer group, without routes, or with a route whose
-    /// handler `handlers` lacks.
+    /// handler `handlers` lacks (the gate's refusal, [`Gate::new`], made before any handler
+    /// prepares its tables and before the listener is bound).
     pub async fn build_with(settings: &Settings, handlers: Handlers, feed: Feed) -> anyhow::Result<Self> {
-        settings.validate_service(&handlers)?;
+        settings.validate_service()?;
         let mut settings = settings.clone();
         if settings.consumer.instance.is_empty() {
             // Fixed once, so that the gate, the schedules and the metrics name one instance.
@@ -81,7 +82,12 @@ impl Application {
         let store = Store::open(&settings.database.url, &settings.store_options())
             .await
             .with_context(|| format!("opening {shown}"))?;
-        // What a handler makes of its own (its tables, its reference rows) is made first; then
+        // The gate first: it refuses a route to no handler before anything else is made.
+        let gate_store = gate_store(&settings, &store)
+            .await
+            .with_context(|| format!("opening the gate's pool on {shown}"))?;
+        let gate = gate(&settings, &store, gate_store, handlers.clone(), None).await?;
+        // What a handler makes of its own (its tables, its reference rows) is made next; then
         // every configured statement is prepared before anything consumes: a typo in a table
         // or column name stops the service here, with the handler and the statement named.
         handlers
@@ -92,9 +98,6 @@ impl Application {
             .verify(&store)
             .await
             .map_err(|why| anyhow::anyhow!("checking the handlers against {shown}: {why}"))?;
-        let gate_store = gate_store(&settings, &store)
-            .await
-            .with_context(|| format!("opening the gate's pool on {shown}"))?;
         let ui_store =
             ui_store(&settings, &store).await.with_context(|| format!("opening the UI's pool on {shown}"))?;
         let server = http::Server::bind(&settings.http).await?;
@@ -140,7 +143,7 @@ impl Application {
             Feed::Caller => web,
         });
         let checks = handlers.checks(&routes);
-        let gate = Arc::new(gate(&settings, &store, gate_store, handlers, Some(metrics.clone())).await?);
+        let gate = Arc::new(observed(gate, &settings, &handlers, metrics.clone()));
         let state = AppState {
             store: ui_store.clone(),
             consumer_store: store.clone(),
@@ -414,6 +417,7 @@ impl Running {
 }
 
 /// The gate `settings` describe on `gate_store` (its own pool), ready for its first delivery:
+/// made first, so that a route to no handler is refused before the database is written; then
 /// the claim layout checked (or recorded) and Redis asked once, the layout's statements on
 /// `store`, whose statements are not bounded. [`Application::build`] calls it.
 pub async fn gate(
@@ -423,6 +427,7 @@ pub async fn gate(
     handlers: Handlers,
     metrics: Option<Arc<Metrics>>,
 ) -> anyhow::Result<Gate> {
+    let gate = assemble_gate(settings, gate_store, handlers, metrics)?;
     let layout =
         crate::layout::ensure(store, settings.dedup.shards, &settings.identity().instance_id).await?;
     // After the layout: the shard tables are checked too.
@@ -436,7 +441,7 @@ pub async fn gate(
             "the database is a Galera node: causal reads on every connection"
         );
     }
-    let gate = assemble_gate(settings, gate_store, handlers, metrics)?.with_layout(layout);
+    let gate = gate.with_layout(layout);
     if let Some(prefilter) = gate.prefilter()
         && prefilter.warm_up().await
     {
@@ -460,18 +465,14 @@ pub fn assemble_gate(
 ) -> anyhow::Result<Gate> {
     let server = store.mysql_flavour().map_or(store.backend().name(), |f| f.name());
     let claim_path = crate::gate::ClaimPath::of(&store).describe();
-    if let Some(metrics) =
-        metrics.as_ref().filter(|_| settings.group_commit.enabled && settings.group_commit.batch)
-    {
-        metrics.start_group_fallbacks_at_zero(handlers.names());
-    }
-    let mut gate = Gate::new(store, settings.routes(), handlers, settings.identity(), settings.policy())?
-        .with_late_duplicate_guard(settings.archive.late_duplicate_guard);
+    let mut gate =
+        Gate::new(store, settings.routes(), handlers.clone(), settings.identity(), settings.policy())?
+            .with_late_duplicate_guard(settings.archive.late_duplicate_guard);
     if settings.archive.late_duplicate_guard {
         tracing::info!("the late-duplicate guard is on: fresh claims are looked up in the archive");
     }
     if let Some(metrics) = metrics {
-        gate = gate.with_observer(metrics);
+        gate = observed(gate, settings, &handlers, metrics);
     }
     let group = &settings.group_commit;
     if group.enabled {
@@ -493,6 +494,15 @@ pub fn assemble_gate(
     Ok(gate)
 }
 
+/// `gate` reporting its dispositions, groups and waits to `metrics`; on group commit's batch
+/// path, every handler's fallbacks counted from 0.
+fn observed(gate: Gate, settings: &Settings, handlers: &Handlers, metrics: Arc<Metrics>) -> Gate {
+    if settings.group_commit.enabled && settings.group_commit.batch {
+        metrics.start_group_fallbacks_at_zero(handlers.names());
+    }
+    gate.with_observer(metrics)
+}
+
 /// The gate's own pool (`database.max_connections`, its lock waits and statements bounded on the
 /// server: `database.lock_timeout_ms`, `database.statement_timeout_ms`), apart from the pool of
 /// the schedules, whose archive batches and reconcile reads may run longer.
@@ -509,9 +519,62 @@ async fn ui_store(settings: &Settings, store: &Store) -> anyhow::Result<Store> {
 /// A pool of its own on the database of `store`, with `options`. An in-memory SQLite database
 /// exists once per pool, so there it is `store` itself.
 async fn own_pool(settings: &Settings, store: &Store, options: &StoreOptions) -> anyhow::Result<Store> {
-    let url = &settings.database.url;
-    if store.backend() == Backend::Sqlite && (url.contains(":memory:") || url.contains("mode=memory")) {
+    if store.is_in_memory() {
         return Ok(store.clone());
     }
-    Ok(Store::connect(url, options).await?)
+    Ok(Store::connect(&settings.database.url, options).await?)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::handler::{Effect, Handler, HandlerError, Work};
+    use crate::route::RouteConfig;
+    use crate::store::Conn;
+
+    struct Noop;
+
+    #[async_trait::async_trait]
+    impl Handler for Noop {
+        async fn handle(&self, _: &Work<'_>, _: &mut Conn) -> Result<Effect, HandlerError> {
+            Ok(Effect::Applied)
+        }
+    }
+
+    fn route(biz_type: &str) -> RouteConfig {
+        RouteConfig {
+            topic: "wallet".to_owned(),
+            tags: biz_type.replace('.', "_"),
+            biz_type: biz_type.to_owned(),
+            biz_id: "keys".to_owned(),
+            execute_time: None,
+            handler: None,
+        }
+    }
+
+    #[tokio::test]
+    async fn a_route_to_no_handler_is_refused_once_by_the_gate_with_its_key_named() {
+        let mut settings = Settings::default();
+        let dir = tempfile::tempdir().expect("a temporary directory");
+        settings.database.url = format!("sqlite://{}/idemgate.db?mode=rwc", dir.path().display());
+        settings.http.bind = "127.0.0.1:0".to_owned();
+        settings.consumer.group = "wallet_consumer".to_owned();
+        settings.routes = vec![route("wallet.credit"), route("wallet.debit")];
+        settings.validate_service().expect("the settings alone are fine: handlers are the gate's to check");
+        let handlers = Handlers::new().with("wallet.credit", Noop);
+        let err = match Application::build_with(&settings, handlers.clone(), Feed::Caller).await {
+            Ok(_) => panic!("a route to no handler was accepted"),
+            Err(e) => format!("{e:#}"),
+        };
+        assert_eq!(
+            err,
+            "configuration key routes[1].handler: no handler named \"wallet.debit\" (a route without \
+             `handler` uses its biz_type); known handlers: wallet.credit"
+        );
+        settings.routes.pop();
+        let app = Application::build_with(&settings, handlers, Feed::Caller)
+            .await
+            .expect("every route has its handler");
+        assert_eq!(app.gate().routes().handler_names().count(), 1);
+    }
 }

@@ -50,19 +50,9 @@ use crate::handler::Handlers;
 use crate::layout::Layout;
 use crate::prefilter::Prefilter;
 use crate::route::{MAX_ID_CHARS, Routes, check_key_text};
+use crate::setting::{Invalid, invalid};
 use crate::store::Store;
 use crate::throttle::Throttle;
-
-/// A gate's configuration is wrong.
-#[derive(Debug, thiserror::Error)]
-pub enum GateError {
-    #[error("routes[{route}].handler: no handler named {name:?}; known handlers: {known}")]
-    UnknownHandler { route: usize, name: String, known: String },
-    #[error("consumer.group: {0}")]
-    BadGroup(String),
-    #[error("consumer.instance: {0}")]
-    BadInstance(String),
-}
 
 /// The idempotent processing of deliveries. Share it behind an `Arc`.
 ///
@@ -91,26 +81,30 @@ impl std::fmt::Debug for Gate {
 }
 
 impl Gate {
-    /// Checks that every route has a handler and that the identity fits the key columns.
+    /// Checks that every route has a handler (the one place that check is made: every gate,
+    /// the service's and any other, is made here) and that the identity fits the key columns.
+    /// A refusal names its key: `routes[2].handler`, `consumer.group`.
     pub fn new(
         store: Store,
         routes: Routes,
         handlers: Handlers,
         identity: Identity,
         policy: Policy,
-    ) -> Result<Self, GateError> {
+    ) -> Result<Self, Invalid> {
         for (route, name) in routes.handler_names() {
             if handlers.get(name).is_none() {
-                return Err(GateError::UnknownHandler {
-                    route,
-                    name: name.to_owned(),
-                    known: handlers.names().collect::<Vec<_>>().join(", "),
-                });
+                return Err(invalid(
+                    format!("routes[{route}].handler"),
+                    format!(
+                        "no handler named {name:?} (a route without `handler` uses its biz_type); known handlers: {}",
+                        handlers.names().collect::<Vec<_>>().join(", ")
+                    ),
+                ));
             }
         }
-        check_key_text(&identity.consumer_group, MAX_ID_CHARS).map_err(GateError::BadGroup)?;
+        check_key_text(&identity.consumer_group, MAX_ID_CHARS).map_err(|m| invalid("consumer.group", m))?;
         if identity.instance_id.is_empty() || identity.instance_id.chars().count() > MAX_ID_CHARS {
-            return Err(GateError::BadInstance(format!("must be 1 to {MAX_ID_CHARS} characters")));
+            return Err(invalid("consumer.instance", format!("must be 1 to {MAX_ID_CHARS} characters")));
         }
         let duplicate_warnings = Throttle::new(policy.duplicate_warnings_per_second, Duration::from_secs(1));
         let invalid_warnings = Throttle::new(policy.duplicate_warnings_per_second, Duration::from_secs(1));

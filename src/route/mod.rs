@@ -3,8 +3,9 @@
 //!
 //! A route says which `biz_type` a topic/tag carries, where the `biz_id` comes from (the message
 //! KEYS, a property, or a JSON field of the body) and where the optional `execute_time` of a
-//! delayed message comes from. Everything that can be wrong with a delivery's key is found here
-//! and described in a reason an engineer can act on; the gate logs it as `invalid`.
+//! delayed message comes from, in the grammar every reader of a delivery shares
+//! ([`crate::delivery::value`]). Everything that can be wrong with a delivery's key is found
+//! here and described in a reason an engineer can act on; the gate logs it as `invalid`.
 //!
 //! The limits and the character rules of keys are [`key`]'s. This module must not touch the
 //! database.
@@ -12,7 +13,6 @@
 mod key;
 
 use serde::{Deserialize, Serialize};
-use serde_json::Value;
 
 pub use key::BizKey;
 pub use key::{
@@ -21,6 +21,8 @@ pub use key::{
 };
 
 use crate::delivery::Delivery;
+use crate::delivery::value::{Body, Source};
+use crate::setting::{Invalid, invalid};
 
 /// A route as written in the configuration file.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -49,63 +51,6 @@ fn any_tag() -> String {
 
 fn from_keys() -> String {
     "keys".to_owned()
-}
-
-/// Where a value comes from in a delivery.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) enum Source {
-    /// The first of the message's KEYS.
-    Keys,
-    Property(String),
-    /// An RFC 6901 pointer into the JSON body.
-    Json(String),
-}
-
-impl Source {
-    /// Reads `keys`, `property:NAME` or `json:/pointer`; an error names `field`.
-    pub(crate) fn parse(text: &str, field: &str) -> Result<Self, RouteError> {
-        let bad = |why: &str| RouteError {
-            field: field.to_owned(),
-            message: format!("{text:?} {why}; expected \"keys\", \"property:NAME\" or \"json:/pointer\""),
-        };
-        if text == "keys" {
-            return Ok(Self::Keys);
-        }
-        if let Some(name) = text.strip_prefix("property:") {
-            if name.is_empty() {
-                return Err(bad("names no property"));
-            }
-            return Ok(Self::Property(name.to_owned()));
-        }
-        if let Some(pointer) = text.strip_prefix("json:") {
-            if !pointer.starts_with('/') {
-                return Err(bad("is not a JSON pointer (it must start with '/')"));
-            }
-            return Ok(Self::Json(pointer.to_owned()));
-        }
-        Err(bad("is not a key source"))
-    }
-
-    /// The value this source names in `d`, not yet checked against the key rules.
-    pub(crate) fn read(&self, d: &Delivery) -> Result<String, String> {
-        read(self, d, &mut Body::new(&d.body))
-    }
-
-    fn describe(&self) -> String {
-        match self {
-            Self::Keys => "the message KEYS".to_owned(),
-            Self::Property(name) => format!("property {name}"),
-            Self::Json(pointer) => format!("JSON field {pointer}"),
-        }
-    }
-}
-
-/// A configuration error in one route, naming the offending key.
-#[derive(Debug, Clone, thiserror::Error)]
-#[error("{field}: {message}")]
-pub struct RouteError {
-    pub field: String,
-    pub message: String,
 }
 
 #[derive(Debug, Clone)]
@@ -167,31 +112,23 @@ pub struct Routes {
 impl Routes {
     /// Builds the table, rejecting the first route that is wrong with an error naming it as
     /// `routes[i].field`.
-    pub fn new(configs: &[RouteConfig]) -> Result<Self, RouteError> {
+    pub fn new(configs: &[RouteConfig]) -> Result<Self, Invalid> {
         let mut routes = Vec::with_capacity(configs.len());
         for (i, c) in configs.iter().enumerate() {
             let at = |field: &str| format!("routes[{i}].{field}");
             if c.topic.is_empty() || c.topic.chars().count() > MAX_TOPIC_CHARS {
-                return Err(RouteError {
-                    field: at("topic"),
-                    message: format!("must be 1 to {MAX_TOPIC_CHARS} characters"),
-                });
+                return Err(invalid(at("topic"), format!("must be 1 to {MAX_TOPIC_CHARS} characters")));
             }
-            let tags = TagFilter::parse(&c.tags).ok_or_else(|| RouteError {
-                field: at("tags"),
-                message: format!("{:?} is not \"*\" or a tag list such as \"a || b\"", c.tags),
+            let tags = TagFilter::parse(&c.tags).ok_or_else(|| {
+                invalid(at("tags"), format!("{:?} is not \"*\" or a tag list such as \"a || b\"", c.tags))
             })?;
-            check_key_text(&c.biz_type, MAX_BIZ_TYPE_CHARS)
-                .map_err(|m| RouteError { field: at("biz_type"), message: m })?;
-            let biz_id = Source::parse(&c.biz_id, &at("biz_id"))?;
+            check_key_text(&c.biz_type, MAX_BIZ_TYPE_CHARS).map_err(|m| invalid(at("biz_type"), m))?;
+            let biz_id = Source::parse(&c.biz_id).map_err(|m| invalid(at("biz_id"), m))?;
             let execute_time = c
                 .execute_time
                 .as_deref()
-                .map(|s| match Source::parse(s, &at("execute_time"))? {
-                    Source::Keys => Err(RouteError {
-                        field: at("execute_time"),
-                        message: "cannot come from the message KEYS".to_owned(),
-                    }),
+                .map(|s| match Source::parse(s).map_err(|m| invalid(at("execute_time"), m))? {
+                    Source::Keys => Err(invalid(at("execute_time"), "cannot come from the message KEYS")),
                     other => Ok(other),
                 })
                 .transpose()?;
@@ -309,7 +246,7 @@ impl Routes {
         };
 
         let mut body = Body::new(&d.body);
-        let raw_id = read(&route.biz_id, d, &mut body)
+        let raw_id = read_text(&route.biz_id, d, &mut body)
             .map_err(|why| reject(format!("biz_id: {why}"), &route.biz_type))?;
         if let Err(why) = check_key_text(&raw_id, MAX_BIZ_ID_CHARS) {
             return Err(Rejection {
@@ -318,17 +255,16 @@ impl Routes {
                 biz_id: raw_id,
             });
         }
-        let execute_time =
-            match &route.execute_time {
-                None => 0,
-                Some(source) => read(source, d, &mut body)
-                    .and_then(|text| parse_execute_time(&text))
-                    .map_err(|why| Rejection {
-                        reason: format!("execute_time: {why}"),
-                        biz_type: route.biz_type.clone(),
-                        biz_id: raw_id.clone(),
-                    })?,
-            };
+        let execute_time = match &route.execute_time {
+            None => 0,
+            Some(source) => read_text(source, d, &mut body)
+                .and_then(|text| parse_execute_time(&text))
+                .map_err(|why| Rejection {
+                    reason: format!("execute_time: {why}"),
+                    biz_type: route.biz_type.clone(),
+                    biz_id: raw_id.clone(),
+                })?,
+        };
         Ok(BizKey {
             biz_type: route.biz_type.clone(),
             biz_id: raw_id,
@@ -338,71 +274,14 @@ impl Routes {
     }
 }
 
-/// The body, parsed as JSON at most once per delivery.
-struct Body<'a> {
-    raw: &'a [u8],
-    parsed: Option<Result<Value, String>>,
-}
-
-impl<'a> Body<'a> {
-    fn new(raw: &'a [u8]) -> Self {
-        Self { raw, parsed: None }
-    }
-
-    fn json(&mut self) -> Result<&Value, String> {
-        let raw = self.raw;
-        self.parsed
-            .get_or_insert_with(|| {
-                let text = std::str::from_utf8(raw).map_err(|e| {
-                    format!("the body is not UTF-8 (invalid byte at offset {})", e.valid_up_to())
-                })?;
-                serde_json::from_str(text).map_err(|e| format!("the body is not JSON ({e})"))
-            })
-            .as_ref()
-            .map_err(Clone::clone)
-    }
-}
-
-fn read(source: &Source, d: &Delivery, body: &mut Body<'_>) -> Result<String, String> {
-    let text = match source {
-        Source::Keys => d.keys.iter().find(|k| !k.is_empty()).cloned().ok_or_else(|| {
-            if d.keys.is_empty() {
-                "the message has no KEYS".to_owned()
-            } else {
-                "the message KEYS are empty".to_owned()
-            }
-        })?,
-        Source::Property(name) => d
-            .property(name)
-            .map(str::to_owned)
-            .ok_or_else(|| format!("the message has no property {name}"))?,
-        Source::Json(pointer) => match body.json()?.pointer(pointer) {
-            None | Some(Value::Null) => return Err(format!("the body has no field {pointer}")),
-            Some(Value::String(s)) => s.clone(),
-            Some(Value::Number(n)) if n.is_i64() || n.is_u64() => n.to_string(),
-            Some(other) => {
-                return Err(format!(
-                    "field {pointer} is {}, expected a string or an integer",
-                    json_kind(other)
-                ));
-            }
-        },
-    };
+/// What `source` holds in `d`, as text, not empty: the part of a key it gives, not yet checked
+/// against the key rules.
+fn read_text(source: &Source, d: &Delivery, body: &mut Body<'_>) -> Result<String, String> {
+    let text = source.read(d, body)?;
     if text.is_empty() {
         return Err(format!("{} is empty", source.describe()));
     }
     Ok(text)
-}
-
-fn json_kind(v: &Value) -> &'static str {
-    match v {
-        Value::Null => "null",
-        Value::Bool(_) => "a boolean",
-        Value::Number(_) => "a fractional or out-of-range number",
-        Value::String(_) => "a string",
-        Value::Array(_) => "an array",
-        Value::Object(_) => "an object",
-    }
 }
 
 /// Epoch milliseconds, or an RFC 3339 time: how a route, the trace page and the command line
@@ -496,9 +375,13 @@ mod tests {
             (
                 route("json:/id", None),
                 delivery(br#"{"id":1.5}"#),
-                "biz_id: field /id is a fractional or out-of-range number",
+                "biz_id: field /id is 1.5, expected a string or an integer",
             ),
-            (route("json:/id", None), delivery(br#"{"id":{"a":1}}"#), "biz_id: field /id is an object"),
+            (
+                route("json:/id", None),
+                delivery(br#"{"id":{"a":1}}"#),
+                "biz_id: field /id is {\"a\":1}, expected a string or an integer",
+            ),
             (
                 route("json:/id", None),
                 delivery(br#"{"id":"x' OR '1'='1"}"#),
@@ -565,16 +448,16 @@ mod tests {
             handler: None,
         };
         let e = Routes::new(std::slice::from_ref(&c)).unwrap_err();
-        assert_eq!(e.field, "routes[0].biz_id");
+        assert_eq!(e.key, "routes[0].biz_id");
         c.biz_id = "keys".into();
         c.biz_type = "order create".into();
-        assert_eq!(Routes::new(std::slice::from_ref(&c)).unwrap_err().field, "routes[0].biz_type");
+        assert_eq!(Routes::new(std::slice::from_ref(&c)).unwrap_err().key, "routes[0].biz_type");
         c.biz_type = "order.create".into();
         c.tags = "a || ".into();
-        assert_eq!(Routes::new(std::slice::from_ref(&c)).unwrap_err().field, "routes[0].tags");
+        assert_eq!(Routes::new(std::slice::from_ref(&c)).unwrap_err().key, "routes[0].tags");
         c.tags = "*".into();
         c.execute_time = Some("keys".into());
-        assert_eq!(Routes::new(&[c]).unwrap_err().field, "routes[0].execute_time");
+        assert_eq!(Routes::new(&[c]).unwrap_err().key, "routes[0].execute_time");
     }
 
     #[test]

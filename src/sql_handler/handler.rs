@@ -13,8 +13,9 @@ use async_trait::async_trait;
 use futures_util::TryStreamExt;
 use sqlx::{AssertSqlSafe, Executor, Row, ValueRef};
 
-use super::params::{self, Body, Parsed, Source, Value};
+use super::params::{self, Parsed, Source, Value};
 use super::{BusinessKey, CheckStatement, Expect, OnZero, Statement};
+use crate::delivery::value::Body;
 use crate::handler::{Effect, Fact, Handler, HandlerError, Work};
 use crate::outcome::Layer;
 use crate::reconcile::check::{Check, CheckSql};

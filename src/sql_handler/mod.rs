@@ -31,8 +31,9 @@ pub struct SqlHandlerConfig {
     pub name: String,
     /// `statements`: the statements, run in this order in the gate's transaction; at least one.
     pub statements: Vec<StatementConfig>,
-    /// `params`: where each `:name` of the statements comes from: `json:/pointer` (text),
-    /// `json:/pointer:int|float|bool|epoch_ms|text`, or `property:NAME` (text). `:biz_id`,
+    /// `params`: where each `:name` of the statements comes from, in a route's grammar
+    /// ([`crate::delivery::value`]): `json:/pointer` (text),
+    /// `json:/pointer:int|float|bool|epoch_ms|text`, `property:NAME` (text) or `keys` (text). `:biz_id`,
     /// `:biz_type`, `:execute_time`, `:msg_id` and `:uniq_key` need no entry.
     #[serde(default)]
     pub params: BTreeMap<String, String>,

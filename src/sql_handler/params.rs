@@ -1,13 +1,16 @@
 //! The text and the values of a configured SQL handler's statements: where `:name` placeholders
 //! stand (outside string literals, quoted identifiers, comments and PostgreSQL's `::` casts),
 //! the statement rewritten with positional placeholders for each backend, and the typed values a
-//! delivery gives its parameters (`json:/pointer:type`, `property:NAME`, the key's own names).
-//! This file parses and reads; it must not run statements or format a value into SQL.
+//! delivery gives its parameters: read where [`crate::delivery::value`]'s grammar says (`keys`,
+//! `property:NAME`, `json:/pointer`, a pointer with a `:type`), or the key's own names, then
+//! converted to the parameter's type. This file parses and converts; it must not run
+//! statements or format a value into SQL.
 
 use std::collections::BTreeMap;
 
 use crate::delivery::Delivery;
-use crate::route::BizKey;
+use crate::delivery::value::{self, Body, Found};
+use crate::route::{BizKey, parse_execute_time};
 use crate::store::Written;
 
 /// The parameters every statement may use without declaring them, read from the delivery's key
@@ -287,34 +290,20 @@ impl Kind {
 /// Where a parameter's value comes from.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) enum Source {
-    /// `json:/pointer` (text) or `json:/pointer:type`: an RFC 6901 pointer into the JSON body.
-    Json { pointer: String, kind: Kind },
-    /// `property:NAME`: a message property, as text.
-    Property(String),
+    /// A place in the delivery, and the type its value is read as: text, but for a JSON
+    /// pointer written with a type (`json:/pointer:int`).
+    Delivery { from: value::Source, kind: Kind },
     /// One of [`BUILT_IN`].
     BuiltIn(&'static str),
 }
 
 impl Source {
-    /// Reads `json:/pointer[:type]` or `property:NAME`.
+    /// Reads a source of the delivery's grammar ([`value::Source::parse`]), where a JSON pointer
+    /// may end in `:TYPE`.
     pub(crate) fn parse(text: &str) -> Result<Self, String> {
-        if let Some(name) = text.strip_prefix("property:") {
-            if name.is_empty() {
-                return Err(format!("{text:?} names no property"));
-            }
-            return Ok(Self::Property(name.to_owned()));
-        }
-        let Some(rest) = text.strip_prefix("json:") else {
-            return Err(format!(
-                "{text:?} is not a parameter source; expected \"json:/pointer\", \"json:/pointer:TYPE\" \
-                 (TYPE int, float, bool, epoch_ms or text) or \"property:NAME\""
-            ));
-        };
-        if !rest.starts_with('/') {
-            return Err(format!("{text:?} is not a JSON pointer (it must start with '/')"));
-        }
         // A last `:word` with no '/' after it is the type.
-        if let Some((pointer, suffix)) = rest.rsplit_once(':')
+        if let Some(rest) = text.strip_prefix("json:")
+            && let Some((pointer, suffix)) = rest.rsplit_once(':')
             && !suffix.contains('/')
         {
             let Some((_, kind)) = Kind::NAMES.iter().find(|(name, _)| *name == suffix) else {
@@ -322,9 +311,10 @@ impl Source {
                     "{text:?}: {suffix:?} is not a parameter type; use int, float, bool, epoch_ms or text"
                 ));
             };
-            return Ok(Self::Json { pointer: pointer.to_owned(), kind: *kind });
+            let from = value::Source::parse(&format!("json:{pointer}"))?;
+            return Ok(Self::Delivery { from, kind: *kind });
         }
-        Ok(Self::Json { pointer: rest.to_owned(), kind: Kind::Text })
+        Ok(Self::Delivery { from: value::Source::parse(text)?, kind: Kind::Text })
     }
 
     /// The built-in source `name` stands for, if it is one.
@@ -340,28 +330,6 @@ pub(crate) enum Value {
     Int(i64),
     Float(f64),
     Bool(bool),
-}
-
-/// The delivery's body as JSON, parsed on first need and kept for the other parameters.
-pub(crate) struct Body<'a> {
-    raw: &'a [u8],
-    parsed: Option<Result<serde_json::Value, String>>,
-}
-
-impl<'a> Body<'a> {
-    pub(crate) fn new(raw: &'a [u8]) -> Self {
-        Self { raw, parsed: None }
-    }
-
-    fn json(&mut self) -> Result<&serde_json::Value, String> {
-        let raw = self.raw;
-        self.parsed
-            .get_or_insert_with(|| {
-                serde_json::from_slice(raw).map_err(|e| format!("the body is not JSON: {e}"))
-            })
-            .as_ref()
-            .map_err(Clone::clone)
-    }
 }
 
 /// The values of `names`, read from the delivery as `sources` say. The error names the
@@ -391,42 +359,29 @@ fn read(source: &Source, d: &Delivery, key: &BizKey, body: &mut Body<'_>) -> Res
             "msg_id" => Value::Text(d.msg_id.clone()),
             _ => Value::Text(d.uniq_key.clone()),
         }),
-        Source::Property(name) => d
-            .properties
-            .get(name)
-            .map(|v| Value::Text(v.clone()))
-            .ok_or_else(|| format!("property {name} is missing")),
-        Source::Json { pointer, kind } => {
-            let found = body.json()?.pointer(pointer);
-            let Some(found) = found.filter(|v| !v.is_null()) else {
-                return Err(format!("json:{pointer} is missing from the body"));
-            };
-            typed(found, *kind).ok_or_else(|| {
-                let mut shown = found.to_string();
-                if shown.len() > 60 {
-                    let cut = (0..=60).rev().find(|&i| shown.is_char_boundary(i)).unwrap_or(0);
-                    shown.truncate(cut);
-                    shown.push('…');
-                }
-                format!("json:{pointer} is {shown}, not {}", kind.describe())
-            })
-        }
+        Source::Delivery { from, kind } => typed(&from.find(d, body)?, *kind),
     }
 }
 
-fn typed(v: &serde_json::Value, kind: Kind) -> Option<Value> {
-    match kind {
-        Kind::Text => v.as_str().map(|s| Value::Text(s.to_owned())),
-        Kind::Int => v.as_i64().map(Value::Int),
-        Kind::Float => v.as_f64().map(Value::Float),
-        Kind::Bool => v.as_bool().map(Value::Bool),
-        Kind::EpochMs => match v {
-            serde_json::Value::String(s) => {
-                chrono::DateTime::parse_from_rfc3339(s).ok().map(|t| Value::Int(t.timestamp_millis()))
-            }
-            other => other.as_i64().map(Value::Int),
-        },
-    }
+/// `found` as a value of `kind`. A time is read as a route reads an execute_time
+/// ([`parse_execute_time`]): epoch milliseconds or an RFC 3339 time, not before 1970.
+fn typed(found: &Found<'_>, kind: Kind) -> Result<Value, String> {
+    let json = match found {
+        // KEYS and properties are text: only a JSON pointer is written with a type.
+        Found::Text(text) => return Ok(Value::Text((*text).to_owned())),
+        Found::Json { value, .. } => value,
+    };
+    let converted = match kind {
+        Kind::Text => json.as_str().map(|s| Value::Text(s.to_owned())),
+        Kind::Int => json.as_i64().map(Value::Int),
+        Kind::Float => json.as_f64().map(Value::Float),
+        Kind::Bool => json.as_bool().map(Value::Bool),
+        Kind::EpochMs => {
+            let text = found.text().map_err(|_| found.not(kind.describe()))?;
+            return parse_execute_time(&text).map(Value::Int);
+        }
+    };
+    converted.ok_or_else(|| found.not(kind.describe()))
 }
 
 #[cfg(test)]
@@ -501,19 +456,21 @@ mod tests {
 
     #[test]
     fn sources_are_read_with_their_type() {
+        let json = |pointer: &str, kind| Source::Delivery { from: value::Source::Json(pointer.into()), kind };
+        assert_eq!(Source::parse("json:/cents:int"), Ok(json("/cents", Kind::Int)));
+        assert_eq!(Source::parse("json:/a/b"), Ok(json("/a/b", Kind::Text)));
+        assert_eq!(Source::parse("json:/a:b/c"), Ok(json("/a:b/c", Kind::Text)));
         assert_eq!(
-            Source::parse("json:/cents:int"),
-            Ok(Source::Json { pointer: "/cents".into(), kind: Kind::Int })
+            Source::parse("property:USER"),
+            Ok(Source::Delivery { from: value::Source::Property("USER".into()), kind: Kind::Text })
         );
-        assert_eq!(Source::parse("json:/a/b"), Ok(Source::Json { pointer: "/a/b".into(), kind: Kind::Text }));
         assert_eq!(
-            Source::parse("json:/a:b/c"),
-            Ok(Source::Json { pointer: "/a:b/c".into(), kind: Kind::Text })
+            Source::parse("keys"),
+            Ok(Source::Delivery { from: value::Source::Keys, kind: Kind::Text })
         );
-        assert_eq!(Source::parse("property:USER"), Ok(Source::Property("USER".into())));
         assert!(Source::parse("json:/cents:integer").unwrap_err().contains("not a parameter type"));
-        assert!(Source::parse("json:cents").is_err());
-        assert!(Source::parse("keys").is_err());
+        assert!(Source::parse("json:cents").unwrap_err().contains("is not a JSON pointer"));
+        assert!(Source::parse("body").unwrap_err().contains("is not a value source"));
 
         let d = Delivery {
             body: br#"{"cents": 250, "user": "u-1", "at": "2026-01-02T03:04:05.006Z", "f": 1.5, "ok": true, "s": "12"}"#
@@ -555,11 +512,66 @@ mod tests {
             ]
         );
         let wrong = values(&["s".into()], &sources, &d, &key, &mut Body::new(&d.body)).unwrap_err();
-        assert_eq!(wrong, "parameter s: json:/s is \"12\", not an integer");
+        assert_eq!(wrong, "parameter s: field /s is \"12\", expected an integer");
         let gone = values(&["gone".into()], &sources, &d, &key, &mut Body::new(&d.body)).unwrap_err();
-        assert_eq!(gone, "parameter gone: json:/gone is missing from the body");
+        assert_eq!(gone, "parameter gone: the body has no field /gone");
         let bad = Delivery { body: b"not json".to_vec(), ..Default::default() };
         let err = values(&["cents".into()], &sources, &bad, &key, &mut Body::new(&bad.body)).unwrap_err();
         assert!(err.starts_with("parameter cents: the body is not JSON"), "{err}");
+    }
+
+    /// A route of topic `t` whose execute_time comes from property `AT`, and whose bizId is
+    /// the message's property `USER`.
+    fn route_reading_user_and_at() -> crate::route::Routes {
+        crate::route::Routes::new(&[crate::route::RouteConfig {
+            topic: "t".into(),
+            tags: "*".into(),
+            biz_type: "wallet.credit".into(),
+            biz_id: "property:USER".into(),
+            execute_time: Some("property:AT".into()),
+            handler: None,
+        }])
+        .unwrap()
+    }
+
+    /// What a SQL handler's parameter `name`, read from `source`, makes of `d`.
+    fn parameter(name: &str, source: &str, d: &Delivery) -> Result<Vec<Value>, String> {
+        let key = BizKey { biz_type: "t".into(), biz_id: "B-1".into(), execute_time: 0, handler: "h".into() };
+        let sources = BTreeMap::from([(name.to_owned(), Source::parse(source).unwrap())]);
+        values(&[name.to_owned()], &sources, d, &key, &mut Body::new(&d.body))
+    }
+
+    #[test]
+    fn a_missing_property_is_named_alike_by_a_route_and_a_sql_handler_parameter() {
+        let d = Delivery { topic: "t".into(), ..Default::default() };
+        let rejection = route_reading_user_and_at().resolve(&d).unwrap_err();
+        assert_eq!(rejection.reason, "biz_id: the message has no property USER");
+        let refusal = parameter("user", "property:USER", &d).unwrap_err();
+        assert_eq!(refusal, "parameter user: the message has no property USER");
+    }
+
+    #[test]
+    fn a_time_before_1970_is_refused_alike_by_a_route_and_a_sql_handler_parameter() {
+        for (at, json, why) in [
+            ("-5", "-5", "-5 is before 1970"),
+            ("1969-12-31T23:59:59Z", "\"1969-12-31T23:59:59Z\"", "-1000 is before 1970"),
+        ] {
+            let d = Delivery {
+                topic: "t".into(),
+                properties: [("USER".to_owned(), "u-1".to_owned()), ("AT".to_owned(), at.to_owned())].into(),
+                body: format!(r#"{{"at": {json}}}"#).into_bytes(),
+                ..Default::default()
+            };
+            let rejection = route_reading_user_and_at().resolve(&d).unwrap_err();
+            assert_eq!(rejection.reason, format!("execute_time: {why}"));
+            let refusal = parameter("at", "json:/at:epoch_ms", &d).unwrap_err();
+            assert_eq!(refusal, format!("parameter at: {why}"));
+        }
+        let d = Delivery { body: br#"{"at": 0}"#.to_vec(), ..Default::default() };
+        assert_eq!(
+            parameter("at", "json:/at:epoch_ms", &d),
+            Ok(vec![Value::Int(0)]),
+            "1970 itself is a time"
+        );
     }
 }

@@ -5,9 +5,11 @@
 use async_trait::async_trait;
 use serde::{Deserialize, Serialize};
 
-use super::{DefinitionError, Move, OnMissing, StateMachine, Transition, TransitionSpec, Value, wrong};
+use super::{Move, OnMissing, StateMachine, Transition, TransitionSpec, Value};
+use crate::delivery::value::{Body, Source};
 use crate::handler::{Answers, Effect, Fact, Handler, HandlerError, Handlers, Work};
-use crate::route::{MAX_BIZ_ID_CHARS, MAX_BIZ_TYPE_CHARS, Source, check_key_text};
+use crate::route::{MAX_BIZ_ID_CHARS, MAX_BIZ_TYPE_CHARS, check_key_text};
+use crate::setting::{Invalid, invalid};
 use crate::store::{Conn, Store};
 
 /// `[[state_machines]]`: a handler made from configuration, for moves that need no code. An
@@ -49,22 +51,22 @@ pub struct StateMachineConfig {
 
 impl StateMachineConfig {
     /// The handler this entry describes; the error names the field.
-    pub fn handler(&self) -> Result<TransitionHandler, DefinitionError> {
-        check_key_text(&self.name, MAX_BIZ_TYPE_CHARS).map_err(|m| wrong("name", m))?;
+    pub fn handler(&self) -> Result<TransitionHandler, Invalid> {
+        check_key_text(&self.name, MAX_BIZ_TYPE_CHARS).map_err(|m| invalid("name", m))?;
         let machine = StateMachine::new(&self.table, &self.key_column, &self.state_column)?;
         let mut spec = TransitionSpec::new(self.from.iter().cloned(), self.to.as_str());
         spec.done = self.done.clone();
         if let Some(column) = &self.set_time_column {
             spec = spec.set(column.as_str());
         }
-        let transition = machine.transition(spec).map_err(|e| match e.field.as_str() {
-            "set[0]" => DefinitionError { field: "set_time_column".to_owned(), ..e },
+        let transition = machine.transition(spec).map_err(|e| match e.key.as_str() {
+            "set[0]" => Invalid { key: "set_time_column".to_owned(), ..e },
             _ => e,
         })?;
         let row_key = self
             .row_key
             .as_deref()
-            .map(|text| Source::parse(text, "row_key").map_err(|e| wrong(e.field, e.message)))
+            .map(|text| Source::parse(text).map_err(|m| invalid("row_key", m)))
             .transpose()?;
         Ok(TransitionHandler {
             transition,
@@ -76,13 +78,13 @@ impl StateMachineConfig {
 
 /// The handlers of `configs`, each under its name. The first wrong entry is refused, its field
 /// named as `state_machines[i].field`.
-pub fn handlers(configs: &[StateMachineConfig]) -> Result<Handlers, DefinitionError> {
+pub fn handlers(configs: &[StateMachineConfig]) -> Result<Handlers, Invalid> {
     let mut handlers = Handlers::new();
     for (i, config) in configs.iter().enumerate() {
         let handler =
-            config.handler().map_err(|e| wrong(format!("state_machines[{i}].{}", e.field), e.message))?;
+            config.handler().map_err(|e| invalid(format!("state_machines[{i}].{}", e.key), e.message))?;
         if handlers.get(&config.name).is_some() {
-            return Err(wrong(
+            return Err(invalid(
                 format!("state_machines[{i}].name"),
                 format!("{:?} is the name of an earlier [[state_machines]] entry", config.name),
             ));
@@ -113,9 +115,9 @@ impl TransitionHandler {
     fn row_of(&self, work: &Work<'_>) -> Result<String, HandlerError> {
         let key = match &self.row_key {
             None => work.key.biz_id.clone(),
-            Some((source, _)) => {
-                source.read(work.delivery).map_err(|why| HandlerError::Invalid(format!("row_key: {why}")))?
-            }
+            Some((source, _)) => source
+                .read(work.delivery, &mut Body::new(&work.delivery.body))
+                .map_err(|why| HandlerError::Invalid(format!("row_key: {why}")))?,
         };
         check_key_text(&key, MAX_BIZ_ID_CHARS)
             .map_err(|why| HandlerError::Invalid(format!("row_key {why}")))?;
@@ -243,15 +245,16 @@ mod tests {
             ),
             (
                 StateMachineConfig { row_key: Some("body".into()), ..config() },
-                "state_machines[0].row_key: \"body\" is not a key source",
+                "state_machines[0].row_key: \"body\" is not a value source",
             ),
         ];
         for (c, expected) in cases {
             let err = handlers(&[c]).unwrap_err().to_string();
-            assert!(err.starts_with(expected), "expected {expected:?}, got {err:?}");
+            let expected = format!("configuration key {expected}");
+            assert!(err.starts_with(&expected), "expected {expected:?}, got {err:?}");
         }
         let twice = handlers(&[config(), config()]).unwrap_err();
-        assert_eq!(twice.field, "state_machines[1].name");
+        assert_eq!(twice.key, "state_machines[1].name");
         let built =
             handlers(&[config(), StateMachineConfig { name: "order.cancel".into(), ..config() }]).unwrap();
         assert_eq!(built.names().collect::<Vec<_>>(), ["order.cancel", "order.ship"]);

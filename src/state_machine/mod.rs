@@ -30,25 +30,13 @@ use sqlx::{AssertSqlSafe, SqlSafeStr, SqlStr};
 
 use crate::handler::{Effect, HandlerError};
 use crate::outcome::Layer;
+use crate::setting::{Invalid, invalid};
 use crate::store::{AnyQuery, Backend, Conn, Store, number_placeholders, padded, placeholders};
 
 /// The longest identifier: PostgreSQL's limit (63 bytes), which MySQL's 64 also admits.
 const MAX_IDENTIFIER_CHARS: usize = 63;
 /// The longest state name.
 const MAX_STATE_CHARS: usize = 64;
-
-/// A state machine, or a move of one, is described wrongly. `field` names the offending part
-/// (`table`, `from`, `set[1]`…) so that configuration errors can name their key.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("{field}: {message}")]
-pub struct DefinitionError {
-    pub field: String,
-    pub message: String,
-}
-
-fn wrong(field: impl Into<String>, message: impl Into<String>) -> DefinitionError {
-    DefinitionError { field: field.into(), message: message.into() }
-}
 
 /// Checks a table or column name: `^[A-Za-z_][A-Za-z0-9_]{0,62}$`. Nothing else (no quotes,
 /// dots, spaces or dashes) ever reaches a statement's text.
@@ -91,12 +79,12 @@ pub struct StateMachine {
 }
 
 impl StateMachine {
-    pub fn new(table: &str, key_column: &str, state_column: &str) -> Result<Self, DefinitionError> {
+    pub fn new(table: &str, key_column: &str, state_column: &str) -> Result<Self, Invalid> {
         for (field, name) in [("table", table), ("key_column", key_column), ("state_column", state_column)] {
-            check_identifier(name).map_err(|m| wrong(field, m))?;
+            check_identifier(name).map_err(|m| invalid(field, m))?;
         }
         if key_column == state_column {
-            return Err(wrong("state_column", "is the key column too"));
+            return Err(invalid("state_column", "is the key column too"));
         }
         Ok(Self {
             table: table.to_owned(),
@@ -110,7 +98,7 @@ impl StateMachine {
     }
 
     /// Builds the statements of one move. They are made here, once, not per delivery.
-    pub fn transition(&self, spec: TransitionSpec) -> Result<Transition, DefinitionError> {
+    pub fn transition(&self, spec: TransitionSpec) -> Result<Transition, Invalid> {
         Transition::build(self.clone(), spec)
     }
 }
@@ -392,26 +380,26 @@ enum Step {
 }
 
 impl Transition {
-    fn build(machine: StateMachine, spec: TransitionSpec) -> Result<Self, DefinitionError> {
+    fn build(machine: StateMachine, spec: TransitionSpec) -> Result<Self, Invalid> {
         let TransitionSpec { from, to, done, set, guards } = spec;
         if from.is_empty() {
-            return Err(wrong("from", "names no state"));
+            return Err(invalid("from", "names no state"));
         }
         for (i, s) in from.iter().enumerate() {
-            check_state(s).map_err(|m| wrong(format!("from[{i}]"), m))?;
+            check_state(s).map_err(|m| invalid(format!("from[{i}]"), m))?;
         }
-        check_state(&to).map_err(|m| wrong("to", m))?;
+        check_state(&to).map_err(|m| invalid("to", m))?;
         if from.contains(&to) {
-            return Err(wrong("to", format!("{to:?} is also a from-state; a move must change the state")));
+            return Err(invalid("to", format!("{to:?} is also a from-state; a move must change the state")));
         }
         let done = done.unwrap_or_else(|| vec![to.clone()]);
         if done.is_empty() {
-            return Err(wrong("done", "names no state; leave it out to mean [to]"));
+            return Err(invalid("done", "names no state; leave it out to mean [to]"));
         }
         for (i, s) in done.iter().enumerate() {
-            check_state(s).map_err(|m| wrong(format!("done[{i}]"), m))?;
+            check_state(s).map_err(|m| invalid(format!("done[{i}]"), m))?;
             if from.contains(s) {
-                return Err(wrong(
+                return Err(invalid(
                     format!("done[{i}]"),
                     format!(
                         "{s:?} is also a from-state; a state cannot be both where the move starts and proof it was made"
@@ -421,16 +409,16 @@ impl Transition {
         }
         let mut columns: BTreeSet<&str> = [machine.key_column.as_str(), machine.state_column.as_str()].into();
         for (i, c) in set.iter().enumerate() {
-            check_identifier(c).map_err(|m| wrong(format!("set[{i}]"), m))?;
+            check_identifier(c).map_err(|m| invalid(format!("set[{i}]"), m))?;
             if !columns.insert(c) {
-                return Err(wrong(
+                return Err(invalid(
                     format!("set[{i}]"),
                     format!("{c:?} is the key, the state or another set column"),
                 ));
             }
         }
         for (i, g) in guards.iter().enumerate() {
-            check_identifier(&g.column).map_err(|m| wrong(format!("guards[{i}]"), m))?;
+            check_identifier(&g.column).map_err(|m| invalid(format!("guards[{i}]"), m))?;
         }
 
         let StateMachine { table, key_column: key, state_column: state } = &machine;
@@ -797,15 +785,15 @@ mod tests {
         let err = StateMachine::new("x; drop", "id", "state").unwrap_err();
         assert_eq!(
             err.to_string(),
-            "table: \"x; drop\" is not a plain SQL identifier (a letter or _, then letters, digits or _, at most 63)"
+            "configuration key table: \"x; drop\" is not a plain SQL identifier (a letter or _, then letters, digits or _, at most 63)"
         );
-        assert_eq!(StateMachine::new("t", "id", "id").unwrap_err().field, "state_column");
+        assert_eq!(StateMachine::new("t", "id", "id").unwrap_err().key, "state_column");
     }
 
     #[test]
     fn a_move_is_refused_when_its_states_or_columns_are_wrong() {
         let m = order_machine();
-        let field = |spec: TransitionSpec| m.transition(spec).unwrap_err().field;
+        let field = |spec: TransitionSpec| m.transition(spec).unwrap_err().key;
         assert_eq!(field(TransitionSpec::new(Vec::<String>::new(), "PAID")), "from");
         assert_eq!(field(TransitionSpec::new(["UNPAID", "PAID"], "PAID")), "to");
         assert_eq!(field(TransitionSpec::new(["UNPAID"], "")), "to");

@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
-use super::{Backend, StoreOptions};
+use super::{DatabaseUrl, StoreOptions};
 use crate::setting::{Invalid, invalid};
 
 /// `Debug` prints the URL with its password masked ([`crate::store::redact_url`]).
@@ -63,7 +63,7 @@ impl Default for DatabaseSettings {
 
 impl DatabaseSettings {
     pub fn validate(&self) -> Result<(), Invalid> {
-        Backend::from_url(&self.url).map_err(|e| invalid("database.url", e.to_string()))?;
+        DatabaseUrl::read(&self.url).map_err(|e| invalid("database.url", e.to_string()))?;
         if self.max_connections == 0 {
             return Err(invalid("database.max_connections", "must be at least 1"));
         }
@@ -123,8 +123,8 @@ impl DatabaseSettings {
     /// rounded up). The URL's scheme is taken as valid: `validate` checks it first.
     pub fn lock_timeout(&self) -> Duration {
         let limit = Duration::from_millis(self.lock_timeout_ms);
-        match Backend::from_url(&self.url) {
-            Ok(backend) => super::effective_lock_timeout(backend, limit),
+        match DatabaseUrl::read(&self.url) {
+            Ok(url) => super::effective_lock_timeout(url.backend, limit),
             Err(_) => limit,
         }
     }

@@ -230,7 +230,7 @@ async fn measure(
     let settings = settings(backend);
     let mut handlers = settings.handlers()?;
     handlers.insert(RUST, RustCredit);
-    settings.validate_service(&handlers)?;
+    settings.validate_service()?;
     handlers.verify(store).await.map_err(|why| anyhow::anyhow!(why))?;
     let gate = Arc::new(idemgate::app::gate(&settings, store, store.clone(), handlers, None).await?);
     for kind in [Kind::Configured, Kind::Rust] {

@@ -16,7 +16,6 @@ use idemgate::store::{Backend, Conn, StoreOptions, query_built};
 use idemgate_shop as shop;
 use idemgate_testkit::scratch::ScratchDb;
 use sqlx::Row;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 pub const GROUP: &str = "app-tests";
 pub const INSTANCE: &str = "app-1";

@@ -479,15 +479,15 @@ pub mod cases {
         let cases = [
             (
                 serde_json::json!({ "credit_id": "c", "user_id": "u-1", "note": "" }),
-                "sql_handlers[0] (\"wallet.credit\"): parameter cents: json:/cents is missing from the body",
+                "sql_handlers[0] (\"wallet.credit\"): parameter cents: the body has no field /cents",
             ),
             (
                 serde_json::json!({ "credit_id": "c", "user_id": "u-1", "cents": "12", "note": "" }),
-                "sql_handlers[0] (\"wallet.credit\"): parameter cents: json:/cents is \"12\", not an integer",
+                "sql_handlers[0] (\"wallet.credit\"): parameter cents: field /cents is \"12\", expected an integer",
             ),
             (
                 serde_json::json!({ "credit_id": "c", "user_id": 7, "cents": 12, "note": "" }),
-                "sql_handlers[0] (\"wallet.credit\"): parameter user: json:/user_id is 7, not a string",
+                "sql_handlers[0] (\"wallet.credit\"): parameter user: field /user_id is 7, expected a string",
             ),
         ];
         for (i, (body, expected)) in cases.into_iter().enumerate() {
@@ -503,7 +503,7 @@ pub mod cases {
         assert_eq!(r.outcome, Outcome::Invalid);
         assert_eq!(
             r.error.as_deref(),
-            Some("sql_handlers[3] (\"coupon.redeem\"): parameter user: property USER is missing")
+            Some("sql_handlers[3] (\"coupon.redeem\"): parameter user: the message has no property USER")
         );
         assert_eq!(balance(&db, "u-1").await, 100);
         assert_eq!(db.scalar(&ALL_LEDGER_ROWS, &[]).await, 0);

@@ -3,8 +3,7 @@
 //! back from the database. A missing broker install or database fails the test.
 
 use std::collections::BTreeMap;
-use std::io::{BufRead, Read, Write};
-use std::net::TcpStream;
+use std::io::BufRead;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::OnceLock;
