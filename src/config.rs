@@ -29,7 +29,7 @@ use crate::store::{DatabaseSettings, StoreOptions};
 use crate::telemetry::LogSettings;
 
 /// All of idemgate's settings.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Settings {
     pub database: DatabaseSettings,
@@ -61,26 +61,6 @@ pub struct Settings {
     /// each field is described on [`SqlHandlerConfig`]. `IDEMGATE_SQL_HANDLERS` replaces the
     /// whole array with inline tables. None by default.
     pub sql_handlers: Vec<SqlHandlerConfig>,
-}
-
-impl Default for Settings {
-    fn default() -> Self {
-        Self {
-            database: DatabaseSettings::default(),
-            consumer: ConsumerSettings::default(),
-            routes: Vec::new(),
-            broker: BrokerSettings::default(),
-            http: HttpSettings::default(),
-            log: LogSettings::default(),
-            archive: ArchiveSettings::default(),
-            reconcile: ReconcileSettings::default(),
-            redis: RedisSettings::default(),
-            dedup: DedupSettings::default(),
-            group_commit: GroupSettings::default(),
-            state_machines: Vec::new(),
-            sql_handlers: Vec::new(),
-        }
-    }
 }
 
 /// A setting is missing, malformed or inconsistent.

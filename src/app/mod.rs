@@ -12,6 +12,7 @@
 //!
 //! This module wires; it must not decide anything about deliveries.
 
+mod by_hand;
 pub(crate) mod tasks;
 
 use std::collections::BTreeSet;
@@ -33,6 +34,7 @@ use crate::prefilter::Prefilter;
 use crate::reconcile::{Check, ReconcileScheduler};
 use crate::replay::Replayer;
 use crate::store::{Store, StoreOptions, redact_url};
+pub use by_hand::ByHand;
 use tasks::{Stop, Tasks};
 
 /// Where the gate's deliveries come from.
@@ -79,9 +81,7 @@ impl Application {
             settings.consumer.instance = crate::gate::Identity::default_instance_id();
         }
         let shown = redact_url(&settings.database.url);
-        let store = Store::open(&settings.database.url, &settings.store_options())
-            .await
-            .with_context(|| format!("opening {shown}"))?;
+        let store = open_store(&settings).await?;
         // The gate first: it refuses a route to no handler before anything else is made.
         let gate_store = gate_store(&settings, &store)
             .await
@@ -506,6 +506,14 @@ fn observed(gate: Gate, settings: &Settings, handlers: &Handlers, metrics: Arc<M
 /// The gate's own pool (`database.max_connections`, its lock waits and statements bounded on the
 /// server: `database.lock_timeout_ms`, `database.statement_timeout_ms`), apart from the pool of
 /// the schedules, whose archive batches and reconcile reads may run longer.
+/// The database the settings name, opened and migrated: for the service and for a command run
+/// by hand alike.
+async fn open_store(settings: &Settings) -> anyhow::Result<Store> {
+    Store::open(&settings.database.url, &settings.store_options())
+        .await
+        .with_context(|| format!("opening {}", redact_url(&settings.database.url)))
+}
+
 async fn gate_store(settings: &Settings, store: &Store) -> anyhow::Result<Store> {
     own_pool(settings, store, &settings.gate_store_options()).await
 }

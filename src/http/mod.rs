@@ -52,7 +52,7 @@ use tokio::sync::Semaphore;
 use tower_http::timeout::TimeoutLayer;
 
 pub use state::AppState;
-pub use state::Web;
+pub use state::{Web, trace_context};
 
 use crate::metrics::HttpTimeout;
 use problem::{ApiError, Problem};

@@ -52,6 +52,22 @@ const REPLAY_FORM: &str = "replay";
 /// refused before a bizId could be read from it).
 const REPLAY_MESSAGE_FORM: &str = "replay-message";
 
+/// What a key's story is read with, from the settings: the pages' query bound, the log's
+/// retention (for the note on old history), the Grafana link, and the business state each
+/// handler of `describers` describes. The pages and `idemgate trace` read with the same.
+pub fn trace_context(
+    http: &HttpSettings,
+    archive: &ArchiveSettings,
+    describers: std::collections::BTreeMap<String, Arc<dyn Handler>>,
+) -> TraceContext {
+    TraceContext {
+        limits: Limits { timeout: std::time::Duration::from_millis(http.query_timeout_ms) },
+        retention: Some(LogRetention::days(archive.log_retention_days)),
+        grafana_url: grafana_base(http),
+        describers,
+    }
+}
+
 impl Web {
     /// The pages' settings, and the handler of each biz_type, whose business state the trace
     /// page shows.
@@ -61,12 +77,7 @@ impl Web {
         describers: std::collections::BTreeMap<String, Arc<dyn Handler>>,
     ) -> Self {
         Self {
-            trace: TraceContext {
-                limits: Limits { timeout: std::time::Duration::from_millis(http.query_timeout_ms) },
-                retention: Some(LogRetention::days(archive.log_retention_days)),
-                grafana_url: grafana_base(http),
-                describers,
-            },
+            trace: trace_context(http, archive, describers),
             archive: archive.clone(),
             auth: auth::Auth::from_settings(http),
             replay: None,

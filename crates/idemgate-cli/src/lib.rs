@@ -17,11 +17,11 @@ use std::time::Duration;
 use anyhow::Context;
 use clap::{Args, Parser, Subcommand};
 
-use idemgate::app::{Application, Feed};
+use idemgate::app::{Application, ByHand, Feed};
 use idemgate::config::Settings;
 use idemgate::handler::Handlers;
 use idemgate::inspect::trace::SearchBy;
-use idemgate::store::{Store, redact_url};
+use idemgate::store::redact_url;
 use idemgate_shop::demo::{self, DemoOptions};
 use idemgate_shop::traffic::Mix;
 
@@ -318,14 +318,13 @@ pub async fn run_with(cli: Cli, own: Handlers, defaults: impl FnOnce(&mut Settin
         }
         Command::Produce(args) => produce_command(&settings, args).await,
         Command::Demo(args) => demo_command(settings, args).await,
-        Command::Archive(args) => archive_command(&settings, args).await,
-        Command::Trace(args) => trace_command(&settings, settings.handlers_with(own)?, args).await,
-        Command::Reconcile(args) => reconcile_command(&settings, settings.handlers_with(own)?, args).await,
-        Command::Replay(args) => replay_command(&settings, args).await,
+        Command::Archive(args) => archive_command(ByHand::open(&settings, own).await?, args).await,
+        Command::Trace(args) => trace_command(&settings, own, args).await,
+        Command::Reconcile(args) => reconcile_command(&settings, own, args).await,
+        Command::Replay(args) => replay_command(&settings, own, args).await,
         Command::Migrate => {
-            let store = open_store(&settings).await?;
+            ByHand::open(&settings, own).await?.close().await;
             println!("migrations applied to {}", redact_url(&settings.database.url));
-            store.close().await;
             Ok(Exit::Success)
         }
         Command::Config => {
@@ -384,7 +383,7 @@ async fn demo_command(mut settings: Settings, args: DemoArgs) -> anyhow::Result<
 
 /// `idemgate replay`: [`Exit::Success`] when every key was sent (or, dry, would be),
 /// [`Exit::Refused`] when any was refused or failed.
-async fn replay_command(settings: &Settings, args: ReplayArgs) -> anyhow::Result<Exit> {
+async fn replay_command(settings: &Settings, own: Handlers, args: ReplayArgs) -> anyhow::Result<Exit> {
     use idemgate::replay::{self, Selection};
     let selection = match (args.biz_id, args.msg_id, args.dead_lettered_since, args.invalid_since) {
         (Some(biz_id), ..) => {
@@ -403,7 +402,7 @@ async fn replay_command(settings: &Settings, args: ReplayArgs) -> anyhow::Result
         }
     };
     settings.require_group()?;
-    let store = open_store(settings).await?;
+    let service = ByHand::open(settings, own).await?;
     let producer = if args.dry_run {
         None
     } else {
@@ -412,12 +411,13 @@ async fn replay_command(settings: &Settings, args: ReplayArgs) -> anyhow::Result
                 .await?,
         )
     };
-    let group = settings.consumer.group.clone();
-    let lines = replay::replay(&store, &settings.routes(), &group, &selection, producer.as_ref()).await;
+    let group = service.identity().consumer_group;
+    let lines =
+        replay::replay(service.store(), service.routes(), &group, &selection, producer.as_ref()).await;
     if let Some(p) = producer {
         p.shutdown().await;
     }
-    store.close().await;
+    service.close().await;
     let lines = lines?;
     match args.format {
         OutputFormat::Text => print!("{}", replay::render_text(&lines, args.dry_run)),
@@ -427,11 +427,7 @@ async fn replay_command(settings: &Settings, args: ReplayArgs) -> anyhow::Result
 }
 
 /// `idemgate reconcile`: [`Exit::Success`] without anomalies, [`Exit::AnomaliesFound`] with.
-async fn reconcile_command(
-    settings: &Settings,
-    handlers: Handlers,
-    args: ReconcileArgs,
-) -> anyhow::Result<Exit> {
+async fn reconcile_command(settings: &Settings, own: Handlers, args: ReconcileArgs) -> anyhow::Result<Exit> {
     use idemgate::reconcile::settings::Runner;
     let biz_type = match args.biz_type {
         Some(t) => {
@@ -446,8 +442,8 @@ async fn reconcile_command(
         None => settings.reconcile.window(),
     };
     settings.require_group()?;
-    let store = open_store(settings).await?;
-    let identity = settings.identity();
+    let service = ByHand::open(settings, own).await?;
+    let identity = service.identity();
     let who = Runner {
         consumer_group: &identity.consumer_group,
         instance_id: &identity.instance_id,
@@ -456,9 +452,8 @@ async fn reconcile_command(
     };
     let now = idemgate::clock::now_ms();
     let options = settings.reconcile.options(&who, biz_type, window, now);
-    let checks = handlers.checks(&settings.routes());
-    let report = idemgate::reconcile::reconcile_once(&store, &options, &checks, now).await;
-    store.close().await;
+    let report = idemgate::reconcile::reconcile_once(service.store(), &options, &service.checks(), now).await;
+    service.close().await;
     let report = report?;
     match args.format {
         OutputFormat::Text => print!("{}", idemgate::reconcile::render_text(&report)),
@@ -469,7 +464,7 @@ async fn reconcile_command(
 
 /// `idemgate trace`: [`Exit::Success`] with a story, [`Exit::SeveralMatches`] with keys to
 /// choose from, [`Exit::NothingFound`].
-async fn trace_command(settings: &Settings, handlers: Handlers, args: TraceArgs) -> anyhow::Result<Exit> {
+async fn trace_command(settings: &Settings, own: Handlers, args: TraceArgs) -> anyhow::Result<Exit> {
     use idemgate::inspect::trace::{self, Answer, TraceQuery};
     let query = TraceQuery::new(
         &args.text,
@@ -479,11 +474,9 @@ async fn trace_command(settings: &Settings, handlers: Handlers, args: TraceArgs)
         args.group.as_deref(),
     )?
     .paged(args.after.as_deref(), args.before.as_deref())?;
-    let store = open_store(settings).await?;
-    let web =
-        idemgate::http::Web::new(&settings.http, &settings.archive, handlers.by_biz_type(&settings.routes()));
-    let answer = trace::trace(&store, &web.trace, &query).await;
-    store.close().await;
+    let service = ByHand::open(settings, own).await?;
+    let answer = trace::trace(service.store(), &service.trace_context(), &query).await;
+    service.close().await;
     let answer = answer?;
     match args.format {
         OutputFormat::Text => print!("{}", trace::render_text(&answer)),
@@ -494,12 +487,6 @@ async fn trace_command(settings: &Settings, handlers: Handlers, args: TraceArgs)
         Answer::Choice { .. } => Exit::SeveralMatches,
         Answer::Nothing { .. } => Exit::NothingFound,
     })
-}
-
-async fn open_store(settings: &Settings) -> anyhow::Result<Store> {
-    Store::open(&settings.database.url, &settings.store_options())
-        .await
-        .with_context(|| format!("opening {}", redact_url(&settings.database.url)))
 }
 
 fn share(name: &str, value: f64, max: f64) -> anyhow::Result<f64> {
@@ -554,23 +541,23 @@ async fn produce_command(settings: &Settings, args: ProduceArgs) -> anyhow::Resu
     Ok(Exit::Success)
 }
 
-async fn archive_command(settings: &Settings, args: ArchiveArgs) -> anyhow::Result<Exit> {
-    let store = open_store(settings).await?;
+async fn archive_command(service: ByHand, args: ArchiveArgs) -> anyhow::Result<Exit> {
+    let settings = service.settings();
     let request = archive::Request {
         dry_run: args.dry_run,
         older_than_ms: args.older_than,
         batch_size: args.batch_size,
     };
     let report = archive::command(
-        &store,
+        service.store(),
         &settings.archive,
-        &settings.identity().instance_id,
+        &service.identity().instance_id,
         settings.consumer.max_reconsume_times,
         &request,
         &mut std::io::stdout(),
     )
     .await;
-    store.close().await;
+    service.close().await;
     match report? {
         Some(r) if matches!(r.outcome, idemgate::archive::ArchiveOutcome::Skipped { .. }) => {
             Ok(Exit::LeaseHeld)
