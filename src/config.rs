@@ -287,13 +287,13 @@ impl Settings {
 
     /// The gate's pool: its lock waits and statements bounded (`database.lock_timeout_ms`,
     /// `database.statement_timeout_ms`).
-    pub fn gate_store_options(&self) -> StoreOptions {
+    pub(crate) fn gate_store_options(&self) -> StoreOptions {
         self.database.gate_store_options()
     }
 
     /// The web UI's own pool: `http.max_connections`, and every statement bounded by
     /// `http.query_timeout_ms` on the server as well.
-    pub fn ui_store_options(&self) -> StoreOptions {
+    pub(crate) fn ui_store_options(&self) -> StoreOptions {
         let timeout = std::time::Duration::from_millis(self.http.query_timeout_ms);
         StoreOptions {
             max_connections: self.http.max_connections,

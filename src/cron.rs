@@ -49,7 +49,7 @@ impl Schedule {
 
     /// The first moment after `after_ms` (epoch ms) that the schedule fires, read as the
     /// scheduler reads it (UTC, seconds required).
-    pub fn next_after(&self, after_ms: i64) -> Option<i64> {
+    pub(crate) fn next_after(&self, after_ms: i64) -> Option<i64> {
         let cron = croner::parser::CronParser::builder()
             .seconds(croner::parser::Seconds::Required)
             .dom_and_dow(true)

@@ -49,7 +49,7 @@ impl Delivery {
     }
 
     /// True when the message is a re-publication by `idemgate replay`.
-    pub fn is_replay(&self) -> bool {
+    pub(crate) fn is_replay(&self) -> bool {
         self.properties.contains_key(REPLAY_PROPERTY)
     }
 

@@ -462,7 +462,7 @@ impl Metrics {
     }
 
     /// Counts a page or API call turned away because too many were in flight.
-    pub fn observe_http_shed(&self) {
+    pub(crate) fn observe_http_shed(&self) {
         self.http_shed.with_label_values(NO_LABELS).inc();
     }
 
@@ -485,7 +485,7 @@ impl Metrics {
 
     /// Sets the lag gauges from a reading: a queue no longer read loses its series, a topic whose
     /// oldest message could not be dated loses its age.
-    pub fn observe_consumer_lag(&self, reading: &LagReading) {
+    pub(crate) fn observe_consumer_lag(&self, reading: &LagReading) {
         let g = self.group.as_str();
         let mut latest = self.lag.lock().unwrap_or_else(|p| p.into_inner());
         let mut queues = BTreeSet::new();

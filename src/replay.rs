@@ -119,7 +119,7 @@ pub struct Line {
 
 impl Line {
     /// What the replayed row was, in words: `dead letter` or `invalid delivery`.
-    pub fn replayed_row(&self) -> &'static str {
+    pub(crate) fn replayed_row(&self) -> &'static str {
         if self.outcome == "invalid" { "invalid delivery" } else { "dead letter" }
     }
 }

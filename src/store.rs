@@ -31,9 +31,10 @@ pub(crate) use backend::DatabaseUrl;
 pub(crate) use backend::UnknownScheme;
 pub use redact::redact_url;
 pub(crate) use settings::DatabaseSettings;
+pub use sql::Written;
 pub use sql::values_list;
 pub use sql::{AnyQuery, bind_all};
-pub use sql::{Arg, Bound, InsertIfAbsent, Written};
+pub use sql::{Arg, Bound, InsertIfAbsent};
 pub use sql::{Pad, bind_rows, filtered_insert, number_placeholders, padded, padded_values, placeholders};
 pub use sql::{Sql, query, query_built};
 pub(crate) use unique::{UniqueKey, Violated, unique_keys};
@@ -123,7 +124,7 @@ pub enum MySqlFlavour {
 
 impl MySqlFlavour {
     /// Reads a server's `VERSION()`, such as `10.11.6-MariaDB-0+deb12u1` or `8.0.36`.
-    pub fn from_version(version: &str) -> Self {
+    pub(crate) fn from_version(version: &str) -> Self {
         if !is_mariadb(version) {
             return Self::MySql;
         }
@@ -289,7 +290,7 @@ impl Store {
 
     /// True when the server is a MariaDB Galera node: conflicts with other nodes' writes show up
     /// as [`TransientCause::Certification`], and [`galera::check`] applies at start.
-    pub fn is_galera(&self) -> bool {
+    pub(crate) fn is_galera(&self) -> bool {
         self.galera
     }
 
@@ -306,7 +307,7 @@ impl Store {
 
     /// True when an `INSERT` can return the rows it inserted (`RETURNING`): PostgreSQL,
     /// SQLite and MariaDB 10.5+, not MySQL.
-    pub fn insert_returns_rows(&self) -> bool {
+    pub(crate) fn insert_returns_rows(&self) -> bool {
         self.mysql_flavour != Some(MySqlFlavour::MySql)
     }
 
@@ -341,7 +342,7 @@ impl Store {
     /// `RETURNING id`) on PostgreSQL and SQLite, whose drivers report no last-insert id through
     /// `Any`; `plain` and the reported `LAST_INSERT_ID()` on MySQL/MariaDB, which has no
     /// RETURNING. `bind` binds the same values to either.
-    pub async fn insert_returning_id(
+    pub(crate) async fn insert_returning_id(
         &self,
         returning: &Sql,
         plain: &Sql,

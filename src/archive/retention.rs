@@ -56,7 +56,7 @@ pub struct RetentionWarning {
 }
 
 impl RetentionWarning {
-    pub fn horizon_ms(&self) -> i64 {
+    pub(crate) fn horizon_ms(&self) -> i64 {
         self.redelivery_ms + self.replay_ms
     }
 }
@@ -116,7 +116,7 @@ impl LogRetention {
 
     /// True when a moment lies before the log's retention: the log no longer tells what
     /// happened then, and a page showing that period must say so.
-    pub fn is_beyond(&self, at_ms: i64, now_ms: i64) -> bool {
+    pub(crate) fn is_beyond(&self, at_ms: i64, now_ms: i64) -> bool {
         at_ms < self.cutoff_ms(now_ms)
     }
 

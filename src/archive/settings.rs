@@ -76,7 +76,7 @@ impl Default for ArchiveSettings {
 impl ArchiveSettings {
     /// When the job next runs inside `serve` after `now_ms`, or `None` when it does not run
     /// on a schedule.
-    pub fn next_run_after(&self, now_ms: i64) -> Option<i64> {
+    pub(crate) fn next_run_after(&self, now_ms: i64) -> Option<i64> {
         if !self.enabled {
             return None;
         }
@@ -129,7 +129,7 @@ impl ArchiveSettings {
 
     /// The start-up check: a warning when claims are archived before every copy of a message
     /// can have arrived (`consumer.max_reconsume_times` retries plus the replay horizon).
-    pub fn retention_warning(&self, max_reconsume_times: i32) -> Option<RetentionWarning> {
+    pub(crate) fn retention_warning(&self, max_reconsume_times: i32) -> Option<RetentionWarning> {
         check_dedup_retention(
             i64::from(self.dedup_retention_days) * DAY_MS,
             max_reconsume_times,

@@ -13,5 +13,6 @@ pub(crate) mod settings;
 
 pub use consumer::Consumer;
 pub use producer::Producer;
-pub use runtime::{CONSUME_DEADLINE, ClientHost};
+pub(crate) use runtime::CONSUME_DEADLINE;
+pub use runtime::ClientHost;
 pub use settings::{BrokerSettings, StartFrom};

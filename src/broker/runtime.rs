@@ -27,7 +27,7 @@ use rocketmq_runtime::{RuntimeConfig, RuntimeOwner};
 /// How long the RocketMQ client lets one listener call run before it abandons it: the listener
 /// lane's `task_timeout`, 30 s by the client's default, set here so that it cannot change under
 /// idemgate's deadlines.
-pub const CONSUME_DEADLINE: Duration = Duration::from_secs(30);
+pub(crate) const CONSUME_DEADLINE: Duration = Duration::from_secs(30);
 
 /// Owns the RocketMQ client's runtime; shut it down after the clients it hosts.
 pub struct ClientHost {

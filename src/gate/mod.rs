@@ -41,8 +41,9 @@ pub use disposition::Disposition;
 pub use disposition::Phases;
 pub use observer::{GroupEnd, GroupReport, Observer};
 pub(crate) use settings::ConsumerSettings;
+pub use settings::MAX_BATCH;
+pub(crate) use settings::MAX_DELIVERY_TIMEOUT_MS;
 pub use settings::{GroupSettings, Identity, Policy};
-pub use settings::{MAX_BATCH, MAX_DELIVERY_TIMEOUT_MS};
 
 use self::core::Core;
 use crate::delivery::Delivery;
@@ -175,7 +176,7 @@ impl Gate {
 
     /// Uses `layout` (as [`crate::layout::ensure`] returned it) instead of reading it from the
     /// database on first use.
-    pub fn with_layout(mut self, layout: Layout) -> Self {
+    pub(crate) fn with_layout(mut self, layout: Layout) -> Self {
         let _ = self.core_mut().layout.set(layout);
         self
     }

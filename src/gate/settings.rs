@@ -43,7 +43,7 @@ pub(crate) const MAX_TRANSIENT_RETRIES: u32 = 10;
 /// The longest `consumer.delivery_timeout_ms`: five seconds below the RocketMQ client's consume
 /// deadline (`crate::broker::CONSUME_DEADLINE`, 30 s), which leaves the failed delivery's log row
 /// its grace and the listener its answer before the client gives up on the call.
-pub const MAX_DELIVERY_TIMEOUT_MS: u64 = 25_000;
+pub(crate) const MAX_DELIVERY_TIMEOUT_MS: u64 = 25_000;
 
 /// The pause before the n-th retry of a transient conflict is at most this many ms `<< n`
 /// (and never more than [`crate::store::MAX_RETRY_PAUSE`]).
@@ -59,7 +59,7 @@ pub struct Identity {
 
 impl Identity {
     /// `host-pid`: unique among the processes sharing a database.
-    pub fn default_instance_id() -> String {
+    pub(crate) fn default_instance_id() -> String {
         format!("{}-{}", crate::setting::host_name(), std::process::id())
     }
 }
@@ -82,7 +82,7 @@ pub struct Policy {
 
 impl Policy {
     /// What the pauses between a delivery's transient retries add up to at most.
-    pub fn longest_retry_pauses(&self) -> Duration {
+    pub(crate) fn longest_retry_pauses(&self) -> Duration {
         crate::store::longest_pauses(self.transient_retries, RETRY_BASE_MS)
     }
 }

@@ -28,7 +28,7 @@ impl std::fmt::Debug for Auth {
 }
 
 impl Auth {
-    pub fn from_settings(http: &HttpSettings) -> Self {
+    pub(crate) fn from_settings(http: &HttpSettings) -> Self {
         let bearer = (!http.auth_token.is_empty()).then(|| format!("Bearer {}", http.auth_token));
         let basic = (!http.basic_user.is_empty()).then(|| {
             let pair = format!("{}:{}", http.basic_user, http.basic_password);

@@ -58,7 +58,7 @@ impl FormTokens {
 
     /// A token for `purpose` on `subject` (the parts that name what the form acts on), issued
     /// at `now`: `<seconds since the epoch>.<hex HMAC>`.
-    pub fn issue(&self, purpose: &str, subject: &[&str], now: SystemTime) -> String {
+    pub(crate) fn issue(&self, purpose: &str, subject: &[&str], now: SystemTime) -> String {
         let issued = now.duration_since(UNIX_EPOCH).unwrap_or_default().as_secs();
         format!("{issued}.{}", hex::encode(self.mac(purpose, subject, issued).finalize().into_bytes()))
     }

@@ -33,13 +33,13 @@ pub struct AllowedHosts {
 impl AllowedHosts {
     /// `http.allowed_hosts`, and the host of `http.public_url`: the links the service hands
     /// out lead to it.
-    pub fn from_settings(http: &HttpSettings) -> Self {
+    pub(crate) fn from_settings(http: &HttpSettings) -> Self {
         let public = url::Url::parse(&http.public_url).ok().and_then(|u| u.host_str().map(canonical));
         Self { names: http.allowed_hosts.iter().map(|n| canonical(n)).chain(public).collect() }
     }
 
     /// True when a `Host` value (`name`, `name:port`, `[v6]:port`) may be served.
-    pub fn admits(&self, host: &str) -> bool {
+    pub(crate) fn admits(&self, host: &str) -> bool {
         if host.contains('@') {
             return false;
         }

@@ -98,11 +98,6 @@ impl std::fmt::Debug for HttpSettings {
 }
 
 impl HttpSettings {
-    /// True when the web UI asks for credentials.
-    pub fn auth_enabled(&self) -> bool {
-        !self.auth_token.is_empty() || !self.basic_user.is_empty()
-    }
-
     /// A copy with the secrets masked, for printing.
     pub fn redacted(&self) -> Self {
         let mask = |s: &str| if s.is_empty() { String::new() } else { "***".to_owned() };
@@ -194,7 +189,7 @@ impl HttpSettings {
 
     /// True when the server listens on every address (`0.0.0.0`, `[::]`): then it is reached
     /// by names this process cannot know, which `allowed_hosts` must list.
-    pub fn binds_every_address(&self) -> bool {
+    pub(crate) fn binds_every_address(&self) -> bool {
         self.bind.parse::<std::net::SocketAddr>().is_ok_and(|a| a.ip().is_unspecified())
     }
 }

@@ -89,7 +89,7 @@ impl Web {
     }
 
     /// Turns on replay from the trace page, through `replayer`.
-    pub fn with_replay(mut self, replayer: Replayer) -> Self {
+    pub(crate) fn with_replay(mut self, replayer: Replayer) -> Self {
         self.replay = Some(Arc::new(replayer));
         self
     }
@@ -121,7 +121,12 @@ impl Web {
     }
 
     /// The token of the replay form for the message `msg_id` of `group`, issued at `now`.
-    pub fn replay_message_token(&self, group: &str, msg_id: &str, now: std::time::SystemTime) -> String {
+    pub(crate) fn replay_message_token(
+        &self,
+        group: &str,
+        msg_id: &str,
+        now: std::time::SystemTime,
+    ) -> String {
         self.forms.issue(REPLAY_MESSAGE_FORM, &[group, msg_id], now)
     }
 

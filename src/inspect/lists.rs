@@ -28,7 +28,7 @@ impl ListKind {
     pub const ALL: [ListKind; 3] = [ListKind::DeadLetters, ListKind::Invalid, ListKind::Collisions];
 
     /// The page's path segment: `/dead-letters`, `/invalid`, `/collisions`.
-    pub fn slug(self) -> &'static str {
+    pub(crate) fn slug(self) -> &'static str {
         match self {
             Self::DeadLetters => "dead-letters",
             Self::Invalid => "invalid",
@@ -44,7 +44,7 @@ impl ListKind {
         }
     }
 
-    pub fn explanation(self) -> &'static str {
+    pub(crate) fn explanation(self) -> &'static str {
         match self {
             Self::DeadLetters => {
                 "Deliveries given up on after their last allowed attempt, or refused for good by their \

@@ -129,7 +129,7 @@ impl LogRow {
     }
 
     /// A key collision: a duplicate whose body differs from the claim's.
-    pub fn is_collision(&self) -> bool {
+    pub(crate) fn is_collision(&self) -> bool {
         self.payload_match == Some(false)
     }
 }

@@ -73,7 +73,7 @@ impl SearchBy {
     }
 
     /// The value [`SearchBy::parse`] reads back: `by=` in a link.
-    pub fn param(self) -> &'static str {
+    pub(crate) fn param(self) -> &'static str {
         match self {
             Self::Any => "any",
             Self::BizId => "biz_id",
@@ -269,7 +269,7 @@ impl FinalState {
     }
 
     /// Whether the page should show it as a problem.
-    pub fn is_trouble(self) -> bool {
+    pub(crate) fn is_trouble(self) -> bool {
         !matches!(self, Self::Applied)
     }
 }

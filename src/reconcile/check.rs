@@ -32,7 +32,7 @@ labelled! {
 
 impl AnomalyKind {
     /// What an engineer should do about it.
-    pub fn advice(self) -> &'static str {
+    pub(crate) fn advice(self) -> &'static str {
         match self {
             Self::Lost => {
                 "never applied: fix the cause, then replay the dead letter (its trace page, or idemgate replay)"

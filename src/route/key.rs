@@ -18,7 +18,7 @@ pub const MAX_BIZ_ID_CHARS: usize = 128;
 /// Longest msgId, UNIQ_KEY and consumer group, in characters.
 pub const MAX_ID_CHARS: usize = 128;
 /// Longest topic and tags, in characters (RocketMQ's own topic limit is 127).
-pub const MAX_TOPIC_CHARS: usize = 255;
+pub(crate) const MAX_TOPIC_CHARS: usize = 255;
 
 /// Punctuation allowed in a `biz_id` or `biz_type` besides the characters of words.
 ///
@@ -45,7 +45,7 @@ pub struct BizKey {
 /// Binds a claim key in the one order every statement on a key names its columns:
 /// `consumer_group = ? AND biz_type = ? AND biz_id = ? AND execute_time = ?` (and the claim
 /// tables' insert, whose first four columns they are).
-pub fn bind_key(
+pub(crate) fn bind_key(
     q: AnyQuery,
     consumer_group: &str,
     biz_type: &str,
@@ -57,13 +57,13 @@ pub fn bind_key(
 
 impl BizKey {
     /// Binds this key claimed by `consumer_group` ([`bind_key`]'s order).
-    pub fn bind_in(&self, q: AnyQuery, consumer_group: &str) -> AnyQuery {
+    pub(crate) fn bind_in(&self, q: AnyQuery, consumer_group: &str) -> AnyQuery {
         bind_key(q, consumer_group, &self.biz_type, &self.biz_id, self.execute_time)
     }
 
     /// Binds `biz_type = ? AND biz_id = ? AND execute_time = ?`, for a statement that names the
     /// consumer group once for many keys.
-    pub fn bind_parts(&self, q: AnyQuery) -> AnyQuery {
+    pub(crate) fn bind_parts(&self, q: AnyQuery) -> AnyQuery {
         q.bind(self.biz_type.as_str()).bind(self.biz_id.as_str()).bind(self.execute_time)
     }
 }
@@ -125,7 +125,7 @@ pub fn check_key_text(text: &str, max: usize) -> Result<(), String> {
 /// never a valid key: it is the refused text itself, or holds the backslash or `…` that
 /// escaping or cutting added, which no key may hold. So a refused message's row can never be
 /// taken for a claimed key's, and [`delivered_text`] reads the refused text back from it.
-pub fn stored_key(text: &str, max: usize) -> Cow<'_, str> {
+pub(crate) fn stored_key(text: &str, max: usize) -> Cow<'_, str> {
     match check_key_text(text, max) {
         Ok(()) => Cow::Borrowed(text),
         Err(_) => Cow::Owned(excerpt(text, max)),
@@ -137,7 +137,7 @@ pub fn stored_key(text: &str, max: usize) -> Cow<'_, str> {
 /// which PostgreSQL's text cannot hold), so that the claim, the log, the trace and the
 /// reconciler all hold and compare the same text; else (a delivery refused for it) as its
 /// [`excerpt`].
-pub fn stored_id(text: &str, max: usize) -> Cow<'_, str> {
+pub(crate) fn stored_id(text: &str, max: usize) -> Cow<'_, str> {
     if text.chars().count() <= max && !text.contains('\0') {
         Cow::Borrowed(text)
     } else {
@@ -166,7 +166,7 @@ pub fn excerpt(text: &str, max: usize) -> String {
 /// for a valid key, the unescaped [`excerpt`] for a refused one. `None` when `stored` is no
 /// excerpt of anything. A cut excerpt reads back as its kept part with the note, which holds
 /// `…` and so passes for no key.
-pub fn delivered_text(stored: &str) -> Option<String> {
+pub(crate) fn delivered_text(stored: &str) -> Option<String> {
     let mut out = String::with_capacity(stored.len());
     let mut chars = stored.chars();
     while let Some(c) = chars.next() {

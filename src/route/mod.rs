@@ -15,10 +15,8 @@ mod key;
 use serde::{Deserialize, Serialize};
 
 pub use key::BizKey;
-pub use key::{
-    MAX_BIZ_ID_CHARS, MAX_BIZ_TYPE_CHARS, MAX_ID_CHARS, MAX_TOPIC_CHARS, bind_key, check_key_text,
-    delivered_text, excerpt, stored_id, stored_key,
-};
+pub use key::{MAX_BIZ_ID_CHARS, MAX_BIZ_TYPE_CHARS, MAX_ID_CHARS, check_key_text, excerpt};
+pub(crate) use key::{MAX_TOPIC_CHARS, bind_key, delivered_text, stored_id, stored_key};
 
 use crate::delivery::Delivery;
 use crate::delivery::value::{Body, Source};
@@ -145,7 +143,7 @@ impl Routes {
     }
 
     /// The handler names the routes need, for checking them against the registry at start.
-    pub fn handler_names(&self) -> impl Iterator<Item = (usize, &str)> {
+    pub(crate) fn handler_names(&self) -> impl Iterator<Item = (usize, &str)> {
         self.routes.iter().enumerate().map(|(i, r)| (i, r.handler.as_str()))
     }
 
@@ -158,7 +156,7 @@ impl Routes {
     /// and `execute_time` again: its KEYS and properties (a key read from the body is already
     /// in the body). What is not known (`None`) is left out, for the route to find missing
     /// rather than read wrong. `None` when no route covers the topic and tag.
-    pub fn republish(
+    pub(crate) fn republish(
         &self,
         topic: &str,
         tags: &str,
@@ -179,7 +177,7 @@ impl Routes {
 
     /// Each biz_type with the handler of its first route: whose business state the trace
     /// page shows for a key of that type.
-    pub fn handler_by_biz_type(&self) -> std::collections::BTreeMap<&str, &str> {
+    pub(crate) fn handler_by_biz_type(&self) -> std::collections::BTreeMap<&str, &str> {
         let mut out = std::collections::BTreeMap::new();
         for r in &self.routes {
             out.entry(r.biz_type.as_str()).or_insert(r.handler.as_str());

@@ -40,7 +40,7 @@ const MAX_STATE_CHARS: usize = 64;
 
 /// Checks a table or column name: `^[A-Za-z_][A-Za-z0-9_]{0,62}$`. Nothing else (no quotes,
 /// dots, spaces or dashes) ever reaches a statement's text.
-pub fn check_identifier(name: &str) -> Result<(), String> {
+pub(crate) fn check_identifier(name: &str) -> Result<(), String> {
     let mut chars = name.chars();
     let plain = match chars.next() {
         Some(first) => {

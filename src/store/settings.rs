@@ -107,7 +107,7 @@ impl DatabaseSettings {
     }
 
     /// The gate's pool: every connection's lock waits and statements bounded on the server.
-    pub fn gate_store_options(&self) -> StoreOptions {
+    pub(crate) fn gate_store_options(&self) -> StoreOptions {
         StoreOptions {
             statement_timeout: Some(self.statement_timeout()),
             lock_timeout: Some(Duration::from_millis(self.lock_timeout_ms)),
@@ -115,13 +115,13 @@ impl DatabaseSettings {
         }
     }
 
-    pub fn acquire_timeout(&self) -> Duration {
+    pub(crate) fn acquire_timeout(&self) -> Duration {
         Duration::from_millis(self.acquire_timeout_ms)
     }
 
     /// The lock wait the backend allows for `lock_timeout_ms` (on MySQL/MariaDB whole seconds,
     /// rounded up). The URL's scheme is taken as valid: `validate` checks it first.
-    pub fn lock_timeout(&self) -> Duration {
+    pub(crate) fn lock_timeout(&self) -> Duration {
         let limit = Duration::from_millis(self.lock_timeout_ms);
         match DatabaseUrl::read(&self.url) {
             Ok(url) => super::effective_lock_timeout(url.backend, limit),

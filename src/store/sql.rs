@@ -28,12 +28,12 @@ impl Sql {
     /// The statement, and the same statement as MySQL/MariaDB should run it: the same
     /// placeholders in the same order, with an index hint where its planner picks a worse
     /// index than the others do.
-    pub const fn with_mysql(portable: &'static str, mysql: &'static str) -> Self {
+    pub(crate) const fn with_mysql(portable: &'static str, mysql: &'static str) -> Self {
         Self { portable, mysql: Some(mysql), numbered: OnceLock::new() }
     }
 
     /// The statement as written, with `?` placeholders.
-    pub fn portable(&self) -> &'static str {
+    pub(crate) fn portable(&self) -> &'static str {
         self.portable
     }
 
@@ -101,7 +101,8 @@ impl Written {
     }
 
     /// The statement with `?` placeholders.
-    pub fn portable(&self) -> &str {
+    #[cfg(test)]
+    pub(crate) fn portable(&self) -> &str {
         self.portable.as_str()
     }
 
