@@ -78,7 +78,11 @@ pub fn parse_as(name: &'static str) -> Result<Cli, Exit> {
 
 /// Idempotent RocketMQ consumption: every duplicate harmless and visible.
 #[derive(Debug, Parser)]
-#[command(name = "idemgate", version, about)]
+#[command(
+    name = "idemgate",
+    version,
+    about = "Idempotent RocketMQ consumption: a dedup claim in the business transaction, with the duplicates made visible."
+)]
 pub struct Cli {
     /// A TOML configuration file; environment variables IDEMGATE_SECTION__KEY override it.
     #[arg(long, short, env = "IDEMGATE_CONFIG", global = true)]
