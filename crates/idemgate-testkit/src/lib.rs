@@ -1,5 +1,7 @@
 //! What idemgate's tests and benchmarks run against, and nothing a deployment runs:
 //!
+//! - [`app`]: the assembled service in a test, [`TestApp`](app::TestApp), on a scratch database
+//!   and a free port, fed by the test.
 //! - [`scratch`]: throwaway databases on SQLite, PostgreSQL and MySQL/MariaDB, each with the
 //!   service's tables and, where asked, the example shop's; dropped when done.
 //! - [`galera`]: a private three-node MariaDB Galera cluster with HAProxy in front.
@@ -12,6 +14,7 @@
 //!
 //! This crate depends on the service's public API only; the service never depends on it.
 
+pub mod app;
 pub mod broker;
 pub mod galera;
 pub mod http;

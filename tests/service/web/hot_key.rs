@@ -7,6 +7,7 @@ use std::time::{Duration, Instant};
 use idemgate::inspect::trace::{COUNT_LIMIT, KeyRef, PAGE_DELIVERIES, statements};
 use idemgate::store::{Backend, query_built};
 use idemgate_testkit::plan;
+use tower::ServiceExt;
 
 use super::*;
 
@@ -22,11 +23,11 @@ const SECOND_APPLY: usize = 602;
 async fn applied_twice(app: &App) {
     for n in 1..=DELIVERIES {
         if n == SECOND_APPLY {
-            app.db
+            app.db()
                 .store
                 .query(&FORGET_CLAIM)
                 .bind("D-HOT")
-                .execute(app.db.store.pool())
+                .execute(app.db().store.pool())
                 .await
                 .expect("forget");
         }
@@ -131,7 +132,7 @@ mod cases {
     /// rows, however many the key has.
     pub async fn the_trace_reads_a_key_by_its_own_indexes(backend: Backend) {
         let app = App::new(backend).await;
-        let store = &app.db.store;
+        let store = &app.db().store;
         let now = idemgate::clock::now_ms();
         let row = format!("(?, 'web-1', '{GROUP}', ?, 'U-P', 'shop', 0, 0, 0, ?, 'D-P', 0, ?, ?, ?, 100)");
         for (biz_type, rows) in [("stock.deduct", 20_000i64), ("order.create", 2_000)] {
@@ -202,7 +203,7 @@ on_every_backend!(
 async fn readiness_does_not_wait_behind_the_pages(backend: Backend) {
     let app = App::new(backend).await;
     assert_eq!(app.deliver(&stock_deduct("D-R", "M1", "U1", "SKU-W", 1)).await, Outcome::Processed);
-    let locker = app.db.second_store().await;
+    let locker = app.second_store().await;
     let mut held = locker.pool().acquire().await.expect("a connection");
     let (lock, unlock) = match backend {
         Backend::Postgres => ("BEGIN; LOCK TABLE delivery_log IN ACCESS EXCLUSIVE MODE", "COMMIT"),
@@ -211,7 +212,7 @@ async fn readiness_does_not_wait_behind_the_pages(backend: Backend) {
     sqlx::raw_sql(sqlx::AssertSqlSafe(lock)).execute(&mut *held).await.expect("lock");
     let traces: Vec<_> = (0..16)
         .map(|_| {
-            let router = app.router.clone();
+            let router = app.inner.router();
             tokio::spawn(async move {
                 let request = Request::get("/api/trace/D-R").body(Body::empty()).expect("request");
                 router.oneshot(request).await.expect("a response").status()
@@ -250,5 +251,5 @@ async fn trace_text(app: &App, after: Option<&str>) -> String {
     let query = TraceQuery::new("D-HOT", SearchBy::Any, Some("stock.deduct"), None, None)
         .and_then(|q| q.paged(after, None))
         .expect("the query");
-    render_text(&trace(&app.db.store, &app.web.trace, &query).await.expect("the trace"))
+    render_text(&trace(&app.db().store, &app.web.trace, &query).await.expect("the trace"))
 }

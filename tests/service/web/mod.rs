@@ -11,26 +11,25 @@ use std::sync::Arc;
 
 use axum::body::Body;
 use axum::http::{Request, StatusCode, header};
-use idemgate::app::{Application, Feed, Running};
 use idemgate::config::Settings;
 use idemgate::delivery::Delivery;
 use idemgate::gate::Policy;
+use idemgate::handler::Handlers;
 use idemgate::http::Web;
 use idemgate::outcome::Outcome;
-use idemgate::store::Sql;
+use idemgate::store::{Sql, Store, StoreOptions};
 use idemgate_shop as shop;
+use idemgate_testkit::app::{TestApp, spawn_app_on};
+use idemgate_testkit::scratch::ScratchDb;
 use serde_json::Value;
-use support::{TestDb, stock_deduct};
-use tower::ServiceExt;
+use support::stock_deduct;
 
 const GROUP: &str = "shop-web";
 
-/// The service as `serve` assembles it (`Application::build`), started and fed by the test,
-/// its routes called without the network.
+/// The service as `serve` assembles it (the test kit's [`TestApp`]), started and fed by the
+/// test, its routes called without the network.
 struct App {
-    db: TestDb,
-    running: Running,
-    router: axum::Router,
+    inner: TestApp,
     /// The pages' state of this service: its form tokens hold across requests.
     web: Arc<Web>,
 }
@@ -40,23 +39,40 @@ impl App {
         Self::with_settings(backend, shop::settings()).await
     }
 
-    async fn with_settings(backend: idemgate::store::Backend, mut settings: Settings) -> Self {
-        let db = TestDb::new(backend).await;
+    /// The service with `settings` (their database, address, group and instance the test's).
+    async fn with_settings(backend: idemgate::store::Backend, settings: Settings) -> Self {
+        let options = StoreOptions { max_connections: 24, ..Default::default() };
+        let db = ScratchDb::create(backend, &options)
+            .await
+            .unwrap_or_else(|e| panic!("{e}. Start the service (scripts/services.sh)."));
         shop::seed_stock(&db.store, "SKU-W", 1_000).await.expect("stock");
-        settings.database.url = db.url().to_owned();
-        settings.http.bind = "127.0.0.1:0".to_owned();
-        settings.consumer.group = GROUP.to_owned();
-        settings.consumer.instance = "web-1".to_owned();
-        let handlers = settings.handlers_with(shop::handlers()).expect("handlers");
-        let app =
-            Application::build_with(&settings, handlers, Feed::Caller).await.expect("the service builds");
-        let (router, web) = (app.router(), app.web().clone());
-        let running = app.start().await.expect("the service starts");
-        Self { db, running, router, web }
+        let configure = move |s: &mut Settings| {
+            let url = std::mem::take(&mut s.database.url);
+            *s = settings;
+            s.database.url = url;
+            s.http.bind = "127.0.0.1:0".to_owned();
+            s.consumer.group = GROUP.to_owned();
+            s.consumer.instance = "web-1".to_owned();
+        };
+        let inner = spawn_app_on(db, configure, Handlers::new()).await;
+        let web = inner.web.clone();
+        Self { inner, web }
+    }
+
+    /// The service's database.
+    fn db(&self) -> &ScratchDb {
+        &self.inner.db
+    }
+
+    /// A second, independent pool on the service's database: another process, as far as the
+    /// database can tell.
+    async fn second_store(&self) -> Store {
+        let options = StoreOptions { max_connections: 4, ..Default::default() };
+        Store::connect(&self.inner.db.url, &options).await.expect("second pool")
     }
 
     async fn deliver(&self, d: &Delivery) -> Outcome {
-        self.running.gate().process(d).await.outcome
+        self.inner.gate().process(d).await.outcome
     }
 
     async fn get(&self, uri: &str) -> (StatusCode, String, axum::http::HeaderMap) {
@@ -64,11 +80,7 @@ impl App {
     }
 
     async fn request(&self, request: Request<Body>) -> (StatusCode, String, axum::http::HeaderMap) {
-        let response = self.router.clone().oneshot(request).await.expect("a response");
-        let status = response.status();
-        let headers = response.headers().clone();
-        let bytes = axum::body::to_bytes(response.into_body(), 16 << 20).await.expect("body");
-        (status, String::from_utf8(bytes.to_vec()).expect("utf-8"), headers)
+        self.inner.oneshot(request).await
     }
 
     async fn json(&self, uri: &str) -> (StatusCode, Value) {
@@ -195,7 +207,7 @@ mod cases {
     /// their cards say what the rate is over.
     pub async fn rates_are_over_the_time_the_log_covers(backend: idemgate::store::Backend) {
         let app = App::new(backend).await;
-        let store = &app.db.store;
+        let store = &app.db().store;
         let first = idemgate::clock::now_ms() - 30_000;
         let row =
             format!("(?, 'web-1', '{GROUP}', ?, 'shop', 0, 0, 0, 'stock.deduct', ?, 0, 'processed', 100)");
@@ -409,12 +421,12 @@ mod cases {
         );
         let app = App::new(backend).await;
         let forty_days_ago = idemgate::clock::now_ms() - 40 * 86_400_000;
-        app.db
+        app.db()
             .store
             .query(&OLD_CLAIM)
             .bind(GROUP)
             .bind(forty_days_ago)
-            .execute(app.db.store.pool())
+            .execute(app.db().store.pool())
             .await
             .unwrap();
         let (status, html, _) = app.get("/trace?biz_id=D-OLD").await;
@@ -450,7 +462,7 @@ mod cases {
             started_by: "command".to_owned(),
         };
         let report =
-            idemgate::reconcile::reconcile_once(&app.db.store, &options, &[], now).await.expect("run");
+            idemgate::reconcile::reconcile_once(&app.db().store, &options, &[], now).await.expect("run");
         assert_eq!(report.anomalies.len(), 2, "{report:?}");
 
         let (status, html, _) = app.get("/anomalies").await;
@@ -759,7 +771,9 @@ mod scripts {
         ) {
             // Assembled as `serve` does, with a broker to replay through: the pages offer the
             // replay; nothing here sends one.
-            let db = TestDb::new(backend).await;
+            use idemgate::app::{Application, Feed};
+            use tower::ServiceExt;
+            let db = support::TestDb::new(backend).await;
             let mut settings = shop::settings();
             settings.database.url = db.url().to_owned();
             settings.http.bind = "127.0.0.1:0".to_owned();

@@ -91,8 +91,9 @@ fn which(name: &str) -> Option<PathBuf> {
     std::env::var_os("PATH")?.to_str()?.split(':').map(|d| PathBuf::from(d).join(name)).find(|p| p.is_file())
 }
 
+/// `rel` in the workspace's top folder, where `dashboards/` is (this crate is `crates/idemgate-cli`).
 fn repo_path(rel: &str) -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join(rel)
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..").join(rel)
 }
 
 fn percent_encode(s: &str) -> String {
