@@ -132,7 +132,7 @@ pub trait Handler: Send + Sync + 'static {
 
     /// Invariants of this handler's business tables that the reconciler checks on every run
     /// (for example: one ledger row per deduction). The default has none.
-    fn checks(&self) -> Vec<crate::reconcile::check::Check> {
+    fn checks(&self) -> Vec<crate::reconcile::Check> {
         Vec::new()
     }
 
@@ -234,7 +234,7 @@ impl Handlers {
     /// configured one) reports under the first biz_type whose route names its handler, or,
     /// when no route names it, under the handler's own name (as a route without `handler`
     /// names the handler of its biz_type).
-    pub fn checks(&self, routes: &Routes) -> Vec<crate::reconcile::check::Check> {
+    pub fn checks(&self, routes: &Routes) -> Vec<crate::reconcile::Check> {
         let mut first_biz_type: BTreeMap<&str, &str> = BTreeMap::new();
         for (biz_type, name) in routes.handler_by_biz_type() {
             first_biz_type.entry(name).or_insert(biz_type);

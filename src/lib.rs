@@ -89,6 +89,7 @@ pub use gate::{Gate, Identity, Policy};
 pub use handler::{Answers, Effect, Fact, Handler, HandlerError, Handlers, Work, handle_each};
 pub use inspect::trace::{Answer as Trace, SearchBy, TraceQuery, render_text as render_trace, trace};
 pub use outcome::{DuplicateCause, Layer, Outcome, Verdict};
+pub use reconcile::{AnomalyKind, Check, CheckSql};
 pub use route::{RouteConfig, Routes};
 pub use setting::Invalid;
 pub use store::{Backend, Conn, Sql, Store, StoreOptions, query};

@@ -27,8 +27,9 @@ use sqlx::Row;
 use crate::layout::Layout;
 use crate::store::{Arg, Bound, Sql, Store};
 
-pub(crate) use check::{Anomaly, Check, CheckSql, WindowEnd};
-pub use check::{AnomalyKind, ReconcileOptions};
+pub(crate) use check::Anomaly;
+// What a handler's `checks` answer: an embedder writes them with these.
+pub use check::{AnomalyKind, Check, CheckSql, ReconcileOptions, WindowEnd};
 pub use schedule::ReconcileScheduler;
 pub use settings::ReconcileSettings;
 
