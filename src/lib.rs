@@ -49,8 +49,8 @@
 //! - `http`: the HTTP server: the web UI, the JSON API, health and `/metrics`.
 //! - `metrics`: every Prometheus metric, declared once; `/metrics`.
 //! - `config`: the typed, layered configuration.
-//!
 //! - `telemetry`: the process's one `tracing` subscriber.
+//! - `setting`: `Invalid`, a setting refused with its key named.
 
 // An item is `pub` only if the API names it.
 #![warn(unreachable_pub)]

@@ -11,6 +11,11 @@
 //! the shop's handlers, as a program that embeds idemgate builds it. `idemgate serve` knows none
 //! of it: the shop's tables are its own migrations' (`migrations/` of this crate), made by its
 //! handlers' [`prepare`].
+//!
+//! Beside the business: [`traffic`], the example traffic and the books of what was sent;
+//! [`demo`], the stand-in broker `idemgate demo` feeds it through; [`produce`], the same traffic
+//! sent to a real topic (`idemgate produce`). The command line (`idemgate-cli`) only parses
+//! their flags.
 
 pub mod demo;
 mod order;
