@@ -93,20 +93,7 @@ async fn the_trace_command_prints_the_story_and_exits_by_what_it_found() {
     assert_eq!(gate.process(&order("D-CLI", "M3")).await.outcome, Outcome::Processed);
     store.close().await;
 
-    let run = |args: &[&str]| {
-        let out = std::process::Command::new(env!("CARGO_BIN_EXE_idemgate-shop"))
-            .arg("trace")
-            .args(args)
-            .env("IDEMGATE_DATABASE__URL", &url)
-            .env_remove("RUST_LOG")
-            .output()
-            .expect("run idemgate trace");
-        (
-            out.status.code(),
-            String::from_utf8_lossy(&out.stdout).into_owned(),
-            String::from_utf8_lossy(&out.stderr).into_owned(),
-        )
-    };
+    let run = |args: &[&str]| idemgate(&url, &[&["trace"], args].concat());
     let (code, text, err) = run(&["D-CLI", "--biz-type", "stock.deduct"]);
     assert_eq!(code, Some(0), "{text}{err}");
     assert!(text.contains("state: applied once"), "{text}");
