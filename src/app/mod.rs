@@ -503,9 +503,6 @@ fn observed(gate: Gate, settings: &Settings, handlers: &Handlers, metrics: Arc<M
     gate.with_observer(metrics)
 }
 
-/// The gate's own pool (`database.max_connections`, its lock waits and statements bounded on the
-/// server: `database.lock_timeout_ms`, `database.statement_timeout_ms`), apart from the pool of
-/// the schedules, whose archive batches and reconcile reads may run longer.
 /// The database the settings name, opened and migrated: for the service and for a command run
 /// by hand alike.
 async fn open_store(settings: &Settings) -> anyhow::Result<Store> {
@@ -514,6 +511,9 @@ async fn open_store(settings: &Settings) -> anyhow::Result<Store> {
         .with_context(|| format!("opening {}", redact_url(&settings.database.url)))
 }
 
+/// The gate's own pool (`database.max_connections`, its lock waits and statements bounded on the
+/// server: `database.lock_timeout_ms`, `database.statement_timeout_ms`), apart from the pool of
+/// the schedules, whose archive batches and reconcile reads may run longer.
 async fn gate_store(settings: &Settings, store: &Store) -> anyhow::Result<Store> {
     own_pool(settings, store, &settings.gate_store_options()).await
 }
@@ -536,18 +536,8 @@ async fn own_pool(settings: &Settings, store: &Store, options: &StoreOptions) ->
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::handler::{Effect, Handler, HandlerError, Work};
+    use crate::handler::doing_nothing;
     use crate::route::RouteConfig;
-    use crate::store::Conn;
-
-    struct Noop;
-
-    #[async_trait::async_trait]
-    impl Handler for Noop {
-        async fn handle(&self, _: &Work<'_>, _: &mut Conn) -> Result<Effect, HandlerError> {
-            Ok(Effect::Applied)
-        }
-    }
 
     fn route(biz_type: &str) -> RouteConfig {
         RouteConfig {
@@ -569,7 +559,7 @@ mod tests {
         settings.consumer.group = "wallet_consumer".to_owned();
         settings.routes = vec![route("wallet.credit"), route("wallet.debit")];
         settings.validate_service().expect("the settings alone are fine: handlers are the gate's to check");
-        let handlers = Handlers::new().with("wallet.credit", Noop);
+        let handlers = doing_nothing(&["wallet.credit"]);
         let err = match Application::build_with(&settings, handlers.clone(), Feed::Caller).await {
             Ok(_) => panic!("a route to no handler was accepted"),
             Err(e) => format!("{e:#}"),

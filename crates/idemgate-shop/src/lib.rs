@@ -108,6 +108,12 @@ pub fn order_message(topic: &str, order: &CreateOrder) -> Delivery {
     example_message(topic, TAG_ORDER_CREATE, &order.order_no, serde_json::to_vec(order))
 }
 
+/// A `stock.deduct` message for `deduction` on `topic`: `deduction_id`, the deduction's own
+/// number, is the KEY.
+pub fn deduction_message(topic: &str, deduction_id: &str, deduction: &DeductStock) -> Delivery {
+    example_message(topic, TAG_STOCK_DEDUCT, deduction_id, serde_json::to_vec(deduction))
+}
+
 /// A `payment.confirm` message for `payment` on `topic`: its payment number is the KEY.
 pub fn payment_message(topic: &str, payment: &ConfirmPayment) -> Delivery {
     example_message(topic, TAG_PAYMENT_CONFIRM, &payment.payment_no, serde_json::to_vec(payment))

@@ -154,6 +154,12 @@ impl ScratchDb {
         Ok(Self { store, url, backend, name, admin: Some(admin.to_owned()), _dir: None })
     }
 
+    /// A second, independent pool on the same database, with `options`: another process, as far
+    /// as the database can tell.
+    pub async fn second_store(&self, options: &StoreOptions) -> Result<Store, StoreError> {
+        Store::connect(&self.url, options).await
+    }
+
     /// The names of the database's tables, sorted.
     pub async fn tables(&self) -> Result<Vec<String>, sqlx::Error> {
         let sql = match self.backend {

@@ -15,14 +15,11 @@ pub use idemgate_testkit::http::{head, request};
 
 /// A `stock.deduct` of one unit of [`SKU`] for `biz_id`, as first sent.
 pub fn deduct(biz_id: &str) -> Delivery {
+    let body = shop::DeductStock { sku: SKU.to_owned(), quantity: 1 };
     Delivery {
         msg_id: format!("M-{biz_id}-{}", rand::random::<u32>()),
         uniq_key: format!("U-{biz_id}"),
-        topic: shop::TOPIC.to_owned(),
-        tags: shop::TAG_STOCK_DEDUCT.to_owned(),
-        keys: vec![biz_id.to_owned()],
-        body: serde_json::to_vec(&shop::DeductStock { sku: SKU.to_owned(), quantity: 1 }).expect("json"),
-        ..Default::default()
+        ..shop::deduction_message(shop::TOPIC, biz_id, &body)
     }
 }
 

@@ -41,7 +41,7 @@ impl TestDb {
     /// A second, independent pool on the same database: another process, as far as the
     /// database can tell.
     pub async fn second_store(&self) -> Store {
-        Store::connect(&self.scratch.url, &options()).await.expect("second pool")
+        self.scratch.second_store(&options()).await.expect("second pool")
     }
 
     /// One integer from a query (a count, a sum cast to BIGINT).
@@ -121,14 +121,11 @@ pub fn gate_settings(id: &Identity, extra_routes: Vec<RouteConfig>) -> Settings 
 }
 
 pub fn stock_deduct(biz_id: &str, msg_id: &str, uniq_key: &str, sku: &str, quantity: i64) -> Delivery {
+    let body = shop::DeductStock { sku: sku.to_owned(), quantity };
     Delivery {
         msg_id: msg_id.to_owned(),
         uniq_key: uniq_key.to_owned(),
-        topic: shop::TOPIC.to_owned(),
-        tags: shop::TAG_STOCK_DEDUCT.to_owned(),
-        keys: vec![biz_id.to_owned()],
-        body: serde_json::to_vec(&shop::DeductStock { sku: sku.to_owned(), quantity }).expect("json"),
-        ..Default::default()
+        ..shop::deduction_message(shop::TOPIC, biz_id, &body)
     }
 }
 

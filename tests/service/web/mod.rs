@@ -68,7 +68,7 @@ impl App {
     /// database can tell.
     async fn second_store(&self) -> Store {
         let options = StoreOptions { max_connections: 4, ..Default::default() };
-        Store::connect(&self.inner.db.url, &options).await.expect("second pool")
+        self.inner.db.second_store(&options).await.expect("second pool")
     }
 
     async fn deliver(&self, d: &Delivery) -> Outcome {

@@ -31,14 +31,7 @@ fn delivered(message: Delivery, msg_id: &str, uniq_key: &str, reconsume: i32) ->
 /// A `stock.deduct` of `quantity` of `sku` for `biz_id`.
 fn stock_deduct(biz_id: &str, msg_id: &str, uniq_key: &str, sku: &str, quantity: i64) -> Delivery {
     let body = shop::DeductStock { sku: sku.to_owned(), quantity };
-    let message = Delivery {
-        topic: shop::TOPIC.to_owned(),
-        tags: shop::TAG_STOCK_DEDUCT.to_owned(),
-        keys: vec![biz_id.to_owned()],
-        body: serde_json::to_vec(&body).expect("json"),
-        ..Default::default()
-    };
-    delivered(message, msg_id, uniq_key, 0)
+    delivered(shop::deduction_message(shop::TOPIC, biz_id, &body), msg_id, uniq_key, 0)
 }
 
 /// A payment of 500 cents for `order_no`, after `reconsume` failures.
