@@ -112,7 +112,8 @@ mod tests {
                 t.hot_key_rows,
                 t.hot_lookups,
                 t.old_lookups,
-                t.target_p99_ms
+                t.target_p99_ms,
+                t.keep_database
             ),
             (
                 d.backends,
@@ -122,7 +123,8 @@ mod tests {
                 d.hot_key_rows,
                 d.hot_lookups,
                 d.old_lookups,
-                d.target_p99_ms
+                d.target_p99_ms,
+                d.keep_database
             )
         );
         let BenchCommand::Reconcile(r) = parse(&["reconcile"]) else { panic!("reconcile") };

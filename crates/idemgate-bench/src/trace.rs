@@ -64,6 +64,11 @@ pub struct Options {
     /// The p99 every kind of trace must beat, in milliseconds; the run fails otherwise.
     #[arg(long, default_value_t = 50)]
     pub target_p99_ms: u64,
+    /// Leave each backend's loaded database in place and print its URL, to study its plans
+    /// (`idemgate trace … --explain`, the server's `ANALYZE`). The naive lookups, which drop
+    /// the trace's indexes, are then not run. Drop the database by hand afterwards.
+    #[arg(long)]
+    pub keep_database: bool,
 }
 
 impl Default for Options {
@@ -77,6 +82,7 @@ impl Default for Options {
             hot_lookups: 200,
             old_lookups: 10,
             target_p99_ms: 50,
+            keep_database: false,
         }
     }
 }
@@ -178,7 +184,11 @@ pub(crate) async fn run(options: &Options) -> anyhow::Result<Vec<Report>> {
         let scratch =
             ScratchDb::create(backend, &StoreOptions { max_connections: 4, ..Default::default() }).await?;
         let result = measure(&scratch.store, backend, options).await;
-        scratch.drop_now().await;
+        if options.keep_database {
+            println!("bench trace: the {backend} database is kept at {}", scratch.keep().await);
+        } else {
+            scratch.drop_now().await;
+        }
         reports.push(result?);
     }
     Ok(reports)
@@ -228,11 +238,15 @@ async fn measure(store: &Store, backend: Backend, options: &Options) -> anyhow::
     };
 
     // The naive schema: drop what idemgate adds for tracing, keep the claim key and msgId.
-    for drop in naive_schema(backend) {
-        sqlx::query(AssertSqlSafe(drop)).execute(store.pool()).await?;
+    // A database kept for study keeps its indexes, and the naive way is not timed.
+    let naive_lookups = if options.keep_database { 0 } else { options.naive_lookups };
+    if naive_lookups > 0 {
+        for drop in naive_schema(backend) {
+            sqlx::query(AssertSqlSafe(drop)).execute(store.pool()).await?;
+        }
     }
     let mut naive = Vec::with_capacity(options.naive_lookups);
-    for _ in 0..options.naive_lookups {
+    for _ in 0..naive_lookups {
         let n = rng.random_range(0..options.claims);
         let key = format!("T-{n}");
         let t = Instant::now();
@@ -254,7 +268,7 @@ async fn measure(store: &Store, backend: Backend, options: &Options) -> anyhow::
         by_biz_id: Percentiles::of(&mut by_biz_id),
         by_msg_id: Percentiles::of(&mut by_msg_id),
         naive: Percentiles::of(&mut naive),
-        naive_lookups: options.naive_lookups,
+        naive_lookups,
         rss_before_mib,
         rss_after_mib,
         peak_rss_mib: peak_rss_mib(),
@@ -647,15 +661,17 @@ pub(crate) fn table(reports: &[Report]) -> String {
     );
     for r in reports {
         out.push_str(&format!(
-            "| {} | {} | {} | {:.0} | {} | {} | {} ({} lookups) | {:.0} / {:.0} / {:.0} |\n",
+            "| {} | {} | {} | {:.0} | {} | {} | {} | {:.0} / {:.0} / {:.0} |\n",
             r.backend,
             r.claims,
             r.log_rows,
             r.load.as_secs_f64(),
             p50_p99(&r.by_biz_id, 2),
             p50_p99(&r.by_msg_id, 2),
-            p50_p99(&r.naive, 0),
-            r.naive_lookups,
+            match r.naive_lookups {
+                0 => "not run".to_owned(),
+                n => format!("{} ({n} lookups)", p50_p99(&r.naive, 0)),
+            },
             r.rss_before_mib,
             r.rss_after_mib,
             r.peak_rss_mib,

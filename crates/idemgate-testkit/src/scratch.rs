@@ -182,6 +182,16 @@ impl ScratchDb {
         self.backend
     }
 
+    /// Closes the pool and leaves the database (a SQLite file's folder too) in place, for study;
+    /// returns its URL, password masked.
+    pub async fn keep(mut self) -> String {
+        self.store.close().await;
+        if let Some(dir) = self._dir.take() {
+            let _ = dir.keep();
+        }
+        idemgate::store::redact_url(&self.url)
+    }
+
     /// Closes the pool and drops the database.
     pub async fn drop_now(self) {
         self.store.close().await;
