@@ -8,6 +8,8 @@ cd "$(dirname "$0")/.."
 for src in src crates/*/src; do scripts/check-cycles.py "$src"; done
 scripts/services.sh
 scripts/install-prometheus.sh >/dev/null
+# tests/service/dashboards.rs: the shipped dashboard and rules regenerated from mixin/.
+scripts/install-jsonnet.sh >/dev/null
 scripts/install-rocketmq.sh >/dev/null
 scripts/install-chromium.sh >/dev/null
 # crates/idemgate-cli/tests/galera: a three-node MariaDB Galera cluster behind HAProxy.
