@@ -27,7 +27,7 @@ local all(s, set) =
   from(0);
 local has(s, part) = std.strReplace(s, part, '') != s;
 // `s` as a JSON (and YAML) double-quoted string.
-local quoted(s) = local list = std.toString([s]); list[1:std.length(list) - 1];
+local quoted(s) = local list = std.toString([s]); std.stripChars(list[1:std.length(list) - 1], ' ');
 
 local units = setOf('smhdwy');
 local isDuration(s) =

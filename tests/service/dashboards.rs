@@ -728,3 +728,27 @@ fn another_job_selector_leaves_no_default_job_and_the_rule_tests_pass_under_it()
         assert!(ok, "{name} fails with the rules for job payments-idemgate:\n{output}");
     }
 }
+
+#[test]
+fn the_mixin_sources_are_as_jsonnetfmt_formats_them() {
+    let Some(jsonnet) = jsonnet() else {
+        return;
+    };
+    // jsonnetfmt comes with jsonnet, in the same package.
+    let jsonnetfmt = jsonnet.with_file_name("jsonnetfmt");
+    let mut sources = Vec::new();
+    let mut folders = vec![root().join("mixin")];
+    while let Some(folder) = folders.pop() {
+        for entry in std::fs::read_dir(&folder).expect("mixin/ is readable") {
+            let path = entry.expect("a folder entry").path();
+            if path.is_dir() {
+                folders.push(path);
+            } else if path.extension().is_some_and(|e| e == "jsonnet" || e == "libsonnet") {
+                sources.push(path);
+            }
+        }
+    }
+    assert!(sources.len() >= 8, "the mixin's sources: {sources:?}");
+    let (ok, output) = output_of(Command::new(&jsonnetfmt).arg("--test").args(&sources));
+    assert!(ok, "jsonnetfmt would change the mixin (run jsonnetfmt -i on mixin/**/*sonnet):\n{output}");
+}
