@@ -80,7 +80,7 @@ pub fn parse_as(name: &'static str) -> Result<Cli, Exit> {
 #[derive(Debug, Parser)]
 #[command(
     name = "idemgate",
-    version,
+    version = idemgate::VERSION,
     about = "Idempotent RocketMQ consumption: a dedup claim in the business transaction, with the duplicates made visible."
 )]
 pub struct Cli {

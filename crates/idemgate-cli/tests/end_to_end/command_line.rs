@@ -300,3 +300,22 @@ fn serve_refuses_to_start_without_routes_or_a_consumer_group_and_names_what_is_m
     assert_eq!(code, Some(1), "{err}");
     assert!(err.contains("no handler named \"stock.deduct\""), "{err}");
 }
+
+/// `--version` names the service's version, the one `idemgate_build_info` carries, and exits 0
+/// with nothing on standard error; so does the shop's binary, under its own name.
+#[test]
+fn the_version_flag_prints_the_service_version_and_exits_zero() {
+    for (binary, name) in
+        [(env!("CARGO_BIN_EXE_idemgate"), "idemgate"), (env!("CARGO_BIN_EXE_idemgate-shop"), "idemgate-shop")]
+    {
+        for flag in ["--version", "-V"] {
+            let out = std::process::Command::new(binary).arg(flag).output().expect("run --version");
+            let (stdout, stderr) =
+                (String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+            assert_eq!(out.status.code(), Some(0), "{name} {flag}: {stdout}{stderr}");
+            assert_eq!(stdout, format!("{name} {}\n", idemgate::VERSION), "{name} {flag}");
+            assert!(stderr.is_empty(), "{name} {flag}: {stderr}");
+        }
+    }
+    assert_eq!(idemgate::VERSION, env!("CARGO_PKG_VERSION"), "one version for the workspace");
+}
