@@ -12,6 +12,8 @@ scripts/install-prometheus.sh >/dev/null
 scripts/install-jsonnet.sh >/dev/null
 scripts/install-rocketmq.sh >/dev/null
 scripts/install-chromium.sh >/dev/null
+# crates/idemgate-cli/tests/deploy: systemd-analyze, kubernetes-validate and the prometheus-operator schemas.
+scripts/install-deploy-checks.sh >/dev/null
 # crates/idemgate-cli/tests/galera: a three-node MariaDB Galera cluster behind HAProxy.
 scripts/install-galera.sh >/dev/null
 # The scenarios on a two-broker cluster (crates/idemgate-cli/tests/end_to_end/cluster.rs) take minutes; they run here and

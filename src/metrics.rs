@@ -377,7 +377,7 @@ impl Metrics {
             &["version", "backend", "ui_url", "consumer_group", "instance_id"],
         )
         .with_label_values(&[
-            env!("CARGO_PKG_VERSION"),
+            crate::VERSION,
             info.backend.name(),
             &info.ui_url,
             &info.consumer_group,
