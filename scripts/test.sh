@@ -8,8 +8,12 @@ cd "$(dirname "$0")/.."
 for src in src crates/*/src; do scripts/check-cycles.py "$src"; done
 scripts/services.sh
 scripts/install-prometheus.sh >/dev/null
+# tests/service/dashboards.rs: the shipped dashboard and rules regenerated from mixin/.
+scripts/install-jsonnet.sh >/dev/null
 scripts/install-rocketmq.sh >/dev/null
 scripts/install-chromium.sh >/dev/null
+# crates/idemgate-cli/tests/deploy: systemd-analyze, kubernetes-validate and the prometheus-operator schemas.
+scripts/install-deploy-checks.sh >/dev/null
 # crates/idemgate-cli/tests/galera: a three-node MariaDB Galera cluster behind HAProxy.
 scripts/install-galera.sh >/dev/null
 # The scenarios on a two-broker cluster (crates/idemgate-cli/tests/end_to_end/cluster.rs) take minutes; they run here and

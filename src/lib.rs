@@ -93,3 +93,7 @@ pub use reconcile::{AnomalyKind, Check, CheckSql};
 pub use route::{RouteConfig, Routes};
 pub use setting::Invalid;
 pub use store::{Backend, Conn, Sql, Store, StoreOptions, query};
+
+/// The service's version: the `version` label of `idemgate_build_info`, and what
+/// `idemgate --version` prints.
+pub const VERSION: &str = env!("CARGO_PKG_VERSION");

@@ -4,7 +4,9 @@
 //! and the conflict rate are kept in process for users without recording rules; table sizes are
 //! read from the database at scrape time, cheaply (catalogue estimates on the servers) and at
 //! most every few seconds. Labels stay bounded: biz_type, topic, consumer group, outcome,
-//! cause, layer, window; never a bizId, a msgId or an error text.
+//! cause, layer, window; never a bizId, a msgId or an error text. Beside them, the standard
+//! `process_*` series of the process itself (CPU seconds, resident memory, open file
+//! descriptors, threads, start time), on Linux.
 //!
 //! This module owns names, labels and buckets. It must not decide anything about deliveries.
 
@@ -375,13 +377,20 @@ impl Metrics {
             &["version", "backend", "ui_url", "consumer_group", "instance_id"],
         )
         .with_label_values(&[
-            env!("CARGO_PKG_VERSION"),
+            crate::VERSION,
             info.backend.name(),
             &info.ui_url,
             &info.consumer_group,
             &info.instance_id,
         ])
         .set(1);
+        // The process's own CPU, memory, file descriptors, threads and start time, as every
+        // Prometheus client exports them (`process_*`). Read from /proc at scrape time, so
+        // Linux only.
+        #[cfg(target_os = "linux")]
+        registry
+            .register(Box::new(prometheus::process_collector::ProcessCollector::for_self()))
+            .expect("the process collector registered once");
         m.start_at_zero(biz_types, topics);
         m
     }

@@ -1,8 +1,11 @@
 //! The Grafana dashboard, the Grafana provisioning examples and the Prometheus rules in
 //! `dashboards/`: the dashboard's structure (it must provision from the file with no edits),
-//! its queries (valid PromQL, checked by promtool), and the rules' own checks and unit tests
-//! (`scripts/check-rules.sh`). promtool is required: a machine without it fails these tests
-//! (`scripts/install-prometheus.sh` installs it).
+//! its queries (valid PromQL, checked by promtool), the rules' own checks and unit tests
+//! (`scripts/check-rules.sh`), and the mixin in `mixin/` they are generated from (the shipped
+//! files are what it generates; another selector leaves no default job behind). promtool is
+//! required: a machine without it fails these tests (`scripts/install-prometheus.sh` installs
+//! it). jsonnet is required under CI (`CI` set); elsewhere the tests that run it are skipped
+//! without it (`scripts/install-jsonnet.sh` installs it).
 
 use std::collections::HashSet;
 use std::path::PathBuf;
@@ -186,11 +189,10 @@ fn every_panel_fits_in_the_24_column_grid() {
     }
 }
 
-#[test]
-fn panels_do_not_overlap() {
-    let dashboard = dashboard();
+/// Fails when two of `panels` share a cell of the grid.
+fn assert_apart<'a>(panels: impl IntoIterator<Item = &'a Value>) {
     let mut cells = HashSet::new();
-    for panel in panels(&dashboard) {
+    for panel in panels {
         let grid = &panel["gridPos"];
         let at = |k: &str| grid[k].as_u64().unwrap_or(0);
         for row in at("y")..at("y") + at("h") {
@@ -203,6 +205,85 @@ fn panels_do_not_overlap() {
             }
         }
     }
+}
+
+/// The rows of the dashboard that hold their panels folded away.
+fn collapsed_rows(dashboard: &Value) -> Vec<&Value> {
+    let top = dashboard["panels"].as_array().expect("the dashboard has no panels");
+    top.iter().filter(|p| p["type"] == "row" && p["collapsed"] == true).collect()
+}
+
+#[test]
+fn panels_do_not_overlap() {
+    // The dashboard's own grid; a collapsed row's panels take no room in it until the row is
+    // opened, so they are laid out apart from each other, below their row.
+    let dashboard = dashboard();
+    assert_apart(dashboard["panels"].as_array().expect("the dashboard has no panels"));
+    for row in collapsed_rows(&dashboard) {
+        let nested = row["panels"].as_array().map(Vec::as_slice).unwrap_or(&[]);
+        assert!(!nested.is_empty(), "{} is collapsed and empty", title(row));
+        assert_apart(nested);
+        for panel in nested {
+            assert!(
+                panel["gridPos"]["y"].as_u64() > row["gridPos"]["y"].as_u64(),
+                "{} is above its row",
+                title(panel)
+            );
+            assert!(panel.get("panels").is_none(), "{} nests panels inside a row", title(panel));
+        }
+    }
+}
+
+#[test]
+fn the_optional_parts_sit_in_collapsed_rows() {
+    let dashboard = dashboard();
+    let rows = collapsed_rows(&dashboard);
+    for (part, metric) in [
+        ("Redis", "idemgate_prefilter_total"),
+        ("Group commit", "idemgate_group_commits_total"),
+        ("Group commit", "idemgate_group_fallbacks_total"),
+        ("Galera", "idemgate_transient_retries_total"),
+        ("Process", "process_resident_memory_bytes"),
+    ] {
+        let row = rows
+            .iter()
+            .find(|r| r["title"].as_str().is_some_and(|t| t.contains(part)))
+            .unwrap_or_else(|| panic!("no collapsed row for {part}"));
+        let reads = row["panels"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .flat_map(targets)
+            .any(|t| t["expr"].as_str().is_some_and(|e| e.contains(metric)));
+        assert!(reads, "the {part} row has no panel reading {metric}");
+        // Nowhere else: an optional part's panels are all in its row.
+        for panel in dashboard["panels"].as_array().into_iter().flatten().filter(|p| p["type"] != "row") {
+            assert!(
+                !targets(panel).iter().any(|t| t["expr"].as_str().is_some_and(|e| e.contains(metric))),
+                "{} reads {metric} outside the {part} row",
+                title(panel)
+            );
+        }
+    }
+}
+
+#[test]
+fn deploys_are_marked_when_a_new_version_of_idemgate_build_info_appears() {
+    let dashboard = dashboard();
+    let annotations = dashboard["annotations"]["list"].as_array().expect("no annotations.list");
+    let deploys = annotations.iter().find(|a| a["name"] == "Deploys").expect("no Deploys annotation");
+    assert!(uses_the_datasource_variable(&deploys["datasource"]), "{}", deploys["datasource"]);
+    assert_eq!(deploys["enable"], true);
+    let expr = deploys["expr"].as_str().expect("the Deploys annotation has no expr");
+    assert!(expr.contains("idemgate_build_info{") && expr.contains("version"), "{expr}");
+    assert!(
+        expr.contains(" unless ") && expr.contains(" offset "),
+        "not a version that was absent before: {expr}"
+    );
+    for name in ["cluster", "job", "consumer_group"] {
+        assert!(expr.contains(&format!("=~\"${name}\"")), "the Deploys annotation ignores ${name}: {expr}");
+    }
+    assert!(deploys["titleFormat"].as_str().is_some_and(|t| t.contains("{{version}}")));
 }
 
 #[test]
@@ -293,7 +374,7 @@ fn the_template_variables_filter_by_biz_type_topic_and_instance() {
     let datasource = variable(&dashboard, "datasource");
     assert_eq!(datasource["type"], "datasource");
     assert_eq!(datasource["query"], "prometheus");
-    for name in ["biz_type", "topic", "instance", "consumer_group"] {
+    for name in ["biz_type", "topic", "instance", "consumer_group", "cluster"] {
         let var = variable(&dashboard, name);
         assert_eq!(var["type"], "query", "{name} is not a query variable");
         let query = var["query"]["query"].as_str().or(var["query"].as_str()).unwrap_or("");
@@ -303,7 +384,13 @@ fn the_template_variables_filter_by_biz_type_topic_and_instance() {
         );
         assert_eq!(var["allValue"], ".*", "{name}'s All must match every value, the empty one included");
     }
-    // Every panel query is filtered by the variables its metric has labels for.
+    // The job: one of those the mixin's selector matches (job="idemgate" by default), in the
+    // selected cluster.
+    let job = variable(&dashboard, "job");
+    let query = job["query"]["query"].as_str().unwrap_or("");
+    assert_eq!(query, "label_values(up{job=\"idemgate\", cluster=~\"$cluster\"}, job)");
+    // Every panel query is filtered by the variables its metric has labels for, and every
+    // selector by the cluster and the job.
     for (origin, expr) in expressions(&dashboard) {
         for metric in ["idemgate_deliveries_total", "idemgate_redeliveries_total"] {
             if expr.contains(metric) {
@@ -315,6 +402,16 @@ fn the_template_variables_filter_by_biz_type_topic_and_instance() {
                 }
             }
         }
+        let selectors = expr.matches('{').count();
+        assert!(selectors > 0, "{origin} selects no series by label: {expr}");
+        for name in ["cluster", "job"] {
+            assert_eq!(
+                expr.matches(&format!("{name}=~\"${name}\"")).count(),
+                selectors,
+                "{origin} has a selector without the {name} filter: {expr}"
+            );
+        }
+        assert!(!expr.contains("job=\"idemgate\""), "{origin} names the job instead of $job: {expr}");
     }
 }
 
@@ -427,6 +524,11 @@ fn every_dashboard_query_is_valid_promql() {
             queries.push((format!("variable {}", var["name"]), selector.to_owned()));
         }
     }
+    for annotation in dashboard["annotations"]["list"].as_array().into_iter().flatten() {
+        if let Some(expr) = annotation["expr"].as_str() {
+            queries.push((format!("annotation {}", annotation["name"]), expr.to_owned()));
+        }
+    }
     let mut rules = String::from("groups:\n  - name: dashboard\n    rules:\n");
     for (i, (origin, expr)) in queries.iter().enumerate() {
         let promql = substitute_grafana_variables(expr);
@@ -468,4 +570,185 @@ fn the_prometheus_rules_pass_promtool_checks_and_unit_tests() {
         output.contains("check-rules: ") && output.contains(" passed"),
         "scripts/check-rules.sh did not report its tests:\n{output}"
     );
+}
+
+// ---------------------------------------------------------------------------------------------
+// The rules and alerts as files.
+
+/// The names of the alerts in `dashboards/prometheus/alerts.rules.yml`, each once.
+fn alert_names() -> Vec<String> {
+    let mut names: Vec<String> = read("dashboards/prometheus/alerts.rules.yml")
+        .lines()
+        .filter_map(|l| l.trim().strip_prefix("- alert:"))
+        .map(|name| name.trim().to_owned())
+        .collect();
+    names.dedup();
+    assert!(names.len() >= 10, "too few alerts found: {names:?}");
+    names
+}
+
+#[test]
+fn every_alert_has_a_rule_test_where_it_fires_and_one_where_it_does_not() {
+    // In the unit tests, `alertname: X` is followed by `exp_alerts: []` (expected quiet) or by
+    // `exp_alerts:` and the alerts it must fire with.
+    let tests = read("dashboards/prometheus/tests/alerts.test.yml");
+    let lines: Vec<&str> = tests.lines().map(str::trim).collect();
+    let (mut fires, mut quiet) = (HashSet::new(), HashSet::new());
+    for pair in lines.windows(2) {
+        if let Some(name) = pair[0].strip_prefix("alertname:") {
+            match pair[1] {
+                "exp_alerts: []" => quiet.insert(name.trim().to_owned()),
+                "exp_alerts:" => fires.insert(name.trim().to_owned()),
+                other => panic!("alertname {name} followed by {other:?}"),
+            };
+        }
+    }
+    for name in alert_names() {
+        assert!(fires.contains(&name), "no rule test in which {name} fires");
+        assert!(quiet.contains(&name), "no rule test in which {name} stays quiet");
+    }
+}
+
+#[test]
+fn every_alert_links_to_its_runbook_section_and_to_the_ui() {
+    let runbook = read("docs/runbook.md");
+    let headings: HashSet<String> = runbook
+        .lines()
+        .filter_map(|l| l.strip_prefix("## "))
+        .map(|h| h.trim().to_ascii_lowercase())
+        .collect();
+    let rules = read("dashboards/prometheus/alerts.rules.yml");
+    let links: Vec<&str> = rules.lines().filter_map(|l| l.trim().strip_prefix("runbook_url:")).collect();
+    assert_eq!(links.len(), rules.lines().filter(|l| l.trim().starts_with("- alert:")).count());
+    assert_eq!(links.len(), rules.lines().filter(|l| l.trim().starts_with("ui_url:")).count());
+    for name in alert_names() {
+        let anchor = name.to_ascii_lowercase();
+        assert!(headings.contains(&anchor), "docs/runbook.md has no section ## {name}");
+        assert!(
+            links.iter().any(|l| l.trim().trim_matches('"').ends_with(&format!("/docs/runbook.md#{anchor}"))),
+            "{name}'s runbook_url is not its section of docs/runbook.md"
+        );
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// The mixin the files are generated from.
+
+/// jsonnet, if this machine has it. Under CI (`CI` set) a missing jsonnet fails the test;
+/// elsewhere the test is skipped, saying so.
+fn jsonnet() -> Option<PathBuf> {
+    let path = std::env::var_os("PATH").unwrap_or_default();
+    let found = std::env::split_paths(&path).map(|dir| dir.join("jsonnet")).find(|c| c.is_file());
+    let under_ci = std::env::var("CI").is_ok_and(|v| !v.is_empty() && v != "false" && v != "0");
+    match found {
+        Some(jsonnet) => Some(jsonnet),
+        None if under_ci => {
+            panic!("jsonnet is required under CI and is not on PATH: run scripts/install-jsonnet.sh")
+        }
+        None => {
+            eprintln!("skipped: jsonnet is not on PATH (scripts/install-jsonnet.sh installs it)");
+            None
+        }
+    }
+}
+
+/// The files `scripts/generate-mixin.sh` writes, relative to its output folder.
+const GENERATED: [&str; 3] =
+    ["idemgate.json", "prometheus/recording.rules.yml", "prometheus/alerts.rules.yml"];
+
+/// Runs `scripts/generate-mixin.sh` into a new folder, with `options` for jsonnet.
+fn generate(options: &[&str]) -> tempfile::TempDir {
+    let out = tempfile::tempdir().expect("a temporary folder");
+    let script = root().join("scripts/generate-mixin.sh");
+    let (ok, output) = output_of(Command::new("bash").arg(&script).arg(out.path()).args(options));
+    assert!(ok, "scripts/generate-mixin.sh failed:\n{output}");
+    out
+}
+
+#[test]
+fn the_shipped_dashboard_and_rules_are_what_the_mixin_generates() {
+    if jsonnet().is_none() {
+        return;
+    }
+    let out = generate(&[]);
+    for file in GENERATED {
+        let generated = std::fs::read_to_string(out.path().join(file)).expect("a generated file");
+        let shipped = read(&format!("dashboards/{file}"));
+        if generated != shipped {
+            let (line, (want, got)) = generated
+                .lines()
+                .zip(shipped.lines())
+                .enumerate()
+                .find(|(_, (a, b))| a != b)
+                .map(|(i, pair)| (i + 1, pair))
+                .unwrap_or((generated.lines().count().min(shipped.lines().count()) + 1, ("", "")));
+            panic!(
+                "dashboards/{file} is not what mixin/ generates (run scripts/generate-mixin.sh); \
+                 first difference at line {line}:\n  generated: {want}\n  shipped:   {got}"
+            );
+        }
+    }
+}
+
+#[test]
+fn another_job_selector_leaves_no_default_job_and_the_rule_tests_pass_under_it() {
+    if jsonnet().is_none() {
+        return;
+    }
+    let promtool = promtool();
+    let out = generate(&["--tla-code", r#"config={idemgateSelector: 'job="payments-idemgate"'}"#]);
+    let dir = out.path();
+    for file in GENERATED {
+        let text = std::fs::read_to_string(dir.join(file)).expect("a generated file");
+        for default in [r#"job="idemgate""#, r#"job=\"idemgate\""#, r#"job=\\\"idemgate\\\""#] {
+            assert!(!text.contains(default), "{file} still selects {default}");
+        }
+        assert!(text.contains("payments-idemgate"), "{file} does not name the selector's job");
+    }
+    let alerts = std::fs::read_to_string(dir.join("prometheus/alerts.rules.yml")).unwrap();
+    assert!(alerts.contains(r#"absent(up{job="payments-idemgate"})"#), "{alerts}");
+
+    let rules: Vec<PathBuf> = GENERATED[1..].iter().map(|f| dir.join(f)).collect();
+    let (ok, output) = output_of(Command::new(&promtool).args(["check", "rules", "--lint=all"]).args(&rules));
+    assert!(ok, "promtool rejects the rules for job payments-idemgate:\n{output}");
+
+    // The unit tests of the shipped rules, their series and expectations moved to the other
+    // job: each alert fires and stays quiet exactly as it does under the default. IdemgateDown
+    // in particular stays quiet while payments-idemgate's targets are up.
+    let tests = dir.join("prometheus/tests");
+    std::fs::create_dir_all(&tests).unwrap();
+    for name in ["alerts.test.yml", "recording.test.yml"] {
+        let moved = read(&format!("dashboards/prometheus/tests/{name}"))
+            .replace(r#"job="idemgate""#, r#"job="payments-idemgate""#)
+            .replace(r#"job=\"idemgate\""#, r#"job=\"payments-idemgate\""#)
+            .replace("job: idemgate", "job: payments-idemgate")
+            .replace("(job idemgate)", "(job payments-idemgate)");
+        std::fs::write(tests.join(name), moved).unwrap();
+        let (ok, output) = output_of(Command::new(&promtool).args(["test", "rules"]).arg(tests.join(name)));
+        assert!(ok, "{name} fails with the rules for job payments-idemgate:\n{output}");
+    }
+}
+
+#[test]
+fn the_mixin_sources_are_as_jsonnetfmt_formats_them() {
+    let Some(jsonnet) = jsonnet() else {
+        return;
+    };
+    // jsonnetfmt comes with jsonnet, in the same package.
+    let jsonnetfmt = jsonnet.with_file_name("jsonnetfmt");
+    let mut sources = Vec::new();
+    let mut folders = vec![root().join("mixin")];
+    while let Some(folder) = folders.pop() {
+        for entry in std::fs::read_dir(&folder).expect("mixin/ is readable") {
+            let path = entry.expect("a folder entry").path();
+            if path.is_dir() {
+                folders.push(path);
+            } else if path.extension().is_some_and(|e| e == "jsonnet" || e == "libsonnet") {
+                sources.push(path);
+            }
+        }
+    }
+    assert!(sources.len() >= 8, "the mixin's sources: {sources:?}");
+    let (ok, output) = output_of(Command::new(&jsonnetfmt).arg("--test").args(&sources));
+    assert!(ok, "jsonnetfmt would change the mixin (run jsonnetfmt -i on mixin/**/*sonnet):\n{output}");
 }

@@ -80,7 +80,7 @@ pub fn parse_as(name: &'static str) -> Result<Cli, Exit> {
 #[derive(Debug, Parser)]
 #[command(
     name = "idemgate",
-    version,
+    version = idemgate::VERSION,
     about = "Idempotent RocketMQ consumption: a dedup claim in the business transaction, with the duplicates made visible."
 )]
 pub struct Cli {
@@ -123,7 +123,7 @@ pub struct DemoArgs {
     /// Messages sent per second.
     #[arg(long, default_value_t = 200)]
     pub rate: u32,
-    /// Stop after this many seconds (default: run until Ctrl-C).
+    /// Stop after this many seconds (default: run until Ctrl-C or SIGTERM).
     #[arg(long)]
     pub seconds: Option<u64>,
     /// Share of duplicates in the traffic, 0 to 1.
@@ -354,7 +354,7 @@ async fn demo_command(mut settings: Settings, args: DemoArgs) -> anyhow::Result<
     println!(
         "idemgate demo: {} deliveries/s with {:.0}% duplicates into {} (instance {}).\n\
          Web UI at {url}/  (trace any bizId, msgId or UNIQ_KEY; dead letters at {url}/dead-letters)\n\
-         Metrics at {url}/metrics  (Ctrl-C stops)\n\
+         Metrics at {url}/metrics  (Ctrl-C or SIGTERM stops)\n\
          Log in {log}",
         args.rate,
         duplicates * 100.0,
@@ -370,8 +370,10 @@ async fn demo_command(mut settings: Settings, args: DemoArgs) -> anyhow::Result<
         seed: rand::random(),
         ..DemoOptions::default()
     };
+    // SIGTERM as well as Ctrl-C: `docker stop` sends SIGTERM, which a container's first process
+    // would not even receive without a handler.
     let shutdown = async {
-        let _ = tokio::signal::ctrl_c().await;
+        serve::shutdown_signal().await;
     };
     let gate = running.gate().clone();
     let fault = tokio::select! {

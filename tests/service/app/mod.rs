@@ -146,6 +146,24 @@ async fn the_assembled_service_runs_its_parts_and_is_ready() {
     }
 }
 
+#[tokio::test]
+async fn metrics_show_the_process_own_memory_cpu_file_descriptors_and_start_time() {
+    let app = spawn_app(Backend::Sqlite, |_| {}).await;
+    let metrics = app.get("/metrics").await.body;
+    for family in ["process_resident_memory_bytes", "process_cpu_seconds_total", "process_open_fds"] {
+        assert!(metrics.contains(&format!("# TYPE {family} ")), "no {family} in:\n{metrics}");
+    }
+    let resident = app.metric("process_resident_memory_bytes ").await;
+    assert!(resident > 1_000_000.0, "resident memory of {resident} bytes");
+    assert!(app.metric("process_open_fds ").await >= 1.0, "the process has open files");
+    // The start time is this test process's: a little while ago, never in the future.
+    let started = app.metric("process_start_time_seconds ").await;
+    let now =
+        std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).expect("after 1970").as_secs_f64();
+    assert!(started <= now + 1.0 && started > now - 86_400.0, "started at {started}, now is {now}");
+    app.stop().await;
+}
+
 // ---------------------------------------------------------------------------------------------
 // [archive]
 

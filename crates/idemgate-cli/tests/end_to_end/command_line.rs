@@ -300,3 +300,60 @@ fn serve_refuses_to_start_without_routes_or_a_consumer_group_and_names_what_is_m
     assert_eq!(code, Some(1), "{err}");
     assert!(err.contains("no handler named \"stock.deduct\""), "{err}");
 }
+
+/// `--version` names the service's version, the one `idemgate_build_info` carries, and exits 0
+/// with nothing on standard error; so does the shop's binary, under its own name.
+#[test]
+fn the_version_flag_prints_the_service_version_and_exits_zero() {
+    for (binary, name) in
+        [(env!("CARGO_BIN_EXE_idemgate"), "idemgate"), (env!("CARGO_BIN_EXE_idemgate-shop"), "idemgate-shop")]
+    {
+        for flag in ["--version", "-V"] {
+            let out = std::process::Command::new(binary).arg(flag).output().expect("run --version");
+            let (stdout, stderr) =
+                (String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+            assert_eq!(out.status.code(), Some(0), "{name} {flag}: {stdout}{stderr}");
+            assert_eq!(stdout, format!("{name} {}\n", idemgate::VERSION), "{name} {flag}");
+            assert!(stderr.is_empty(), "{name} {flag}: {stderr}");
+        }
+    }
+    assert_eq!(idemgate::VERSION, env!("CARGO_PKG_VERSION"), "one version for the workspace");
+}
+
+/// The demo stops on SIGTERM as on Ctrl-C, exiting 0: what `docker stop` and `kubectl delete`
+/// send, and what a container's first process only hears with a handler of its own.
+#[test]
+fn the_demo_stops_cleanly_on_sigterm() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let mut demo = std::process::Command::new(env!("CARGO_BIN_EXE_idemgate"))
+        .current_dir(dir.path())
+        .args(["demo", "--rate", "100", "--status-every", "1"])
+        .env("IDEMGATE_HTTP__BIND", "127.0.0.1:0")
+        .env_remove("RUST_LOG")
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .expect("run idemgate demo");
+    // Once it runs: its first status line (`  1s  … deliveries/s  processed …`).
+    let mut stdout = std::io::BufReader::new(demo.stdout.take().expect("stdout"));
+    let mut seen = String::new();
+    while !seen.contains("deliveries/s  processed") {
+        let mut line = String::new();
+        let read = std::io::BufRead::read_line(&mut stdout, &mut line).expect("the demo's output");
+        assert!(read > 0, "the demo ended before its first status line:\n{seen}");
+        seen.push_str(&line);
+    }
+    let term = std::process::Command::new("kill").args(["-TERM", &demo.id().to_string()]).status();
+    assert!(term.expect("kill -TERM").success());
+    let started = std::time::Instant::now();
+    let status = loop {
+        if let Some(status) = demo.try_wait().expect("wait") {
+            break status;
+        }
+        if started.elapsed() > std::time::Duration::from_secs(20) {
+            let _ = demo.kill();
+            panic!("the demo did not stop within 20 s of SIGTERM");
+        }
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    };
+    assert_eq!(status.code(), Some(0), "{seen}");
+}

@@ -105,17 +105,23 @@ fn percent_encode(s: &str) -> String {
         .collect()
 }
 
-/// Every target expression of the dashboard, with its template variables filled the way
-/// Grafana does with "All" selected.
+/// Every target expression of the dashboard (the panels of its collapsed rows too), with its
+/// template variables filled the way Grafana does with "All" selected and the job `idemgate`.
 fn dashboard_exprs() -> Vec<String> {
     let text = std::fs::read_to_string(repo_path("dashboards/idemgate.json")).expect("dashboard");
     let d: serde_json::Value = serde_json::from_str(&text).expect("dashboard JSON");
+    let top = d["panels"].as_array().expect("panels");
+    let nested = top.iter().flat_map(|row| row["panels"].as_array().into_iter().flatten());
     let mut out = Vec::new();
-    for panel in d["panels"].as_array().expect("panels") {
+    for panel in top.iter().chain(nested) {
         for target in panel["targets"].as_array().into_iter().flatten() {
             if let Some(expr) = target["expr"].as_str() {
                 let filled = expr
                     .replace("$__rate_interval", "2m")
+                    .replace("${cluster}", ".*")
+                    .replace("$cluster", ".*")
+                    .replace("${job}", "idemgate")
+                    .replace("$job", "idemgate")
                     .replace("${biz_type}", ".*")
                     .replace("$biz_type", ".*")
                     .replace("${topic}", ".*")
@@ -202,7 +208,7 @@ async fn a_real_prometheus_gets_data_for_every_dashboard_and_rule_expression_and
         let (dups, all): (i64, i64) = (row.get(1), row.get(2));
         let truth = dups as f64 / all as f64;
         let series = prometheus.query(&format!(
-            "idemgate:duplicate_ratio:rate5m{{consumer_group=\"{group}\",biz_type=\"{biz_type}\"}}"
+            "consumer_group_biz_type:idemgate_deliveries_duplicate_per_deliveries:ratio_rate5m{{consumer_group=\"{group}\",biz_type=\"{biz_type}\"}}"
         ));
         let reported: f64 = series
             .first()
