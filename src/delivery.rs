@@ -1,11 +1,15 @@
 //! One delivery of one message, as the gate sees it, whatever brought it: the RocketMQ consumer
 //! or the demo's built-in traffic source.
 //!
-//! This module owns the broker-neutral shape of a message and its payload hash, and ([`value`])
-//! the one grammar of where a value comes from in it and how that value is read. It must not
-//! judge business content; that is [`crate::route`]'s job.
+//! This module owns the broker-neutral shape of a message and its payload hash, ([`value`])
+//! the one grammar of where a value comes from in it and how that value is read, and
+//! ([`traceparent`]) the trace a producer's tracing put it in. It must not judge business
+//! content; that is [`crate::route`]'s job.
 
+pub mod traceparent;
 pub(crate) mod value;
+
+pub use traceparent::{TRACEPARENT_PROPERTY, TraceId, TraceparentFault};
 
 use std::collections::BTreeMap;
 

@@ -25,7 +25,7 @@ pub(crate) const MAX_ERROR_CHARS: usize = 2_000;
 pub const MAX_KEPT_PAYLOAD: usize = 4 * 1024 * 1024;
 
 /// The columns of one row, in the order [`bind`] binds them.
-pub const COLUMNS: [&str; 23] = [
+pub const COLUMNS: [&str; 24] = [
     "logged_at_ms",
     "instance_id",
     "consumer_group",
@@ -49,13 +49,14 @@ pub const COLUMNS: [&str; 23] = [
     "payload",
     "payload_truncated",
     "kept_headers",
+    "trace_id",
 ];
 static APPEND: Sql = Sql::new(
     "INSERT INTO delivery_log (logged_at_ms, instance_id, consumer_group, msg_id, uniq_key, \
      topic, tags, queue_id, queue_offset, reconsume_times, biz_type, biz_id, execute_time, \
      outcome, cause, layer, payload_match, payload_hash, error, latency_us, payload, payload_truncated, \
-     kept_headers) \
-     VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+     kept_headers, trace_id) \
+     VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
 );
 /// [`APPEND`] with the attempt's id, skipped when the table already holds a row of that
 /// attempt. The unique index keeps only the rows that carry an id (PostgreSQL and SQLite: a
@@ -65,8 +66,8 @@ static APPEND_ONCE: InsertIfAbsent = crate::insert_if_absent!(
     "INSERT INTO delivery_log (logged_at_ms, instance_id, consumer_group, msg_id, uniq_key, \
      topic, tags, queue_id, queue_offset, reconsume_times, biz_type, biz_id, execute_time, \
      outcome, cause, layer, payload_match, payload_hash, error, latency_us, payload, payload_truncated, \
-     kept_headers, attempt_id) \
-     VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+     kept_headers, trace_id, attempt_id) \
+     VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
     conflict = "(attempt_id) WHERE attempt_id IS NOT NULL",
     index = "delivery_log_attempt"
 );
@@ -92,7 +93,7 @@ impl Default for AttemptId {
     }
 }
 
-/// The most rows one multi-row append carries (24 values each with its `keep_row`, far below
+/// The most rows one multi-row append carries (25 values each with its `keep_row`, far below
 /// every backend's limit on bound values).
 pub(crate) const MAX_ROWS_PER_STATEMENT: usize = 64;
 
@@ -161,7 +162,9 @@ pub(crate) async fn append_many(
     Ok(())
 }
 
-/// Binds one row's 23 values, in column order.
+/// Binds one row's 24 values, in column order. The trace id is the message's `traceparent`'s
+/// when it can be read; one that cannot is stored as none (the metrics count it), never a
+/// reason to refuse the row.
 fn bind(q: AnyQuery, entry: &Entry<'_>) -> AnyQuery {
     let d = entry.delivery;
     let mut error = entry.error.map(|e| clip(e, MAX_ERROR_CHARS));
@@ -198,6 +201,7 @@ fn bind(q: AnyQuery, entry: &Entry<'_>) -> AnyQuery {
         .bind(payload)
         .bind(i16::from(truncated))
         .bind(entry.keep_payload.then(|| kept_headers(d)).flatten())
+        .bind(d.trace_id().ok().flatten().map(|t| t.as_str().to_owned()))
 }
 
 /// The most bytes of KEYS and properties kept beside a body (RocketMQ bounds a message's

@@ -4,7 +4,8 @@
 //! and the conflict rate are kept in process for users without recording rules; table sizes are
 //! read from the database at scrape time, cheaply (catalogue estimates on the servers) and at
 //! most every few seconds. Labels stay bounded: biz_type, topic, consumer group, outcome,
-//! cause, layer, window; never a bizId, a msgId or an error text. Beside them, the standard
+//! cause, layer, window, the reason a traceparent was refused; never a bizId, a msgId, a trace
+//! id or an error text. Beside them, the standard
 //! `process_*` series of the process itself (CPU seconds, resident memory, open file
 //! descriptors, threads, start time), on Linux.
 //!
@@ -22,7 +23,7 @@ use sqlx::Row;
 use crate::archive::RunStatus;
 use crate::broker::lag::{LagReading, ReadResult};
 use crate::clock::now_ms;
-use crate::delivery::Delivery;
+use crate::delivery::{Delivery, TraceparentFault};
 use crate::gate::{Disposition, GroupEnd, GroupReport, Observer};
 use crate::labelled::labelled;
 use crate::outcome::{DuplicateCause, Layer, Outcome};
@@ -57,6 +58,7 @@ pub struct Metrics {
     key_collisions: IntCounterVec,
     illegal_transitions: IntCounterVec,
     unlogged: IntCounterVec,
+    invalid_traceparents: IntCounterVec,
     handler_seconds: HistogramVec,
     delivery_seconds: HistogramVec,
     end_to_end_seconds: HistogramVec,
@@ -198,6 +200,11 @@ impl Metrics {
                 "idemgate_unlogged_deliveries_total",
                 "Deliveries whose delivery-log row could not be written (each was not acknowledged).",
                 &["consumer_group"],
+            ),
+            invalid_traceparents: counter(
+                "idemgate_invalid_traceparents_total",
+                "Deliveries whose message carried a traceparent property that is not a valid W3C trace context, by why; each was processed as one without a trace id.",
+                &["consumer_group", "reason"],
             ),
             handler_seconds: histogram(
                 "idemgate_handler_duration_seconds",
@@ -435,6 +442,9 @@ impl Metrics {
             }
         }
         self.unlogged.with_label_values(&[g]);
+        for fault in TraceparentFault::ALL {
+            self.invalid_traceparents.with_label_values(&[g, fault.as_str()]);
+        }
         for cause in FallbackCause::ALL {
             self.prefilter_fallbacks.with_label_values(&[g, cause.as_str()]);
         }
@@ -630,6 +640,9 @@ impl Observer for Metrics {
         }
         if !r.logged {
             self.unlogged.with_label_values(&[g]).inc();
+        }
+        if let Err(fault) = d.trace_id() {
+            self.invalid_traceparents.with_label_values(&[g, fault.as_str()]).inc();
         }
         if let Some(p) = &r.prefilter {
             self.prefilter.with_label_values(&[biz_type, g, p.step.as_str()]).inc();

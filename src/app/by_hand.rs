@@ -49,7 +49,8 @@ impl ByHand {
     }
 
     /// What a key's story is read with: the pages' query bound, the log's retention, the
-    /// Grafana link and the business state each handler describes, as the trace page has them.
+    /// Grafana link, the trace links and the business state each handler describes, as the
+    /// trace page has them.
     pub fn trace_context(&self) -> TraceContext {
         crate::http::trace_context(
             &self.settings.http,

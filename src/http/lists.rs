@@ -78,6 +78,7 @@ pub(super) async fn list_page(
     if let Some(cursor) = query.before {
         api_pairs.push(("before", cursor.to_string()));
     }
+    let links = state.web.trace.trace_url_template.as_deref();
     let view = ListPage {
         title: kind.title().to_owned(),
         search: "",
@@ -86,7 +87,7 @@ pub(super) async fn list_page(
         biz_type: query.biz_type.clone().unwrap_or_default(),
         since: params.get("since").unwrap_or("").to_owned(),
         until: params.get("until").unwrap_or("").to_owned(),
-        rows: page.rows.iter().map(RowView::new).collect(),
+        rows: page.rows.iter().map(|r| RowView::new(r, links)).collect(),
         older,
         newest: if query.before.is_some() { href(&path, &keep) } else { String::new() },
         json_href: href(&format!("/api/{}", kind.slug()), &api_pairs),

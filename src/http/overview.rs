@@ -182,7 +182,8 @@ struct OverviewPage<'a> {
 pub(super) async fn overview_page(State(state): State<AppState>) -> Result<Response, Problem> {
     let o = read_overview(&state).await?;
     let (bars, peak) = bars(&o.minutes);
-    let rows = |rows: &[LogRow]| rows.iter().map(RowView::new).collect::<Vec<_>>();
+    let links = state.web.trace.trace_url_template.as_deref();
+    let rows = |rows: &[LogRow]| rows.iter().map(|r| RowView::new(r, links)).collect::<Vec<_>>();
     let lag = state.metrics.consumer_lag();
     let page = OverviewPage {
         title: "Overview".to_owned(),

@@ -71,7 +71,7 @@ impl IntoResponse for Problem {
 /// The 404 page for paths the UI does not have.
 pub(super) fn page_not_found() -> Problem {
     Problem::not_found(
-        "There is no page here. Search for a bizId, msgId or UNIQ_KEY above, or start at the overview.",
+        "There is no page here. Search for a bizId, msgId, UNIQ_KEY or trace id above, or start at the overview.",
     )
 }
 

@@ -23,6 +23,12 @@ pub struct HttpSettings {
     /// `http://grafana:3000/d/idemgate`; the trace page links to it with the key's time range.
     /// Empty: no links.
     pub grafana_url: String,
+    /// `IDEMGATE_HTTP__TRACE_URL_TEMPLATE`: the address of one trace in Tempo, Jaeger or the
+    /// like, `{trace_id}` standing for the W3C trace id a message's `traceparent` carried, such
+    /// as `https://tempo.example/explore?traceId={trace_id}`; the trace page links each trace
+    /// id to it. An absolute `http` or `https` URL without credentials. Empty: the trace ids
+    /// are shown as text.
+    pub trace_url_template: String,
     /// `IDEMGATE_HTTP__QUERY_TIMEOUT_MS`: the longest a page or API call may wait on the
     /// database before it answers 503. On PostgreSQL and MariaDB the UI's connections also
     /// carry it as a server-side statement timeout, so an abandoned query stops on the server
@@ -84,6 +90,7 @@ impl std::fmt::Debug for HttpSettings {
             .field("basic_user", &shown.basic_user)
             .field("basic_password", &shown.basic_password)
             .field("grafana_url", &shown.grafana_url)
+            .field("trace_url_template", &shown.trace_url_template)
             .field("query_timeout_ms", &shown.query_timeout_ms)
             .field("max_connections", &shown.max_connections)
             .field("max_concurrent_requests", &shown.max_concurrent_requests)
@@ -130,6 +137,11 @@ impl HttpSettings {
         let web_url = self.grafana_url.starts_with("http://") || self.grafana_url.starts_with("https://");
         if !self.grafana_url.is_empty() && !web_url {
             return Err(invalid("http.grafana_url", "must start with http:// or https://"));
+        }
+        if !self.trace_url_template.is_empty() {
+            check_trace_url_template(&self.trace_url_template).map_err(|why| {
+                invalid("http.trace_url_template", format!("{:?} {why}", self.trace_url_template))
+            })?;
         }
         if !(100..=600_000).contains(&self.query_timeout_ms) {
             return Err(invalid("http.query_timeout_ms", "must be from 100 to 600000"));
@@ -222,6 +234,33 @@ fn check_public_url(text: &str) -> Result<(), &'static str> {
     Ok(())
 }
 
+/// Checks `http.trace_url_template`: `{trace_id}` somewhere in it, and, with a trace id in its
+/// place, an absolute `http` or `https` URL of a host, without credentials (every reader of
+/// the pages would see them). No whitespace or control character: a URL parser would drop or
+/// encode them, and the link would not be the one configured.
+fn check_trace_url_template(template: &str) -> Result<(), &'static str> {
+    use crate::inspect::trace::{TRACE_ID_PLACEHOLDER, trace_link};
+    if !template.contains(TRACE_ID_PLACEHOLDER) {
+        return Err("has no {trace_id}, where the trace id goes");
+    }
+    if template.chars().any(|c| c.is_whitespace() || c.is_control()) {
+        return Err("contains whitespace or control characters");
+    }
+    let example = trace_link(template, "4bf92f3577b34da6a3ce929d0e0e4736");
+    let url = url::Url::parse(&example)
+        .map_err(|_| "is not an absolute URL such as https://tempo.example/explore?traceId={trace_id}")?;
+    if !matches!(url.scheme(), "http" | "https") {
+        return Err("must start with http:// or https://");
+    }
+    if url.host().is_none() {
+        return Err("names no host");
+    }
+    if !url.username().is_empty() || url.password().is_some() {
+        return Err("carries credentials, which every reader of the trace page would see");
+    }
+    Ok(())
+}
+
 /// Checks one `http.allowed_hosts` entry: a DNS name or an IP address, without a scheme, a
 /// port, a path or a wildcard.
 fn check_host_name(name: &str) -> Result<(), &'static str> {
@@ -259,6 +298,7 @@ impl Default for HttpSettings {
             basic_user: String::new(),
             basic_password: String::new(),
             grafana_url: String::new(),
+            trace_url_template: String::new(),
             query_timeout_ms: 5_000,
             max_connections: 4,
             max_concurrent_requests: 16,
@@ -309,6 +349,33 @@ mod tests {
         ] {
             let err = refusal(|h| h.public_url = bad.to_owned());
             assert!(err.starts_with("configuration key http.public_url: "), "{bad}: {err}");
+            assert!(err.contains(why), "{bad}: {err}");
+        }
+    }
+
+    #[test]
+    fn the_trace_url_template_is_a_web_address_with_a_place_for_the_trace_id() {
+        for good in [
+            "https://tempo.example/explore?traceId={trace_id}",
+            "http://jaeger:16686/trace/{trace_id}",
+            "https://grafana.example/explore?left={\"queries\":[{\"query\":\"{trace_id}\"}]}",
+            "https://x.example/{trace_id}?again={trace_id}",
+        ] {
+            assert_eq!(with(|h| h.trace_url_template = good.to_owned()).validate(), Ok(()), "{good}");
+        }
+        for (bad, why) in [
+            ("https://tempo.example/explore", "has no {trace_id}"),
+            ("https://tempo.example/explore?traceId={traceId}", "has no {trace_id}"),
+            ("javascript:alert(1)//{trace_id}", "must start with http:// or https://"),
+            ("ftp://tempo.example/{trace_id}", "must start with http:// or https://"),
+            ("/explore?traceId={trace_id}", "is not an absolute URL"),
+            ("tempo.example/{trace_id}", "is not an absolute URL"),
+            ("https://user:secret@tempo.example/{trace_id}", "carries credentials"),
+            ("https://tempo.example/ {trace_id}", "whitespace or control"),
+            ("https://tempo.example/\n{trace_id}", "whitespace or control"),
+        ] {
+            let err = refusal(|h| h.trace_url_template = bad.to_owned());
+            assert!(err.starts_with("configuration key http.trace_url_template: "), "{bad}: {err}");
             assert!(err.contains(why), "{bad}: {err}");
         }
     }

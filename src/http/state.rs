@@ -53,8 +53,9 @@ const REPLAY_FORM: &str = "replay";
 const REPLAY_MESSAGE_FORM: &str = "replay-message";
 
 /// What a key's story is read with, from the settings: the pages' query bound, the log's
-/// retention (for the note on old history), the Grafana link, and the business state each
-/// handler of `describers` describes. The pages and `idemgate trace` read with the same.
+/// retention (for the note on old history), the Grafana link, the trace links' template, and
+/// the business state each handler of `describers` describes. The pages and `idemgate trace`
+/// read with the same.
 pub fn trace_context(
     http: &HttpSettings,
     archive: &ArchiveSettings,
@@ -64,6 +65,7 @@ pub fn trace_context(
         limits: Limits { timeout: std::time::Duration::from_millis(http.query_timeout_ms) },
         retention: Some(LogRetention::days(archive.log_retention_days)),
         grafana_url: grafana_base(http),
+        trace_url_template: Some(http.trace_url_template.clone()).filter(|t| !t.is_empty()),
         describers,
     }
 }

@@ -28,8 +28,9 @@ pub(super) fn router() -> Router<AppState> {
         .route("/api/trace/{biz_id}", get(trace_by_path))
 }
 
-/// Reads a trace search from the query string: `q` (or `biz_id`, `msg_id`, `uniq_key`), `by`,
-/// `biz_type`, `execute_time`, `group`, and the timeline's page, `after` or `before` a cursor.
+/// Reads a trace search from the query string: `q` (or `biz_id`, `msg_id`, `uniq_key`,
+/// `trace_id`), `by`, `biz_type`, `execute_time`, `group`, and the timeline's page, `after` or
+/// `before` a cursor.
 pub(super) fn trace_query(p: &Params) -> Result<Option<TraceQuery>, InspectError> {
     let (text, implied) = if let Some(t) = p.get("biz_id") {
         (t, SearchBy::BizId)
@@ -37,6 +38,8 @@ pub(super) fn trace_query(p: &Params) -> Result<Option<TraceQuery>, InspectError
         (t, SearchBy::MsgId)
     } else if let Some(t) = p.get("uniq_key") {
         (t, SearchBy::UniqKey)
+    } else if let Some(t) = p.get("trace_id") {
+        (t, SearchBy::TraceId)
     } else if let Some(t) = p.get("q") {
         (t, SearchBy::Any)
     } else {
@@ -150,6 +153,9 @@ struct StoryView {
     page_rows: usize,
     retention_note: String,
     grafana_url: String,
+    /// The traces of this page's deliveries: each trace id and its link (empty without
+    /// `http.trace_url_template`: the id is shown as text).
+    traces: Vec<(String, String)>,
     json_href: String,
     /// The replay form's CSRF token, when the key can be replayed here: dead-lettered or
     /// refused as invalid, not claimed, and this process has a broker.
@@ -222,7 +228,11 @@ impl StoryView {
             claim: s.claim.as_ref().map(ClaimView::new),
             earlier_claims: s.earlier_claims.iter().map(ClaimView::new).collect(),
             business: s.business.clone(),
-            timeline: s.deliveries.iter().map(RowView::new).collect(),
+            timeline: s
+                .deliveries
+                .iter()
+                .map(|r| RowView::new(r, web.trace.trace_url_template.as_deref()))
+                .collect(),
             previous_href: page_href("before", s.previous.clone()),
             next_href: page_href("after", s.next.clone()),
             oldest_href: if s.previous.is_some() { href("/trace", &page_pairs) } else { String::new() },
@@ -230,6 +240,11 @@ impl StoryView {
             page_rows: trace::PAGE_DELIVERIES,
             retention_note: s.retention_note.clone().unwrap_or_default(),
             grafana_url: s.grafana_url.clone().unwrap_or_default(),
+            traces: s
+                .traces
+                .iter()
+                .map(|t| (t.trace_id.clone(), t.url.clone().unwrap_or_default()))
+                .collect(),
             json_href: href(&json_path, &json_pairs),
             replay_csrf: replay.csrf,
             replay_msg_id: replay.msg_id,
@@ -363,7 +378,7 @@ async fn trace_by_query(
 ) -> Result<Response, ApiError> {
     let params = Params::parse(raw.as_deref())?;
     let query = trace_query(&params)?.ok_or_else(|| {
-        ApiError(Problem::bad_request("give biz_id, msg_id, uniq_key or q (any of the three)"))
+        ApiError(Problem::bad_request("give biz_id, msg_id, uniq_key, trace_id or q (any of them)"))
     })?;
     answer(&state, &query).await
 }

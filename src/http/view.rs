@@ -98,10 +98,15 @@ pub(super) struct RowView {
     pub(super) instance: String,
     /// The trace of this row's key, or of its msgId when it has no bizId.
     pub(super) trace: String,
+    /// The W3C trace id of the message (empty without one), and the link to it in the tracing
+    /// UI `http.trace_url_template` names (empty without the setting: the id is shown as text).
+    pub(super) trace_id: String,
+    pub(super) trace_id_href: String,
 }
 
 impl RowView {
-    pub(super) fn new(r: &LogRow) -> Self {
+    /// The row of `r`; its trace id linked through `trace_url_template` when there is one.
+    pub(super) fn new(r: &LogRow, trace_url_template: Option<&str>) -> Self {
         let class = match r.outcome.as_str() {
             "processed" => "ok",
             "duplicate" if r.is_collision() => "collision",
@@ -148,6 +153,11 @@ impl RowView {
             biz_id: r.biz_id.clone(),
             instance: r.instance_id.clone(),
             trace,
+            trace_id: r.trace_id.clone().unwrap_or_default(),
+            trace_id_href: match (&r.trace_id, trace_url_template) {
+                (Some(id), Some(template)) => crate::inspect::trace::trace_link(template, id),
+                _ => String::new(),
+            },
         }
     }
 }

@@ -84,6 +84,9 @@ pub struct LogRow {
     pub payload_hash: Option<String>,
     pub error: Option<String>,
     pub latency_us: i64,
+    /// The W3C trace id of the message, from its `traceparent`; `None` without one (or with one
+    /// that could not be read).
+    pub trace_id: Option<String>,
     /// In the lists: when the key was claimed, if it is claimed now. A dead letter whose key
     /// has since been claimed (by a replay or a resend) is resolved; one without is not.
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -95,7 +98,7 @@ macro_rules! log_columns {
     () => {
         "id, logged_at_ms, instance_id, consumer_group, msg_id, uniq_key, topic, tags, queue_id, queue_offset, \
          reconsume_times, biz_type, biz_id, execute_time, outcome, cause, layer, payload_match, payload_hash, \
-         error, latency_us"
+         error, latency_us, trace_id"
     };
 }
 pub(crate) use log_columns;
@@ -124,7 +127,8 @@ impl LogRow {
             payload_hash: r.try_get(18)?,
             error: r.try_get(19)?,
             latency_us: r.try_get(20)?,
-            claimed_at_ms: if r.len() > 21 { r.try_get(21)? } else { None },
+            trace_id: r.try_get(21)?,
+            claimed_at_ms: if r.len() > 22 { r.try_get(22)? } else { None },
         })
     }
 
@@ -169,7 +173,7 @@ pub(crate) fn biz_type_filter(value: Option<&str>) -> Result<Option<String>, Ins
     }
 }
 
-/// The longest searchable text: a bizId, msgId or UNIQ_KEY.
+/// The longest searchable text: a bizId, msgId or UNIQ_KEY (a trace id is shorter).
 pub(crate) const MAX_SEARCH_CHARS: usize =
     if MAX_BIZ_ID_CHARS > MAX_ID_CHARS { MAX_BIZ_ID_CHARS } else { MAX_ID_CHARS };
 

@@ -1,9 +1,10 @@
 //! A business key's whole story: its dedup record (live or archived), its deliveries oldest
 //! first a page at a time, a summary of all of them, and the business state its handler owns.
 //!
-//! A search names a bizId, a msgId or a UNIQ_KEY ([`SearchBy::Any`] tries them in that order).
-//! When the text matches more than one key (the same bizId under two biz_types, two
-//! execute_times or two consumer groups), the answer is the list of candidates to choose from.
+//! A search names a bizId, a msgId, a UNIQ_KEY or a W3C trace id ([`SearchBy::Any`] tries them
+//! in that order, the trace id only for text that is one: 32 hex digits). When the text matches
+//! more than one key (the same bizId under two biz_types, two execute_times or two consumer
+//! groups; the messages of one trace), the answer is the list of candidates to choose from.
 //!
 //! A key can have millions of deliveries (a message redelivered without end, a producer
 //! resending in a loop), so no read here costs what the key's size does. The keys a bizId names
@@ -11,7 +12,8 @@
 //! delivery, each outcome, duplicate cause and collision one range of
 //! `delivery_log_key_outcome`, read up to [`COUNT_LIMIT`] (a count past it is a lower bound,
 //! "more than"); the timeline is a page of [`PAGE_DELIVERIES`] read in the index's order from a
-//! cursor, however deep the page.
+//! cursor, however deep the page. A msgId, UNIQ_KEY or trace id names its keys through its own
+//! index, its first [`COUNT_LIMIT`] rows at most.
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, LazyLock};
@@ -24,6 +26,7 @@ use super::lists::{Cursor, present};
 use super::{InspectError, Limits, LogRow, checked_text, log_columns};
 use crate::archive::LogRetention;
 use crate::clock::format_ms;
+use crate::delivery::TraceId;
 use crate::handler::{Fact, Handler};
 use crate::outcome::{DuplicateCause, Outcome};
 use crate::route::MAX_ID_CHARS;
@@ -56,6 +59,8 @@ pub enum SearchBy {
     MsgId,
     /// A UNIQ_KEY.
     UniqKey,
+    /// A W3C trace id (32 hex digits), as the message's `traceparent` carried it.
+    TraceId,
 }
 
 impl SearchBy {
@@ -65,8 +70,9 @@ impl SearchBy {
             "biz_id" => Ok(Self::BizId),
             "msg_id" => Ok(Self::MsgId),
             "uniq_key" => Ok(Self::UniqKey),
+            "trace_id" => Ok(Self::TraceId),
             other => Err(InspectError::BadRequest(format!(
-                "by={:?} is not one of any, biz_id, msg_id, uniq_key",
+                "by={:?} is not one of any, biz_id, msg_id, uniq_key, trace_id",
                 other.chars().take(20).collect::<String>()
             ))),
         }
@@ -79,6 +85,7 @@ impl SearchBy {
             Self::BizId => "biz_id",
             Self::MsgId => "msg_id",
             Self::UniqKey => "uniq_key",
+            Self::TraceId => "trace_id",
         }
     }
 
@@ -88,6 +95,7 @@ impl SearchBy {
             Self::BizId => "bizId",
             Self::MsgId => "msgId",
             Self::UniqKey => "UNIQ_KEY",
+            Self::TraceId => "trace id",
         }
     }
 
@@ -125,7 +133,8 @@ pub struct TraceQuery {
 
 impl TraceQuery {
     /// Checks each part: lengths and characters, so that a hostile parameter is refused with
-    /// its reason before any read.
+    /// its reason before any read. A trace id is 32 hex digits, not all zero; it is searched
+    /// for in lowercase, as the log stores it.
     pub fn new(
         text: &str,
         by: SearchBy,
@@ -135,8 +144,19 @@ impl TraceQuery {
     ) -> Result<Self, InspectError> {
         let text = checked_text(by.label_for_errors(), text, super::MAX_SEARCH_CHARS)?;
         if text.is_empty() {
-            return Err(InspectError::BadRequest("type a bizId, msgId or UNIQ_KEY to search for".to_owned()));
+            return Err(InspectError::BadRequest(
+                "type a bizId, msgId, UNIQ_KEY or trace id to search for".to_owned(),
+            ));
         }
+        let text = match by {
+            SearchBy::TraceId => TraceId::from_search(&text).map(|t| t.to_string()).ok_or_else(|| {
+                InspectError::BadRequest(
+                    "a trace id is 32 hex digits, not all zero (the second field of a traceparent)"
+                        .to_owned(),
+                )
+            })?,
+            _ => text,
+        };
         Ok(Self {
             text,
             by,
@@ -318,6 +338,18 @@ pub struct Story {
     pub retention_note: Option<String>,
     /// A Grafana link to the time around this key's events, when a Grafana URL is configured.
     pub grafana_url: Option<String>,
+    /// The traces the deliveries of this page belong to, in the order they first appear: each
+    /// W3C trace id a message's `traceparent` carried, with a link to the trace when a trace
+    /// URL template is configured.
+    pub traces: Vec<TraceRef>,
+}
+
+/// A trace some deliveries belong to.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct TraceRef {
+    pub trace_id: String,
+    /// The trace in Tempo, Jaeger or the like, from `http.trace_url_template`.
+    pub url: Option<String>,
 }
 
 /// What a search found.
@@ -347,6 +379,9 @@ pub struct TraceContext {
     pub retention: Option<LogRetention>,
     /// The Grafana dashboard's URL, such as `http://grafana:3000/d/idemgate`.
     pub grafana_url: Option<String>,
+    /// The URL of a trace in Tempo, Jaeger or the like, `{trace_id}` standing for the trace id
+    /// (`http.trace_url_template`, checked at load).
+    pub trace_url_template: Option<String>,
     /// Handlers by biz_type, for the business state.
     pub describers: BTreeMap<String, Arc<dyn Handler>>,
 }
@@ -357,6 +392,7 @@ impl std::fmt::Debug for TraceContext {
             .field("limits", &self.limits)
             .field("retention", &self.retention)
             .field("grafana_url", &self.grafana_url)
+            .field("trace_url_template", &self.trace_url_template)
             .field("describers", &self.describers.keys().collect::<Vec<_>>())
             .finish()
     }
@@ -395,6 +431,16 @@ static LOG_KEYS_BY_UNIQ_KEY: Sql = Sql::new(
     "SELECT consumer_group, biz_type, biz_id, execute_time, COUNT(*), MIN(logged_at_ms), MAX(logged_at_ms) \
      FROM (SELECT consumer_group, biz_type, biz_id, execute_time, logged_at_ms FROM delivery_log \
      WHERE uniq_key = ? LIMIT ?) m GROUP BY consumer_group, biz_type, biz_id, execute_time LIMIT 51",
+);
+// A trace names the keys of its messages' deliveries: a few, unless a producer sends many
+// messages in one trace, so its keys are those of its first COUNT_LIMIT rows, read through
+// delivery_log_trace_id. `trace_id IS NOT NULL` is that index's condition on PostgreSQL and
+// SQLite, written out so that every planner matches it.
+static LOG_KEYS_BY_TRACE_ID: Sql = Sql::new(
+    "SELECT consumer_group, biz_type, biz_id, execute_time, COUNT(*), MIN(logged_at_ms), MAX(logged_at_ms) \
+     FROM (SELECT consumer_group, biz_type, biz_id, execute_time, logged_at_ms FROM delivery_log \
+     WHERE trace_id = ? AND trace_id IS NOT NULL LIMIT ?) m \
+     GROUP BY consumer_group, biz_type, biz_id, execute_time LIMIT 51",
 );
 static LIVE_KEYS_BY_BIZ_ID: Sql = Sql::new(
     "SELECT consumer_group, biz_type, biz_id, execute_time, claimed_at_ms FROM idempotent_record_all \
@@ -435,19 +481,41 @@ macro_rules! of_uniq_key {
         "uniq_key = ? AND biz_id = '' AND biz_type = ? AND consumer_group = ?"
     };
 }
-/// The scope's deliveries from a cursor, `$from` the cursor's condition and the order; with
-/// `$index`, MySQL/MariaDB is told to read that index.
-macro_rules! page_of {
-    ($scope:expr, $from:literal) => {
-        Sql::new(concat!("SELECT ", log_columns!(), " FROM delivery_log WHERE ", $scope, $from))
+/// The rows of one trace, for the messages of a key without a bizId: read first through
+/// `delivery_log_trace_id`, at most [`COUNT_LIMIT`] + 1 of them (a count's bound), as a derived
+/// table, which no planner merges into the query around it (it has a `LIMIT`), so that none
+/// reads every row of the key by another index and filters them by trace; then narrowed by
+/// [`of_trace_id!`] to the key's.
+macro_rules! trace_rows {
+    () => {
+        concat!(
+            "(SELECT ",
+            log_columns!(),
+            " FROM delivery_log WHERE trace_id = ? AND trace_id IS NOT NULL LIMIT 10001) t"
+        )
     };
-    ($scope:expr, $from:literal, $index:literal) => {
+}
+macro_rules! of_trace_id {
+    () => {
+        "biz_id = '' AND biz_type = ? AND consumer_group = ?"
+    };
+}
+/// The scope's deliveries from a cursor, `$from` the cursor's condition and the order, read
+/// from `$source` (the log, or a part of it); with `$index`, MySQL/MariaDB is told to read that
+/// index of the log.
+macro_rules! page_of {
+    ($source:expr, $scope:expr, $from:literal) => {
+        Sql::new(concat!("SELECT ", log_columns!(), " FROM ", $source, " WHERE ", $scope, $from))
+    };
+    ($source:expr, $scope:expr, $from:literal, $index:literal) => {
         Sql::with_mysql(
-            concat!("SELECT ", log_columns!(), " FROM delivery_log WHERE ", $scope, $from),
+            concat!("SELECT ", log_columns!(), " FROM ", $source, " WHERE ", $scope, $from),
             concat!(
                 "SELECT ",
                 log_columns!(),
-                " FROM delivery_log FORCE INDEX (",
+                " FROM ",
+                $source,
+                " FORCE INDEX (",
                 $index,
                 ") WHERE ",
                 $scope,
@@ -467,24 +535,29 @@ struct ScopeStatements {
 
 macro_rules! scope_statements {
     ($scope:expr $(, $index:literal)?) => {
+        scope_statements!(in "delivery_log", $scope $(, $index)?)
+    };
+    (in $source:expr, $scope:expr $(, $index:literal)?) => {
         // The cursor's row comparison is written out, since MySQL does not use an index for
         // `(a, b) > (?, ?)`, with the bound on its first column repeated so that every planner
         // starts the index range there.
         ScopeStatements {
             oldest_first: page_of!(
+                $source,
                 $scope,
                 " AND logged_at_ms >= ? AND (logged_at_ms > ? OR (logged_at_ms = ? AND id > ?)) \
                  ORDER BY logged_at_ms, id LIMIT ?"
                 $(, $index)?
             ),
             newest_first: page_of!(
+                $source,
                 $scope,
                 " AND logged_at_ms <= ? AND (logged_at_ms < ? OR (logged_at_ms = ? AND id < ?)) \
                  ORDER BY logged_at_ms DESC, id DESC LIMIT ?"
                 $(, $index)?
             ),
-            tallies: LazyLock::new(|| Tallies::summary($scope)),
-            figures: LazyLock::new(|| Tallies::figures($scope)),
+            tallies: LazyLock::new(|| Tallies::summary($source, $scope)),
+            figures: LazyLock::new(|| Tallies::figures($source, $scope)),
         }
     };
 }
@@ -495,15 +568,17 @@ macro_rules! scope_statements {
 static OF_KEY: ScopeStatements = scope_statements!(of_key!(), "delivery_log_key");
 static OF_MSG_ID: ScopeStatements = scope_statements!(of_msg_id!());
 static OF_UNIQ_KEY: ScopeStatements = scope_statements!(of_uniq_key!());
+static OF_TRACE_ID: ScopeStatements = scope_statements!(in trace_rows!(), of_trace_id!());
 
 /// Whose deliveries a story tells: the key's, or, for a key without a bizId (a message refused
 /// before its key could be read; every such message of a biz_type shares that key), the one
-/// message searched for.
+/// message (or the messages of the one trace) searched for.
 #[derive(Debug, Clone, Copy)]
 enum Scope<'a> {
     Key(&'a KeyRef),
     MsgId(&'a KeyRef, &'a str),
     UniqKey(&'a KeyRef, &'a str),
+    TraceId(&'a KeyRef, &'a str),
 }
 
 impl<'a> Scope<'a> {
@@ -512,6 +587,7 @@ impl<'a> Scope<'a> {
             Self::Key(_) => &OF_KEY,
             Self::MsgId(..) => &OF_MSG_ID,
             Self::UniqKey(..) => &OF_UNIQ_KEY,
+            Self::TraceId(..) => &OF_TRACE_ID,
         }
     }
 
@@ -524,7 +600,7 @@ impl<'a> Scope<'a> {
                 Arg::Text(k.biz_id.clone()),
                 Arg::Int(k.execute_time),
             ],
-            Self::MsgId(k, text) | Self::UniqKey(k, text) => vec![
+            Self::MsgId(k, text) | Self::UniqKey(k, text) | Self::TraceId(k, text) => vec![
                 Arg::Text((*text).to_owned()),
                 Arg::Text(k.biz_type.clone()),
                 Arg::Text(k.consumer_group.clone()),
@@ -534,7 +610,7 @@ impl<'a> Scope<'a> {
 
     fn key(self) -> &'a KeyRef {
         match self {
-            Self::Key(key) | Self::MsgId(key, _) | Self::UniqKey(key, _) => key,
+            Self::Key(key) | Self::MsgId(key, _) | Self::UniqKey(key, _) | Self::TraceId(key, _) => key,
         }
     }
 
@@ -625,7 +701,7 @@ struct Tally {
 impl Tallies {
     /// The summary's counts: each outcome, the duplicates of each cause and their collisions,
     /// and the oldest and newest delivery.
-    fn summary(scope: &'static str) -> Self {
+    fn summary(source: &'static str, scope: &'static str) -> Self {
         let counted = i64::try_from(COUNT_LIMIT + 1).unwrap_or(i64::MAX);
         let branch =
             |kind, label, condition: String| Branch { kind, label, condition, order: "", limit: counted };
@@ -648,15 +724,15 @@ impl Tallies {
             ));
         }
         branches.extend(Self::ends());
-        Self::new(scope, branches)
+        Self::new(source, scope, branches)
     }
 
     /// A candidate key's figures: its deliveries, the oldest and the newest.
-    fn figures(scope: &'static str) -> Self {
+    fn figures(source: &'static str, scope: &'static str) -> Self {
         let counted = i64::try_from(COUNT_LIMIT + 1).unwrap_or(i64::MAX);
         let all =
             Branch { kind: TallyKind::All, label: "", condition: String::new(), order: "", limit: counted };
-        Self::new(scope, std::iter::once(all).chain(Self::ends()).collect())
+        Self::new(source, scope, std::iter::once(all).chain(Self::ends()).collect())
     }
 
     fn ends() -> [Branch; 2] {
@@ -667,14 +743,14 @@ impl Tallies {
         ]
     }
 
-    fn new(scope: &'static str, branches: Vec<Branch>) -> Self {
+    fn new(source: &'static str, scope: &'static str, branches: Vec<Branch>) -> Self {
         let text = branches
             .iter()
             .map(|b| {
                 format!(
                     "SELECT '{}' AS kind, '{}' AS label, COUNT(*) AS n, MIN(logged_at_ms) AS first_ms, \
-                     MAX(logged_at_ms) AS last_ms FROM (SELECT logged_at_ms FROM delivery_log \
-                     WHERE {scope}{}{} LIMIT ?) t",
+                     MAX(logged_at_ms) AS last_ms FROM (SELECT logged_at_ms FROM {source} \
+                     WHERE {scope}{}{} LIMIT ?) n",
                     b.kind.name(),
                     b.label,
                     b.condition,
@@ -719,15 +795,28 @@ pub async fn trace(store: &Store, ctx: &TraceContext, q: &TraceQuery) -> Result<
     ctx.limits.run(answer(store, ctx, q)).await
 }
 
+/// The kinds a search tries, in order, each with the text it looks for: with [`SearchBy::Any`]
+/// a bizId, a msgId, a UNIQ_KEY, and, when the text is one, a trace id (in lowercase). Each is
+/// one index lookup (a bizId's keys one probe each), so trying them all stays bounded.
+fn attempts(q: &TraceQuery) -> Vec<(SearchBy, String)> {
+    let as_is = |by| (by, q.text.clone());
+    match q.by {
+        SearchBy::Any => {
+            let mut order = vec![as_is(SearchBy::BizId), as_is(SearchBy::MsgId), as_is(SearchBy::UniqKey)];
+            if let Some(trace_id) = TraceId::from_search(&q.text) {
+                order.push((SearchBy::TraceId, trace_id.to_string()));
+            }
+            order
+        }
+        by => vec![as_is(by)],
+    }
+}
+
 async fn answer(store: &Store, ctx: &TraceContext, q: &TraceQuery) -> Result<Answer, sqlx::Error> {
-    let order: &[SearchBy] = match q.by {
-        SearchBy::Any => &[SearchBy::BizId, SearchBy::MsgId, SearchBy::UniqKey],
-        SearchBy::BizId => &[SearchBy::BizId],
-        SearchBy::MsgId => &[SearchBy::MsgId],
-        SearchBy::UniqKey => &[SearchBy::UniqKey],
-    };
-    for &by in order {
-        let found = candidates(store, by, &q.text).await?;
+    let order = attempts(q);
+    for (by, text) in &order {
+        let (by, text) = (*by, text.as_str());
+        let found = candidates(store, by, text).await?;
         if found.is_empty() {
             continue;
         }
@@ -737,8 +826,9 @@ async fn answer(store: &Store, ctx: &TraceContext, q: &TraceQuery) -> Result<Ans
             1 if !more => {
                 let key = admitted.into_iter().next().map(|c| c.key).expect("one candidate");
                 let scope = match by {
-                    SearchBy::MsgId if key.biz_id.is_empty() => Scope::MsgId(&key, &q.text),
-                    SearchBy::UniqKey if key.biz_id.is_empty() => Scope::UniqKey(&key, &q.text),
+                    SearchBy::MsgId if key.biz_id.is_empty() => Scope::MsgId(&key, text),
+                    SearchBy::UniqKey if key.biz_id.is_empty() => Scope::UniqKey(&key, text),
+                    SearchBy::TraceId if key.biz_id.is_empty() => Scope::TraceId(&key, text),
                     _ => Scope::Key(&key),
                 };
                 let story = story(store, ctx, scope, q.page).await?;
@@ -762,7 +852,7 @@ async fn answer(store: &Store, ctx: &TraceContext, q: &TraceQuery) -> Result<Ans
         }
         return Ok(Answer::Choice { matched_by: by, candidates, more, note, count_limit: COUNT_LIMIT });
     }
-    Ok(Answer::Nothing { searched: order.iter().map(|b| b.label()).collect::<Vec<_>>().join(", ") })
+    Ok(Answer::Nothing { searched: order.iter().map(|(b, _)| b.label()).collect::<Vec<_>>().join(", ") })
 }
 
 /// Every key `text` names as `by`, from the log and (for a bizId) the claim tables, at most
@@ -783,8 +873,12 @@ async fn candidates(store: &Store, by: SearchBy, text: &str) -> Result<Vec<Candi
                 by_key.insert(key.clone(), unseen(key));
             }
         }
-        SearchBy::MsgId | SearchBy::UniqKey => {
-            let sql = if by == SearchBy::MsgId { &LOG_KEYS_BY_MSG_ID } else { &LOG_KEYS_BY_UNIQ_KEY };
+        SearchBy::MsgId | SearchBy::UniqKey | SearchBy::TraceId => {
+            let sql = match by {
+                SearchBy::MsgId => &LOG_KEYS_BY_MSG_ID,
+                SearchBy::UniqKey => &LOG_KEYS_BY_UNIQ_KEY,
+                _ => &LOG_KEYS_BY_TRACE_ID,
+            };
             let read = i64::try_from(COUNT_LIMIT + 1).unwrap_or(i64::MAX);
             for r in store.query(sql).bind(text).bind(read).fetch_all(store.pool()).await? {
                 let key = KeyRef::from_row(&r)?;
@@ -880,6 +974,23 @@ pub fn statements(key: &KeyRef, around_ms: i64) -> Vec<Bound> {
     ]
 }
 
+/// The statements a search by `trace_id` runs on the log, with their values: the lookup of the
+/// keys its messages' deliveries name, and, for `keyless` (a key without a bizId), the summary
+/// and the oldest page of the deliveries of that trace.
+pub fn statements_by_trace_id(trace_id: &str, keyless: &KeyRef) -> Vec<Bound> {
+    let read = i64::try_from(COUNT_LIMIT + 1).unwrap_or(i64::MAX);
+    let scope = Scope::TraceId(keyless, trace_id);
+    vec![
+        Bound::new(
+            "keys by trace id",
+            &LOG_KEYS_BY_TRACE_ID,
+            vec![Arg::Text(trace_id.to_owned()), Arg::Int(read)],
+        ),
+        OF_TRACE_ID.tallies.statement("summary", scope),
+        scope.page(PageAt::Oldest),
+    ]
+}
+
 /// Reads a bizId candidate's figures from the log: its deliveries (up to [`COUNT_LIMIT`]),
 /// the oldest and the newest. A key only the claim tables know keeps its claim's time.
 async fn figure(store: &Store, c: &mut Candidate) -> Result<(), sqlx::Error> {
@@ -920,6 +1031,7 @@ async fn story(
         let to = summary.last_seen_ms.unwrap_or(from);
         Some(grafana_link(base, from - 5 * 60_000, to + 5 * 60_000, &key.biz_type))
     });
+    let traces = traces_of(&timeline.rows, ctx.trace_url_template.as_deref());
     Ok(Story {
         key: key.clone(),
         claim,
@@ -931,7 +1043,27 @@ async fn story(
         business,
         retention_note,
         grafana_url,
+        traces,
     })
+}
+
+/// The most traces a story names: a page's deliveries mostly share one or a few.
+const MAX_TRACES: usize = 20;
+
+/// The distinct traces of `rows`, in the order they first appear, at most [`MAX_TRACES`], each
+/// linked through `template` when there is one.
+fn traces_of(rows: &[LogRow], template: Option<&str>) -> Vec<TraceRef> {
+    let mut traces: Vec<TraceRef> = Vec::new();
+    for trace_id in rows.iter().filter_map(|r| r.trace_id.as_deref()) {
+        if traces.len() == MAX_TRACES {
+            break;
+        }
+        if !traces.iter().any(|t| t.trace_id == trace_id) {
+            let url = template.map(|t| trace_link(t, trace_id));
+            traces.push(TraceRef { trace_id: trace_id.to_owned(), url });
+        }
+    }
+    traces
 }
 
 /// One page of a timeline and the cursors of its neighbours.
@@ -1059,6 +1191,16 @@ pub(crate) fn grafana_link(base: &str, from_ms: i64, to_ms: i64, biz_type: &str)
     format!("{base}{sep}{query}")
 }
 
+/// The link to a trace: `template` with every `{trace_id}` replaced by the id, percent-encoded
+/// (a stored trace id is hex, which encoding leaves as it is; anything else is encoded).
+pub fn trace_link(template: &str, trace_id: &str) -> String {
+    let encoded: String = url::form_urlencoded::byte_serialize(trace_id.as_bytes()).collect();
+    template.replace(TRACE_ID_PLACEHOLDER, &encoded)
+}
+
+/// What a trace URL template puts the trace id in place of.
+pub const TRACE_ID_PLACEHOLDER: &str = "{trace_id}";
+
 /// The story as plain text, for `idemgate trace`.
 pub fn render_text(answer: &Answer) -> String {
     use std::fmt::Write;
@@ -1148,6 +1290,14 @@ fn render_story(out: &mut String, matched_by: SearchBy, s: &Story) {
     if let Some(note) = &s.retention_note {
         let _ = writeln!(out, "note: {note}");
     }
+    for t in &s.traces {
+        let _ = writeln!(
+            out,
+            "trace {}{}",
+            t.trace_id,
+            t.url.as_deref().map(|u| format!("  {u}")).unwrap_or_default()
+        );
+    }
     let _ = writeln!(out, "timeline (oldest first):");
     if let Some(previous) = &s.previous {
         let _ = writeln!(out, "  … earlier deliveries: --before {previous}");
@@ -1160,7 +1310,7 @@ fn render_story(out: &mut String, matched_by: SearchBy, s: &Story) {
         };
         let _ = writeln!(
             out,
-            "  {}  {:<13}{}  msgId {}  UNIQ_KEY {}  {}/q{}/@{}  reconsume {}  {} µs{}",
+            "  {}  {:<13}{}  msgId {}  UNIQ_KEY {}  {}/q{}/@{}  reconsume {}  {} µs{}{}",
             format_ms(d.logged_at_ms),
             d.outcome,
             cause,
@@ -1171,6 +1321,7 @@ fn render_story(out: &mut String, matched_by: SearchBy, s: &Story) {
             d.queue_offset,
             d.reconsume_times,
             d.latency_us,
+            d.trace_id.as_deref().map(|t| format!("  trace {t}")).unwrap_or_default(),
             d.error.as_deref().map(|e| format!("  error: {e}")).unwrap_or_default()
         );
     }
@@ -1259,13 +1410,21 @@ mod tests {
 
     #[test]
     fn every_branch_of_the_summary_reads_one_key_up_to_the_limit() {
-        let tallies = Tallies::summary(of_key!());
+        let tallies = Tallies::summary("delivery_log", of_key!());
         let text = tallies.sql.portable();
         let branches = Outcome::ALL.len() + 2 * DuplicateCause::ALL.len() + 2;
         assert_eq!(tallies.branches.len(), branches);
         assert_eq!(text.matches(" UNION ALL ").count(), branches - 1);
         assert_eq!(text.matches(of_key!()).count(), branches);
-        assert_eq!(text.matches(" LIMIT ?) t").count(), branches);
+        assert_eq!(text.matches(" LIMIT ?) n").count(), branches);
+    }
+
+    #[test]
+    fn the_rows_of_a_trace_are_read_up_to_the_count_limit() {
+        assert!(trace_rows!().contains(&format!(" LIMIT {}) t", COUNT_LIMIT + 1)));
+        let page = OF_TRACE_ID.oldest_first.portable();
+        assert!(page.starts_with(concat!("SELECT ", log_columns!(), " FROM (SELECT ")), "{page}");
+        assert_eq!(page.matches('?').count(), 3 + 5, "the trace, the key's two, the cursor's five");
     }
 
     #[test]
@@ -1275,6 +1434,92 @@ mod tests {
             "http://g/d/idemgate?from=1&to=2&var-biz_type=a%26b"
         );
         assert!(grafana_link("http://g/d/x?orgId=1", 1, 2, "t").starts_with("http://g/d/x?orgId=1&from=1"));
+    }
+
+    const TRACE: &str = "4bf92f3577b34da6a3ce929d0e0e4736";
+
+    #[test]
+    fn a_trace_id_search_is_32_hex_digits_searched_in_lowercase() {
+        let q = TraceQuery::new(&TRACE.to_uppercase(), SearchBy::TraceId, None, None, None).unwrap();
+        assert_eq!(q.text, TRACE);
+        for not_one in
+            ["O-1", &TRACE[1..], &"0".repeat(32), "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"]
+        {
+            let err = TraceQuery::new(not_one, SearchBy::TraceId, None, None, None).unwrap_err().to_string();
+            assert!(err.contains("a trace id is 32 hex digits"), "{not_one}: {err}");
+        }
+        assert_eq!(SearchBy::parse("trace_id").unwrap(), SearchBy::TraceId);
+        assert_eq!(SearchBy::parse(SearchBy::TraceId.param()).unwrap(), SearchBy::TraceId);
+        assert!(SearchBy::parse("traceid").unwrap_err().to_string().contains("trace_id"));
+    }
+
+    #[test]
+    fn any_tries_a_trace_id_last_and_only_for_text_that_is_one() {
+        let tried = |text: &str| {
+            let q = TraceQuery::new(text, SearchBy::Any, None, None, None).unwrap();
+            attempts(&q).into_iter().map(|(by, text)| format!("{}={text}", by.param())).collect::<Vec<_>>()
+        };
+        assert_eq!(tried("O-1"), ["biz_id=O-1", "msg_id=O-1", "uniq_key=O-1"]);
+        let upper = TRACE.to_uppercase();
+        assert_eq!(
+            tried(&upper),
+            [
+                format!("biz_id={upper}"),
+                format!("msg_id={upper}"),
+                format!("uniq_key={upper}"),
+                format!("trace_id={TRACE}")
+            ]
+        );
+        assert_eq!(tried(&"0".repeat(32)).len(), 3, "an all-zero id is no trace id");
+        let q = TraceQuery::new(TRACE, SearchBy::TraceId, None, None, None).unwrap();
+        assert_eq!(attempts(&q), [(SearchBy::TraceId, TRACE.to_owned())]);
+    }
+
+    #[test]
+    fn trace_links_fill_every_placeholder_with_the_encoded_id() {
+        assert_eq!(
+            trace_link("https://tempo.example/explore?traceId={trace_id}", TRACE),
+            format!("https://tempo.example/explore?traceId={TRACE}")
+        );
+        assert_eq!(trace_link("http://j/trace/{trace_id}#{trace_id}", "ab"), "http://j/trace/ab#ab");
+        assert_eq!(trace_link("http://j/{trace_id}", "a\"&<b> c/"), "http://j/a%22%26%3Cb%3E+c%2F");
+    }
+
+    #[test]
+    fn a_story_names_each_trace_of_its_page_once_in_order() {
+        let row = |id: i64, trace_id: Option<&str>| LogRow {
+            id,
+            logged_at_ms: id,
+            instance_id: String::new(),
+            consumer_group: String::new(),
+            msg_id: String::new(),
+            uniq_key: String::new(),
+            topic: String::new(),
+            tags: String::new(),
+            queue_id: 0,
+            queue_offset: 0,
+            reconsume_times: 0,
+            biz_type: String::new(),
+            biz_id: String::new(),
+            execute_time: 0,
+            outcome: "processed".to_owned(),
+            cause: None,
+            layer: None,
+            payload_match: None,
+            payload_hash: None,
+            error: None,
+            latency_us: 0,
+            trace_id: trace_id.map(str::to_owned),
+            claimed_at_ms: None,
+        };
+        let rows = [row(1, Some("b")), row(2, None), row(3, Some("a")), row(4, Some("b"))];
+        let plain = traces_of(&rows, None);
+        assert_eq!(plain.iter().map(|t| t.trace_id.as_str()).collect::<Vec<_>>(), ["b", "a"]);
+        assert!(plain.iter().all(|t| t.url.is_none()));
+        let linked = traces_of(&rows, Some("https://t/{trace_id}"));
+        assert_eq!(linked[1].url.as_deref(), Some("https://t/a"));
+        let many: Vec<_> = (0..100).map(|i| row(i, Some(&format!("{i:032x}")))).collect();
+        assert_eq!(traces_of(&many, None).len(), MAX_TRACES);
     }
 
     #[test]

@@ -144,7 +144,7 @@ pub struct DemoArgs {
 
 #[derive(Debug, Args)]
 pub struct TraceArgs {
-    /// The bizId (or, with --by, a msgId or UNIQ_KEY) to trace.
+    /// The bizId (or, with --by, a msgId, UNIQ_KEY or trace id) to trace.
     pub text: String,
     /// What TEXT is.
     #[arg(long, value_enum, default_value_t = By::Any)]
@@ -218,7 +218,7 @@ pub struct ReconcileArgs {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 #[value(rename_all = "snake_case")]
 pub enum By {
-    /// A bizId, else a msgId, else a UNIQ_KEY.
+    /// A bizId, else a msgId, else a UNIQ_KEY, else (32 hex digits) a trace id.
     Any,
     /// A bizId.
     BizId,
@@ -226,6 +226,8 @@ pub enum By {
     MsgId,
     /// A UNIQ_KEY.
     UniqKey,
+    /// A W3C trace id: 32 hex digits, from the message's traceparent.
+    TraceId,
 }
 
 impl From<By> for SearchBy {
@@ -235,6 +237,7 @@ impl From<By> for SearchBy {
             By::BizId => Self::BizId,
             By::MsgId => Self::MsgId,
             By::UniqKey => Self::UniqKey,
+            By::TraceId => Self::TraceId,
         }
     }
 }

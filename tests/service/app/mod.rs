@@ -90,6 +90,7 @@ settings_table! {
         "http.basic_user" => http_basic_user,
         "http.basic_password" => http_basic_password,
         "http.grafana_url" => http_grafana_url,
+        "http.trace_url_template" => http_trace_url_template,
         "http.max_concurrent_requests" => http_max_concurrent_requests,
         "http.allowed_hosts" => http_allowed_hosts,
         "http.csrf_token_ttl_seconds" => http_csrf_token_ttl_seconds,
@@ -805,6 +806,21 @@ async fn http_grafana_url(b: Backend) {
     let page = app.get("/trace?q=graf-1").await;
     assert_eq!(page.status, 200);
     assert!(page.body.contains("http://grafana.example:3000/d/idemgate"), "{}", page.body);
+    app.stop().await;
+}
+
+async fn http_trace_url_template(b: Backend) {
+    let template = "https://tempo.example/explore?traceId={trace_id}";
+    let app = spawn_app(b, |s| s.http.trace_url_template = template.to_owned()).await;
+    let trace_id = "4bf92f3577b34da6a3ce929d0e0e4736";
+    let mut d = deduct("tempo-1");
+    let traceparent = format!("00-{trace_id}-00f067aa0ba902b7-01");
+    d.properties.insert(idemgate::delivery::TRACEPARENT_PROPERTY.to_owned(), traceparent);
+    app.gate().process(&d).await;
+    let page = app.get("/trace?q=tempo-1").await;
+    assert_eq!(page.status, 200);
+    let link = format!("href=\"https://tempo.example/explore?traceId={trace_id}\"");
+    assert!(page.body.contains(&link), "{}", page.body);
     app.stop().await;
 }
 

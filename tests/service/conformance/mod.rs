@@ -10,6 +10,7 @@ mod invalid_replay;
 mod key_text;
 mod sql_handler;
 mod state_machine;
+mod traceparent;
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};

@@ -310,6 +310,7 @@ mod cases {
             limits: idemgate::inspect::Limits { timeout: Duration::from_secs(10) },
             retention: None,
             grafana_url: None,
+            trace_url_template: None,
             describers: Default::default(),
         };
         for id in ["SH-0", "SH-17", "SH-39"] {

@@ -6,6 +6,7 @@
 use crate::conformance::support;
 
 mod hot_key;
+mod traces;
 
 use std::sync::Arc;
 

@@ -128,6 +128,44 @@ async fn the_trace_command_prints_the_story_and_exits_by_what_it_found() {
     assert!(err.contains("control character"), "{err}");
 }
 
+/// `idemgate trace --by trace_id` finds a key by the trace id its message's `traceparent`
+/// carried, as `--by any` does with 32 hex digits, and prints the trace, linked through
+/// `http.trace_url_template` when it is set.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_trace_command_finds_a_key_by_its_trace_id() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let (url, store, gate) = command_line_database(&dir).await;
+    let trace_id = "4bf92f3577b34da6a3ce929d0e0e4736";
+    let mut d = stock_deduct("D-OTEL", "M1", "U1", "SKU-W", 1);
+    d.properties.insert(
+        idemgate::delivery::TRACEPARENT_PROPERTY.to_owned(),
+        format!("00-{trace_id}-00f067aa0ba902b7-01"),
+    );
+    assert_eq!(gate.process(&d).await.outcome, Outcome::Processed);
+    store.close().await;
+
+    for by in ["trace_id", "any"] {
+        let (code, text, err) = idemgate(&url, &["trace", trace_id, "--by", by]);
+        assert_eq!(code, Some(0), "--by {by}: {text}{err}");
+        assert!(text.contains("bizId \"D-OTEL\"") && text.contains("found by trace id"), "{text}");
+        assert!(text.contains(&format!("trace {trace_id}")), "{text}");
+    }
+    let (code, text, err) = idemgate(&url, &["trace", "not-a-trace", "--by", "trace_id"]);
+    assert_eq!(code, Some(1), "{text}{err}");
+    assert!(err.contains("a trace id is 32 hex digits"), "{err}");
+
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_idemgate-shop"))
+        .args(["trace", trace_id, "--by", "trace_id"])
+        .env("IDEMGATE_DATABASE__URL", &url)
+        .env("IDEMGATE_CONSUMER__GROUP", GROUP)
+        .env("IDEMGATE_HTTP__TRACE_URL_TEMPLATE", "http://jaeger:16686/trace/{trace_id}")
+        .env_remove("RUST_LOG")
+        .output()
+        .expect("run idemgate");
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.contains(&format!("trace {trace_id}  http://jaeger:16686/trace/{trace_id}")), "{text}");
+}
+
 /// Runs `idemgate-shop` (idemgate's command line with the example shop's handlers) with
 /// `database_url` and `args`: exit code, stdout, stderr.
 fn idemgate(database_url: &str, args: &[&str]) -> (Option<i32>, String, String) {
@@ -179,7 +217,7 @@ async fn anomalies_a_refused_replay_several_matches_and_a_usage_error_exit_apart
 
     for (args, says) in [
         (&["reconcile", "--sinse", "24h"][..], "unexpected argument '--sinse'"),
-        (&["trace", "P-X", "--by", "bizid"], "possible values: any, biz_id, msg_id, uniq_key"),
+        (&["trace", "P-X", "--by", "bizid"], "possible values: any, biz_id, msg_id, uniq_key, trace_id"),
         (&["trace", "P-X", "--execute-time", "soon"], "neither epoch milliseconds nor an RFC 3339 time"),
         (
             &["replay", "--biz-id", "P-X", "--execute-time", "tomorrow", "--dry-run"],

@@ -9,6 +9,7 @@ mod prometheus;
 mod replay;
 mod sql_handler;
 mod support;
+mod traceparent;
 
 use std::time::Duration;
 
