@@ -32,8 +32,10 @@ use crate::outcome::{DuplicateCause, Outcome};
 use crate::route::MAX_ID_CHARS;
 use crate::store::{AnyQuery, Arg, Bound, Sql, Store};
 
-/// The deliveries one page of a trace's timeline lists.
-pub const PAGE_DELIVERIES: usize = 500;
+/// The deliveries one page of a trace's timeline lists. A page of a hot key's deliveries that
+/// are no longer in the database's cache reads a table page per delivery (they lie among the
+/// other keys' traffic): a hundred keep a deep page of 3M deliveries on MariaDB under 50 ms.
+pub const PAGE_DELIVERIES: usize = 100;
 /// The most candidate keys a search lists.
 pub(crate) const MAX_CANDIDATES: usize = 50;
 /// How far each of a summary's counts is read: a count up to it is exact, one past it is a
@@ -1012,14 +1014,23 @@ async fn story(
     page: PageAt,
 ) -> Result<Story, sqlx::Error> {
     let key = scope.key();
-    let tallies = scope.statements().tallies.read(store, scope).await?;
-    let timeline = timeline(store, scope, page).await?;
-    let (claim, earlier_claims) = claims(store, key).await?;
-    let summary = summarize(&tallies, claim.as_ref());
-    let business = match ctx.describers.get(&key.biz_type) {
-        Some(handler) if !key.biz_id.is_empty() => handler.describe(store, &key.biz_id).await?,
-        _ => Vec::new(),
+    // The reads are independent, each on a connection of its own: a page of a hot key's
+    // deliveries that are no longer in the database's cache costs a read from disk per row,
+    // and the summary's counts a few index ranges, so the story takes the longer of the two
+    // rather than their sum.
+    let business = async {
+        match ctx.describers.get(&key.biz_type) {
+            Some(handler) if !key.biz_id.is_empty() => handler.describe(store, &key.biz_id).await,
+            _ => Ok(Vec::new()),
+        }
     };
+    let (tallies, timeline, (claim, earlier_claims), business) = tokio::try_join!(
+        scope.statements().tallies.read(store, scope),
+        timeline(store, scope, page),
+        claims(store, key),
+        business,
+    )?;
+    let summary = summarize(&tallies, claim.as_ref());
     let now = crate::clock::now_ms();
     let retention_note = ctx.retention.and_then(|r| {
         let oldest =
