@@ -174,7 +174,7 @@ async fn the_lag_is_read_with_exactly_the_rights_the_docs_list() {
     let probe = LagProbe::start(&access, &group, Duration::from_secs(5)).await.expect("the probe");
     let started = Instant::now();
     let lag = loop {
-        let lag = probe.read(&[topic.clone()]).await.topics.remove(0);
+        let lag = probe.read(std::slice::from_ref(&topic)).await.topics.remove(0);
         if lag.messages() == 3 || started.elapsed() > Duration::from_secs(30) {
             break lag;
         }
@@ -194,7 +194,7 @@ async fn the_lag_is_read_with_exactly_the_rights_the_docs_list() {
     secured().create_user(&denied, SECRET, &rights).expect("the user");
     let access = BrokerAccess::open(secured().name_server()).with_account(&denied, SECRET);
     let probe = LagProbe::start(&access, &other, Duration::from_secs(5)).await.expect("the probe");
-    let lag = probe.read(&[topic.clone()]).await.topics.remove(0);
+    let lag = probe.read(std::slice::from_ref(&topic)).await.topics.remove(0);
     assert_ne!(lag.result, ReadResult::Complete, "{lag:?}");
     probe.shutdown().await;
 }
