@@ -85,9 +85,9 @@ impl Right {
 pub struct ConsumeTrace {
     /// The message's id as the producer got it (its UNIQ_KEY).
     pub msg_id: String,
-    /// The consumer group, without the namespace.
+    /// The consumer group, without the namespace (from the consumption's `SubBefore` record
+    /// when its `SubAfter` does not carry it).
     pub group: String,
-    pub topic: String,
     pub success: bool,
     /// How long the consumption took, in milliseconds.
     pub cost_ms: i32,
@@ -168,22 +168,33 @@ impl LocalBroker {
             let host = ClientHost::new("trace-reader", 1)?;
             let bodies = Box::pin(pull_everything(&host, &access, &topic)).await;
             host.shutdown().await;
+            // A `SubAfter` record carries the consumption's result and cost; its `SubBefore`
+            // (the same request id) the group, which the Java format writes there only.
+            let contexts: Vec<_> =
+                bodies?.iter().flat_map(|b| TraceDataEncoder::decoder_from_trace_data_string(b)).collect();
+            let group_of = |request_id: &str| {
+                contexts
+                    .iter()
+                    .find(|c| {
+                        matches!(c.trace_type, Some(TraceType::SubBefore)) && c.request_id == request_id
+                    })
+                    .map(|c| c.group_name.to_string())
+                    .unwrap_or_default()
+            };
             let mut out = Vec::new();
-            for body in bodies? {
-                for context in TraceDataEncoder::decoder_from_trace_data_string(&body) {
-                    let is_consume = matches!(context.trace_type, Some(TraceType::SubAfter));
-                    if !is_consume {
-                        continue;
-                    }
-                    for bean in context.trace_beans.iter().flatten() {
-                        out.push(ConsumeTrace {
-                            msg_id: bean.msg_id.to_string(),
-                            group: context.group_name.to_string(),
-                            topic: bean.topic.to_string(),
-                            success: context.is_success,
-                            cost_ms: context.cost_time,
-                        });
-                    }
+            for context in contexts.iter().filter(|c| matches!(c.trace_type, Some(TraceType::SubAfter))) {
+                let group = if context.group_name.is_empty() {
+                    group_of(context.request_id.as_str())
+                } else {
+                    context.group_name.to_string()
+                };
+                for bean in context.trace_beans.iter().flatten() {
+                    out.push(ConsumeTrace {
+                        msg_id: bean.msg_id.to_string(),
+                        group: group.clone(),
+                        success: context.is_success,
+                        cost_ms: context.cost_time,
+                    });
                 }
             }
             Ok(out)
