@@ -20,7 +20,7 @@ use serde::Serialize;
 use sqlx::Row;
 use sqlx::any::AnyRow;
 
-use crate::broker::Producer;
+use crate::broker::{BrokerAccess, Producer};
 use crate::delivery::{Delivery, REPLAY_PROPERTY};
 use crate::delivery_log::{KeptHeaders, MAX_KEPT_PAYLOAD};
 use crate::inspect::trace::{ClaimRecord, KeyRef, claims};
@@ -426,7 +426,7 @@ pub fn render_text(lines: &[Line], dry_run: bool) -> String {
 
 /// Replay from the web UI: the routes to rebuild keys with, and a producer started on first use.
 pub struct Replayer {
-    name_server: String,
+    access: BrokerAccess,
     producer_group: String,
     routes: Routes,
     producer: tokio::sync::OnceCell<Producer>,
@@ -434,14 +434,14 @@ pub struct Replayer {
 
 impl std::fmt::Debug for Replayer {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Replayer").field("name_server", &self.name_server).finish()
+        f.debug_struct("Replayer").field("access", &self.access).finish()
     }
 }
 
 impl Replayer {
-    pub fn new(name_server: &str, producer_group: &str, routes: Routes) -> Self {
+    pub fn new(access: BrokerAccess, producer_group: &str, routes: Routes) -> Self {
         Self {
-            name_server: name_server.to_owned(),
+            access,
             producer_group: producer_group.to_owned(),
             routes,
             producer: tokio::sync::OnceCell::new(),
@@ -455,10 +455,8 @@ impl Replayer {
         group: &str,
         selection: &Selection,
     ) -> anyhow::Result<Vec<Line>> {
-        let producer = self
-            .producer
-            .get_or_try_init(|| Producer::start(&self.name_server, &self.producer_group))
-            .await?;
+        let producer =
+            self.producer.get_or_try_init(|| Producer::start(&self.access, &self.producer_group)).await?;
         Ok(replay(store, &self.routes, group, selection, Some(producer)).await?)
     }
 }

@@ -23,8 +23,8 @@ use std::time::Duration;
 use anyhow::Context;
 
 use crate::archive::ArchiveScheduler;
-use crate::broker::Consumer;
 use crate::broker::lag::LagProbe;
+use crate::broker::{BrokerAccess, Consumer};
 use crate::config::Settings;
 use crate::gate::Gate;
 use crate::handler::Handlers;
@@ -136,7 +136,7 @@ impl Application {
         let web = Web::new(&settings.http, &settings.archive, handlers.by_biz_type(&routes));
         let web = Arc::new(match feed {
             Feed::Broker => web.with_replay(Replayer::new(
-                &settings.broker.name_server,
+                BrokerAccess::of(&settings.broker)?,
                 &settings.broker.producer_group,
                 routes.clone(),
             )),
@@ -298,7 +298,8 @@ async fn start_parts(
         });
         if let Some((every, timeout)) = settings.broker.lag_schedule() {
             let probe =
-                LagProbe::start(&settings.broker.name_server, &identity.consumer_group, timeout).await?;
+                LagProbe::start(&BrokerAccess::of(&settings.broker)?, &identity.consumer_group, timeout)
+                    .await?;
             let topics = gate.routes().topics().into_iter().map(|(topic, _)| topic).collect();
             tasks.spawn("consumer lag", move |stop| read_lag_every(probe, topics, every, metrics, stop));
         }

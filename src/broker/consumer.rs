@@ -32,7 +32,7 @@ use rocketmq_model::common::consumer::consume_from_where::ConsumeFromWhere;
 use rocketmq_model::common::message::message_ext::MessageExt;
 
 use super::settings::{BrokerSettings, StartFrom};
-use super::{CONSUME_DEADLINE, ClientHost};
+use super::{BrokerAccess, CONSUME_DEADLINE, ClientHost};
 use crate::delivery::{Delivery, UNIQ_KEY_PROPERTY};
 use crate::gate::Gate;
 use crate::outcome::Verdict;
@@ -127,14 +127,21 @@ pub struct Consumer {
 }
 
 impl Consumer {
-    /// Subscribes to every topic the gate's routes cover and starts pulling.
+    /// Checks that the account may consume every topic the gate's routes cover
+    /// ([`super::preflight`]), subscribes to them and starts pulling.
     pub(crate) async fn start(gate: Arc<Gate>, options: &BrokerSettings) -> anyhow::Result<Self> {
         let subscription = Subscription::of(&gate);
+        let access = BrokerAccess::of(options)?;
+        let topics: Vec<String> = subscription.topics.iter().map(|(topic, _)| topic.clone()).collect();
+        // Boxed: the check's future is deep, and would push every caller's past the compiler's
+        // layout depth.
+        Box::pin(super::preflight::check_consume_rights(&access, &subscription.group, &topics)).await?;
         let host = ClientHost::new("consumer", options.consume_threads as usize)?;
         Self::start_with(gate, &subscription, options, host).await
     }
 
-    /// Starts a consumer that hands deliveries to `sink`, on the client runtime `host`.
+    /// Starts a consumer that hands deliveries to `sink`, on the client runtime `host`,
+    /// reaching the cluster as `options` says ([`BrokerAccess`]).
     pub async fn start_with(
         sink: Arc<dyn Sink>,
         subscription: &Subscription,
@@ -150,9 +157,11 @@ impl Consumer {
             faults: faults_tx,
             answer_within: LISTENER_DEADLINE,
         };
+        let access = BrokerAccess::of(options)?;
         let mut consumer = DefaultMQPushConsumer::builder(host.client_runtime())
+            .client_config(access.client_config())
+            .rpc_hook(access.rpc_hook().map(|hook| hook as _))
             .consumer_group(subscription.group.clone())
-            .name_server_addr(options.name_server.clone())
             .consume_from_where(match options.start_from {
                 StartFrom::First => ConsumeFromWhere::ConsumeFromFirstOffset,
                 StartFrom::Last => ConsumeFromWhere::ConsumeFromLastOffset,
@@ -175,8 +184,12 @@ impl Consumer {
         consumer
             .start()
             .await
-            .with_context(|| format!("starting the consumer against name server {}", options.name_server))?;
-        tracing::info!(group = %subscription.group, name_server = %options.name_server, "consumer started");
+            .with_context(|| format!("starting the consumer against {}", access.describe()))?;
+        tracing::info!(
+            group = %subscription.group, name_server = %options.name_server,
+            access_key = access.access_key().unwrap_or(""), namespace = access.namespace().unwrap_or(""),
+            message_trace = options.message_trace, "consumer started"
+        );
         let consumer = Arc::new(tokio::sync::Mutex::new(consumer));
         let topics = subscription.topics.iter().map(|(topic, _)| topic.clone()).collect();
         let route_watcher = tokio::spawn(watch_routes(consumer.clone(), topics));

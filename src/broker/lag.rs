@@ -20,10 +20,10 @@ use anyhow::Context;
 use cheetah_string::CheetahString;
 #[allow(deprecated)]
 use rocketmq_client_rust::DefaultMQPullConsumer;
-use rocketmq_client_rust::{DefaultMQAdminExt, MQAdminReadExt};
+use rocketmq_client_rust::{ClientOptions, DefaultMQAdminExt, MQAdminReadExt};
 use rocketmq_model::common::message::message_queue::MessageQueue;
 
-use super::ClientHost;
+use super::{BrokerAccess, ClientHost};
 use crate::clock::now_ms;
 
 /// RocketMQ's response code for a topic the name server has no route for.
@@ -122,7 +122,9 @@ pub struct LagReading {
 
 /// The admin client and the one-message puller that read a group's lag.
 pub struct LagProbe {
+    /// The group measured, as the broker names it (in its namespace).
     group: String,
+    access: BrokerAccess,
     timeout: Duration,
     admin: DefaultMQAdminExt,
     /// The one-message puller, or why it did not start.
@@ -132,24 +134,37 @@ pub struct LagProbe {
 }
 
 impl LagProbe {
-    /// Starts the clients that read `group`'s lag through `name_server`; every request of a
-    /// reading has `timeout`. The puller joins a group of its own (`<group>_lag_probe`), so it
-    /// never takes queues from the group it measures; when it cannot start, the probe reads the
-    /// messages behind without their age (each reading `partial`, saying why).
-    pub async fn start(name_server: &str, group: &str, timeout: Duration) -> anyhow::Result<Self> {
+    /// Starts the clients that read `group`'s lag through `access` (its account and namespace);
+    /// every request of a reading has `timeout`. The puller joins a group of its own
+    /// (`<group>_lag_probe`), so it never takes queues from the group it measures; when it
+    /// cannot start, the probe reads the messages behind without their age (each reading
+    /// `partial`, saying why).
+    pub async fn start(access: &BrokerAccess, group: &str, timeout: Duration) -> anyhow::Result<Self> {
         let host = ClientHost::new("lag", 1)?;
-        let mut admin = DefaultMQAdminExt::with_admin_ext_group_and_timeout(
-            host.client_runtime(),
-            format!("{group}_lag_admin"),
-            timeout,
-        );
-        admin.set_namesrv_addr(name_server.to_owned());
-        admin.start().await.with_context(|| format!("starting the lag reader against {name_server}"))?;
-        let puller = start_puller(&host, name_server, group, timeout).await.map_err(|e| {
+        let admin_group = format!("{group}_lag_admin");
+        let mut admin = match access.rpc_hook() {
+            Some(hook) => DefaultMQAdminExt::with_admin_ext_group_rpc_hook_and_timeout(
+                host.client_runtime(),
+                admin_group,
+                hook,
+                timeout,
+            ),
+            None => DefaultMQAdminExt::with_admin_ext_group_and_timeout(
+                host.client_runtime(),
+                admin_group,
+                timeout,
+            ),
+        };
+        *admin.client_config_mut() = access.client_config();
+        admin
+            .start()
+            .await
+            .with_context(|| format!("starting the lag reader against {}", access.describe()))?;
+        let puller = start_puller(&host, access, &format!("{group}_lag_probe"), timeout).await.map_err(|e| {
             tracing::warn!(error = %format!("{e:#}"), "the consumer lag is read without the age of the oldest message");
             format!("{e:#}")
         });
-        Ok(Self { group: group.to_owned(), timeout, admin, puller, host })
+        Ok(Self { group: access.resource(group), access: access.clone(), timeout, admin, puller, host })
     }
 
     /// Reads the lag of every topic in `topics`, each within the probe's timeout.
@@ -168,11 +183,14 @@ impl LagProbe {
 
     async fn read_topic(&self, topic: &str) -> anyhow::Result<TopicLag> {
         let timeout_ms = self.timeout.as_millis() as u64;
-        let route = match self.admin.examine_topic_route_info(CheetahString::from(topic)).await {
-            Ok(route) => route,
-            Err(e) if e.broker_response_code() == Some(TOPIC_NOT_EXIST) => None,
-            Err(e) => return Err(e).context("looking up the topic's route"),
-        };
+        // The admin client names topics and groups as the broker does: in the namespace.
+        let broker_topic = self.access.resource(topic);
+        let route =
+            match self.admin.examine_topic_route_info(CheetahString::from(broker_topic.as_str())).await {
+                Ok(route) => route,
+                Err(e) if e.broker_response_code() == Some(TOPIC_NOT_EXIST) => None,
+                Err(e) => return Err(e).context("looking up the topic's route"),
+            };
         let mut lag = TopicLag {
             topic: topic.to_owned(),
             queues: Vec::new(),
@@ -192,7 +210,7 @@ impl LagProbe {
             let stats = MQAdminReadExt::examine_consume_stats(
                 &self.admin,
                 CheetahString::from(self.group.as_str()),
-                Some(CheetahString::from(topic)),
+                Some(CheetahString::from(broker_topic.as_str())),
                 None,
                 Some(addr.clone()),
                 Some(timeout_ms),
@@ -206,7 +224,7 @@ impl LagProbe {
                 }
             };
             for (mq, offsets) in stats.get_offset_table() {
-                if mq.topic_str() != topic {
+                if mq.topic_str() != broker_topic {
                     continue;
                 }
                 let queue = QueueLag {
@@ -263,23 +281,24 @@ impl LagProbe {
     }
 }
 
-/// The puller that dates the oldest unconsumed message of a queue, in a group of its own.
+/// A one-message puller in `group` (named without the namespace, which `access` adds), each
+/// pull bounded by `timeout`: the lag reader's, which dates the oldest unconsumed message of a
+/// queue in a group of its own, and the start-up check's ([`super::preflight`]).
 #[allow(deprecated)]
-async fn start_puller(
+pub(crate) async fn start_puller(
     host: &ClientHost,
-    name_server: &str,
+    access: &BrokerAccess,
     group: &str,
     timeout: Duration,
 ) -> anyhow::Result<DefaultMQPullConsumer> {
-    let puller = DefaultMQPullConsumer::builder(host.client_runtime())
-        .consumer_group(format!("{group}_lag_probe"))
-        .name_server_addr(name_server.to_owned())
-        .consumer_pull_timeout(timeout)
-        .build()
-        .context("building the lag reader's puller")?;
-    puller
-        .start()
-        .await
-        .with_context(|| format!("starting the lag reader's puller against {name_server}"))?;
+    let mut builder = DefaultMQPullConsumer::builder(host.client_runtime())
+        .client_options(ClientOptions::legacy(access.client_config()))
+        .consumer_group(group.to_owned())
+        .consumer_pull_timeout(timeout);
+    if let Some(hook) = access.rpc_hook() {
+        builder = builder.rpc_hook(hook);
+    }
+    let puller = builder.build().context("building a puller")?;
+    puller.start().await.with_context(|| format!("starting a puller against {}", access.describe()))?;
     Ok(puller)
 }

@@ -11,7 +11,7 @@ use rocketmq_client_rust::DefaultMQProducer;
 use rocketmq_model::common::message::MessageTrait;
 use rocketmq_model::common::message::message_single::Message;
 
-use super::ClientHost;
+use super::{BrokerAccess, ClientHost};
 use crate::delivery::{Delivery, UNIQ_KEY_PROPERTY};
 
 /// RocketMQ's response code for a topic the broker does not (yet) have.
@@ -35,16 +35,20 @@ pub struct Sent {
 }
 
 impl Producer {
-    pub async fn start(name_server: &str, group: &str) -> anyhow::Result<Self> {
+    /// Starts a producer in `group`, reaching the cluster through `access` (its account, its
+    /// namespace).
+    pub async fn start(access: &BrokerAccess, group: &str) -> anyhow::Result<Self> {
         let host = ClientHost::new("producer", 4)?;
-        let mut producer = DefaultMQProducer::builder(host.client_runtime())
-            .producer_group(group.to_owned())
-            .name_server_addr(name_server.to_owned())
-            .build();
+        let mut builder =
+            DefaultMQProducer::builder(host.client_runtime()).client_config(access.client_config());
+        if let Some(hook) = access.rpc_hook() {
+            builder = builder.rpc_hook(hook);
+        }
+        let mut producer = builder.producer_group(group.to_owned()).build();
         producer
             .start()
             .await
-            .with_context(|| format!("starting the producer against name server {name_server}"))?;
+            .with_context(|| format!("starting the producer against {}", access.describe()))?;
         Ok(Self { producer, host })
     }
 

@@ -1,5 +1,7 @@
-//! `[broker]`: where the name server is, how hard the consumer pulls, and how often its lag is
-//! read.
+//! `[broker]`: where the name server is, how hard the consumer pulls, how often its lag is
+//! read, and what a secured cluster asks of every client: the account and its secret, the
+//! namespace, and message trace. The secret is read here (from the setting or its file) and
+//! never shown: `Debug` and [`BrokerSettings::redacted`] mask it.
 
 use std::time::Duration;
 
@@ -40,6 +42,62 @@ pub struct BrokerSettings {
     /// from the brokers (0: never). A reading that takes longer than the interval, or than 10 s,
     /// is abandoned and counted failed.
     pub lag_interval_seconds: u32,
+
+    // A secured cluster: the same account, namespace and trace for every client idemgate opens
+    // (the consumer, the lag reader's two clients, replay's producer and `produce`).
+    /// `IDEMGATE_BROKER__ACCESS_KEY`: the account (access key) idemgate signs its requests
+    /// with, on a cluster with authentication on. Empty: requests are not signed.
+    pub access_key: String,
+    /// `IDEMGATE_BROKER__SECRET_KEY`: the account's secret. Give it here or in
+    /// `secret_key_file`, not both; never logged, and masked by `idemgate config`.
+    pub secret_key: SecretKey,
+    /// `IDEMGATE_BROKER__SECRET_KEY_FILE`: a file holding the account's secret (its
+    /// surrounding whitespace ignored), such as a mounted Kubernetes secret; read at start.
+    pub secret_key_file: String,
+    /// `IDEMGATE_BROKER__NAMESPACE`: the RocketMQ namespace of the topics and groups; the
+    /// broker sees each as `<namespace>%<name>`. Empty: none.
+    pub namespace: String,
+    /// `IDEMGATE_BROKER__MESSAGE_TRACE`: record each consumption in the broker's trace topic
+    /// as the Java client does, for the RocketMQ dashboard's message trace.
+    pub message_trace: bool,
+    /// `IDEMGATE_BROKER__TRACE_TOPIC`: the topic trace records go to with `message_trace`;
+    /// RocketMQ's default `RMQ_SYS_TRACE_TOPIC`.
+    pub trace_topic: String,
+}
+
+/// RocketMQ's default trace topic, where the dashboard reads message traces.
+pub const DEFAULT_TRACE_TOPIC: &str = "RMQ_SYS_TRACE_TOPIC";
+
+/// The broker account's secret: shown as `***` by `Debug`, so that no log of the settings
+/// carries it.
+#[derive(Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(transparent)]
+pub struct SecretKey(String);
+
+impl SecretKey {
+    pub fn new(secret: impl Into<String>) -> Self {
+        Self(secret.into())
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+
+    /// The secret itself, for signing requests only.
+    pub(crate) fn expose(&self) -> &str {
+        &self.0
+    }
+
+    /// `***` for a secret, empty for none: what a printed configuration shows.
+    fn masked(&self) -> Self {
+        Self(if self.0.is_empty() { String::new() } else { "***".to_owned() })
+    }
+}
+
+impl std::fmt::Debug for SecretKey {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(if self.0.is_empty() { "\"\"" } else { "\"***\"" })
+    }
 }
 
 impl Default for BrokerSettings {
@@ -54,6 +112,12 @@ impl Default for BrokerSettings {
             start_from: StartFrom::First,
             producer_group: "idemgate_producer".to_owned(),
             lag_interval_seconds: 15,
+            access_key: String::new(),
+            secret_key: SecretKey::default(),
+            secret_key_file: String::new(),
+            namespace: String::new(),
+            message_trace: false,
+            trace_topic: DEFAULT_TRACE_TOPIC.to_owned(),
         }
     }
 }
@@ -83,7 +147,70 @@ impl BrokerSettings {
         if self.lag_interval_seconds > 3600 {
             return Err(invalid("broker.lag_interval_seconds", "must be between 0 (off) and 3600"));
         }
+        if self.access_key.chars().any(|c| c.is_whitespace() || c.is_control()) {
+            return Err(invalid("broker.access_key", "contains whitespace or control characters"));
+        }
+        self.secret()?;
+        if !self.namespace.is_empty() {
+            check_resource_name(&self.namespace, MAX_NAMESPACE_CHARS, false)
+                .map_err(|why| invalid("broker.namespace", format!("{:?} {why}", self.namespace)))?;
+        }
+        check_resource_name(&self.trace_topic, MAX_TOPIC_NAME_CHARS, true)
+            .map_err(|why| invalid("broker.trace_topic", format!("{:?} {why}", self.trace_topic)))?;
         Ok(())
+    }
+
+    /// The account's secret, from `secret_key` or read from `secret_key_file`; `None` without
+    /// an account. Refused when the account has no secret, two, or an unreadable or empty file;
+    /// no refusal quotes the secret.
+    pub(crate) fn secret(&self) -> Result<Option<SecretKey>, Invalid> {
+        let from_file = !self.secret_key_file.is_empty();
+        if self.access_key.is_empty() {
+            if !self.secret_key.is_empty() || from_file {
+                let key = if from_file { "broker.secret_key_file" } else { "broker.secret_key" };
+                return Err(invalid(key, "is set without broker.access_key: set both or neither"));
+            }
+            return Ok(None);
+        }
+        let secret = match (self.secret_key.is_empty(), from_file) {
+            (false, true) => {
+                return Err(invalid(
+                    "broker.secret_key_file",
+                    "is set beside broker.secret_key: give the secret in one of them",
+                ));
+            }
+            (true, false) => {
+                return Err(invalid(
+                    "broker.secret_key",
+                    "is empty while broker.access_key is set: give the secret here or in \
+                     broker.secret_key_file",
+                ));
+            }
+            (false, false) => self.secret_key.expose().trim().to_owned(),
+            (true, true) => std::fs::read_to_string(&self.secret_key_file)
+                .map_err(|e| {
+                    invalid(
+                        "broker.secret_key_file",
+                        format!("{:?} cannot be read: {e}", self.secret_key_file),
+                    )
+                })?
+                .trim()
+                .to_owned(),
+        };
+        if secret.is_empty() {
+            let key = if from_file { "broker.secret_key_file" } else { "broker.secret_key" };
+            return Err(invalid(key, "holds an empty secret"));
+        }
+        if secret.chars().any(char::is_control) {
+            let key = if from_file { "broker.secret_key_file" } else { "broker.secret_key" };
+            return Err(invalid(key, "holds control characters"));
+        }
+        Ok(Some(SecretKey(secret)))
+    }
+
+    /// A copy with the secret masked, for printing.
+    pub fn redacted(&self) -> Self {
+        Self { secret_key: self.secret_key.masked(), ..self.clone() }
     }
 
     /// How often the consumer lag is read, and how long one reading may take; `None` when off.
@@ -91,6 +218,31 @@ impl BrokerSettings {
         let every = Duration::from_secs(u64::from(self.lag_interval_seconds));
         (!every.is_zero()).then(|| (every, every.min(MAX_LAG_READ)))
     }
+}
+
+/// RocketMQ's limits: a namespace of at most 64 characters, a topic of at most 127.
+const MAX_NAMESPACE_CHARS: usize = 64;
+const MAX_TOPIC_NAME_CHARS: usize = 127;
+
+/// Checks a namespace or a topic name by RocketMQ's rule: ASCII letters, digits, `_` and `-`
+/// (a topic also `%` and `|`), at most `max` characters.
+fn check_resource_name(name: &str, max: usize, topic: bool) -> Result<(), String> {
+    if name.is_empty() {
+        return Err("is empty".to_owned());
+    }
+    if name.len() > max {
+        return Err(format!("is longer than {max} characters"));
+    }
+    let allowed =
+        |c: char| c.is_ascii_alphanumeric() || c == '_' || c == '-' || (topic && (c == '%' || c == '|'));
+    if !name.chars().all(allowed) {
+        return Err(if topic {
+            "may hold only ASCII letters, digits, '_', '-', '%' and '|'".to_owned()
+        } else {
+            "may hold only ASCII letters, digits, '_' and '-'".to_owned()
+        });
+    }
+    Ok(())
 }
 
 /// Where a new consumer group starts reading.

@@ -3,6 +3,7 @@
 
 use serde::{Deserialize, Serialize};
 
+use crate::inspect::trace::{MSG_ID_PLACEHOLDER, TRACE_ID_PLACEHOLDER, fill_link};
 use crate::setting::{Invalid, invalid};
 
 /// `Debug` masks the secrets, so that a settings dump in a log never carries them.
@@ -29,6 +30,13 @@ pub struct HttpSettings {
     /// id to it. An absolute `http` or `https` URL without credentials. Empty: the trace ids
     /// are shown as text.
     pub trace_url_template: String,
+    /// `IDEMGATE_HTTP__ROCKETMQ_DASHBOARD_URL`: the RocketMQ dashboard, for the trace page's
+    /// link from each delivery to the message's trace there (with `broker.message_trace` on,
+    /// the consumption is in it). Either the dashboard's base URL, such as
+    /// `https://rocketmq-dashboard.example`, linked as `<base>/#/messageTrace?msgId=<id>`, or a
+    /// template with `{msg_id}` where the message's id goes. An absolute `http` or `https` URL
+    /// without credentials. Empty: no links.
+    pub rocketmq_dashboard_url: String,
     /// `IDEMGATE_HTTP__QUERY_TIMEOUT_MS`: the longest a page or API call may wait on the
     /// database before it answers 503. On PostgreSQL and MariaDB the UI's connections also
     /// carry it as a server-side statement timeout, so an abandoned query stops on the server
@@ -91,6 +99,7 @@ impl std::fmt::Debug for HttpSettings {
             .field("basic_password", &shown.basic_password)
             .field("grafana_url", &shown.grafana_url)
             .field("trace_url_template", &shown.trace_url_template)
+            .field("rocketmq_dashboard_url", &shown.rocketmq_dashboard_url)
             .field("query_timeout_ms", &shown.query_timeout_ms)
             .field("max_connections", &shown.max_connections)
             .field("max_concurrent_requests", &shown.max_concurrent_requests)
@@ -139,9 +148,24 @@ impl HttpSettings {
             return Err(invalid("http.grafana_url", "must start with http:// or https://"));
         }
         if !self.trace_url_template.is_empty() {
-            check_trace_url_template(&self.trace_url_template).map_err(|why| {
+            check_link_template(&self.trace_url_template, &TRACE_LINKS).map_err(|why| {
                 invalid("http.trace_url_template", format!("{:?} {why}", self.trace_url_template))
             })?;
+        }
+        if !self.rocketmq_dashboard_url.is_empty() {
+            let url = &self.rocketmq_dashboard_url;
+            let is_base = !url.contains(MSG_ID_PLACEHOLDER);
+            if is_base && (url.contains('?') || url.contains('#')) {
+                return Err(invalid(
+                    "http.rocketmq_dashboard_url",
+                    format!(
+                        "{url:?} has a query or a fragment: give the base address, or a template with {{msg_id}}"
+                    ),
+                ));
+            }
+            let template = self.rocketmq_dashboard_template().unwrap_or_default();
+            check_link_template(&template, &DASHBOARD_LINKS)
+                .map_err(|why| invalid("http.rocketmq_dashboard_url", format!("{url:?} {why}")))?;
         }
         if !(100..=600_000).contains(&self.query_timeout_ms) {
             return Err(invalid("http.query_timeout_ms", "must be from 100 to 600000"));
@@ -199,6 +223,20 @@ impl HttpSettings {
         format!("http://{bound}")
     }
 
+    /// The link template of a message's trace in the RocketMQ dashboard, `{msg_id}` where the
+    /// id goes: `rocketmq_dashboard_url` as it is when it holds `{msg_id}`, else the dashboard's
+    /// Message Trace page under that base address. `None` when unset.
+    pub fn rocketmq_dashboard_template(&self) -> Option<String> {
+        let url = &self.rocketmq_dashboard_url;
+        if url.is_empty() {
+            return None;
+        }
+        if url.contains(MSG_ID_PLACEHOLDER) {
+            return Some(url.clone());
+        }
+        Some(format!("{}/#/messageTrace?msgId={MSG_ID_PLACEHOLDER}", url.trim_end_matches('/')))
+    }
+
     /// True when the server listens on every address (`0.0.0.0`, `[::]`): then it is reached
     /// by names this process cannot know, which `allowed_hosts` must list.
     pub(crate) fn binds_every_address(&self) -> bool {
@@ -234,21 +272,45 @@ fn check_public_url(text: &str) -> Result<(), &'static str> {
     Ok(())
 }
 
-/// Checks `http.trace_url_template`: `{trace_id}` somewhere in it, and, with a trace id in its
+/// What a link template of the pages holds: its placeholder, an id to try it with, and an
+/// example of a good one.
+struct LinkKind {
+    placeholder: &'static str,
+    example_id: &'static str,
+    missing: &'static str,
+    not_a_url: &'static str,
+}
+
+/// `http.trace_url_template`.
+const TRACE_LINKS: LinkKind = LinkKind {
+    placeholder: TRACE_ID_PLACEHOLDER,
+    example_id: "4bf92f3577b34da6a3ce929d0e0e4736",
+    missing: "has no {trace_id}, where the trace id goes",
+    not_a_url: "is not an absolute URL such as https://tempo.example/explore?traceId={trace_id}",
+};
+
+/// `http.rocketmq_dashboard_url`, as the template it stands for.
+const DASHBOARD_LINKS: LinkKind = LinkKind {
+    placeholder: MSG_ID_PLACEHOLDER,
+    example_id: "7F00000100002A9F0000000000000000",
+    missing: "has no {msg_id}, where the message's id goes",
+    not_a_url: "is not an absolute URL such as https://rocketmq-dashboard.example",
+};
+
+/// Checks a link template of the pages (`http.trace_url_template`, the template of
+/// `http.rocketmq_dashboard_url`): its placeholder somewhere in it, and, with an id in its
 /// place, an absolute `http` or `https` URL of a host, without credentials (every reader of
 /// the pages would see them). No whitespace or control character: a URL parser would drop or
 /// encode them, and the link would not be the one configured.
-fn check_trace_url_template(template: &str) -> Result<(), &'static str> {
-    use crate::inspect::trace::{TRACE_ID_PLACEHOLDER, trace_link};
-    if !template.contains(TRACE_ID_PLACEHOLDER) {
-        return Err("has no {trace_id}, where the trace id goes");
+fn check_link_template(template: &str, kind: &LinkKind) -> Result<(), &'static str> {
+    if !template.contains(kind.placeholder) {
+        return Err(kind.missing);
     }
     if template.chars().any(|c| c.is_whitespace() || c.is_control()) {
         return Err("contains whitespace or control characters");
     }
-    let example = trace_link(template, "4bf92f3577b34da6a3ce929d0e0e4736");
-    let url = url::Url::parse(&example)
-        .map_err(|_| "is not an absolute URL such as https://tempo.example/explore?traceId={trace_id}")?;
+    let example = fill_link(template, kind.placeholder, kind.example_id);
+    let url = url::Url::parse(&example).map_err(|_| kind.not_a_url)?;
     if !matches!(url.scheme(), "http" | "https") {
         return Err("must start with http:// or https://");
     }
@@ -299,6 +361,7 @@ impl Default for HttpSettings {
             basic_password: String::new(),
             grafana_url: String::new(),
             trace_url_template: String::new(),
+            rocketmq_dashboard_url: String::new(),
             query_timeout_ms: 5_000,
             max_connections: 4,
             max_concurrent_requests: 16,
@@ -349,6 +412,35 @@ mod tests {
         ] {
             let err = refusal(|h| h.public_url = bad.to_owned());
             assert!(err.starts_with("configuration key http.public_url: "), "{bad}: {err}");
+            assert!(err.contains(why), "{bad}: {err}");
+        }
+    }
+
+    #[test]
+    fn the_rocketmq_dashboard_is_a_base_address_or_a_template_with_a_place_for_the_msg_id() {
+        let base = with(|h| h.rocketmq_dashboard_url = "https://mq.example/".to_owned());
+        assert_eq!(base.validate(), Ok(()));
+        assert_eq!(
+            base.rocketmq_dashboard_template().as_deref(),
+            Some("https://mq.example/#/messageTrace?msgId={msg_id}")
+        );
+        let template = with(|h| h.rocketmq_dashboard_url = "https://mq.example/trace?id={msg_id}".to_owned());
+        assert_eq!(template.validate(), Ok(()));
+        assert_eq!(
+            template.rocketmq_dashboard_template().as_deref(),
+            Some("https://mq.example/trace?id={msg_id}")
+        );
+        assert_eq!(HttpSettings::default().rocketmq_dashboard_template(), None);
+        for (bad, why) in [
+            ("mq.example", "is not an absolute URL"),
+            ("ftp://mq.example", "must start with http:// or https://"),
+            ("https://ops:secret@mq.example", "carries credentials"),
+            ("https://mq.example/?tab=1", "has a query or a fragment"),
+            ("https://mq.example/#/trace", "has a query or a fragment"),
+            ("https://mq.example/{msg_id} x", "whitespace"),
+        ] {
+            let err = refusal(|h| h.rocketmq_dashboard_url = bad.to_owned());
+            assert!(err.starts_with("configuration key http.rocketmq_dashboard_url: "), "{bad}: {err}");
             assert!(err.contains(why), "{bad}: {err}");
         }
     }

@@ -66,6 +66,7 @@ pub fn trace_context(
         retention: Some(LogRetention::days(archive.log_retention_days)),
         grafana_url: grafana_base(http),
         trace_url_template: Some(http.trace_url_template.clone()).filter(|t| !t.is_empty()),
+        dashboard_url_template: http.rocketmq_dashboard_template(),
         describers,
     }
 }

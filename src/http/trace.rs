@@ -231,7 +231,10 @@ impl StoryView {
             timeline: s
                 .deliveries
                 .iter()
-                .map(|r| RowView::new(r, web.trace.trace_url_template.as_deref()))
+                .map(|r| {
+                    RowView::new(r, web.trace.trace_url_template.as_deref())
+                        .with_message_trace(web.trace.dashboard_url_template.as_deref())
+                })
                 .collect(),
             previous_href: page_href("before", s.previous.clone()),
             next_href: page_href("after", s.next.clone()),

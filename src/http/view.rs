@@ -102,6 +102,9 @@ pub(super) struct RowView {
     /// UI `http.trace_url_template` names (empty without the setting: the id is shown as text).
     pub(super) trace_id: String,
     pub(super) trace_id_href: String,
+    /// The message's trace in the RocketMQ dashboard (`http.rocketmq_dashboard_url`), by the
+    /// id its trace records carry (the UNIQ_KEY, else the msgId); empty without the setting.
+    pub(super) message_trace_href: String,
 }
 
 impl RowView {
@@ -158,7 +161,20 @@ impl RowView {
                 (Some(id), Some(template)) => crate::inspect::trace::trace_link(template, id),
                 _ => String::new(),
             },
+            message_trace_href: String::new(),
         }
+    }
+
+    /// The row with its message's trace in the RocketMQ dashboard linked through `template`,
+    /// when there is one.
+    pub(super) fn with_message_trace(mut self, template: Option<&str>) -> Self {
+        let id = if self.uniq_key.is_empty() { &self.msg_id } else { &self.uniq_key };
+        if let Some(template) = template
+            && !id.is_empty()
+        {
+            self.message_trace_href = crate::inspect::trace::message_trace_link(template, id);
+        }
+        self
     }
 }
 

@@ -384,6 +384,9 @@ pub struct TraceContext {
     /// The URL of a trace in Tempo, Jaeger or the like, `{trace_id}` standing for the trace id
     /// (`http.trace_url_template`, checked at load).
     pub trace_url_template: Option<String>,
+    /// The URL of a message's trace in the RocketMQ dashboard, `{msg_id}` standing for the
+    /// message's id (from `http.rocketmq_dashboard_url`, checked at load).
+    pub dashboard_url_template: Option<String>,
     /// Handlers by biz_type, for the business state.
     pub describers: BTreeMap<String, Arc<dyn Handler>>,
 }
@@ -395,6 +398,7 @@ impl std::fmt::Debug for TraceContext {
             .field("retention", &self.retention)
             .field("grafana_url", &self.grafana_url)
             .field("trace_url_template", &self.trace_url_template)
+            .field("dashboard_url_template", &self.dashboard_url_template)
             .field("describers", &self.describers.keys().collect::<Vec<_>>())
             .finish()
     }
@@ -1205,12 +1209,25 @@ pub(crate) fn grafana_link(base: &str, from_ms: i64, to_ms: i64, biz_type: &str)
 /// The link to a trace: `template` with every `{trace_id}` replaced by the id, percent-encoded
 /// (a stored trace id is hex, which encoding leaves as it is; anything else is encoded).
 pub fn trace_link(template: &str, trace_id: &str) -> String {
-    let encoded: String = url::form_urlencoded::byte_serialize(trace_id.as_bytes()).collect();
-    template.replace(TRACE_ID_PLACEHOLDER, &encoded)
+    fill_link(template, TRACE_ID_PLACEHOLDER, trace_id)
+}
+
+/// The link to a message's trace in the RocketMQ dashboard: `template` (from
+/// `http.rocketmq_dashboard_url`) with every `{msg_id}` replaced by the id, percent-encoded.
+pub fn message_trace_link(template: &str, msg_id: &str) -> String {
+    fill_link(template, MSG_ID_PLACEHOLDER, msg_id)
+}
+
+/// `template` with every `placeholder` replaced by `id`, percent-encoded.
+pub fn fill_link(template: &str, placeholder: &str, id: &str) -> String {
+    let encoded: String = url::form_urlencoded::byte_serialize(id.as_bytes()).collect();
+    template.replace(placeholder, &encoded)
 }
 
 /// What a trace URL template puts the trace id in place of.
 pub const TRACE_ID_PLACEHOLDER: &str = "{trace_id}";
+/// What a dashboard URL template puts the message's id in place of.
+pub const MSG_ID_PLACEHOLDER: &str = "{msg_id}";
 
 /// The story as plain text, for `idemgate trace`.
 pub fn render_text(answer: &Answer) -> String {

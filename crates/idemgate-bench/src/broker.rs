@@ -361,7 +361,9 @@ pub(crate) async fn run(options: &Options, mut report: impl FnMut(&Run)) -> anyh
         d.topic = topic.clone();
         d.properties.insert(SEQ.to_owned(), i.to_string());
     }
-    let producer = Producer::start(&name_server, "idemgate_bench_producer").await?;
+    let producer =
+        Producer::start(&idemgate::broker::BrokerAccess::open(&name_server), "idemgate_bench_producer")
+            .await?;
     let started = Instant::now();
     for d in &stream {
         producer.send(d).await?;

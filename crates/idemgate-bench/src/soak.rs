@@ -119,7 +119,7 @@ pub(crate) async fn command(options: Options) -> anyhow::Result<()> {
         // The first producers take the remainder of the rate, one message per second each.
         let rate = share + u32::from(p < options.rate % options.producers);
         let produce_options = ProduceOptions {
-            name_server: name_server.clone(),
+            access: idemgate::broker::BrokerAccess::open(&name_server),
             producer_group: format!("idemgate_soak_producer_{p}"),
             topic: topic.clone(),
             count: u64::from(rate) * 60 * options.minutes,

@@ -208,6 +208,7 @@ async fn measure(store: &Store, backend: Backend, options: &Options) -> anyhow::
         retention: Some(idemgate::archive::LogRetention::days(90)),
         grafana_url: Some("http://grafana:3000/d/idemgate".to_owned()),
         trace_url_template: None,
+        dashboard_url_template: None,
         describers: shop::handlers().by_biz_type(&idemgate::route::Routes::new(&shop::routes(shop::TOPIC))?),
     };
     let mut rng = rand::rng();

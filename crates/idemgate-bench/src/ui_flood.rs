@@ -237,7 +237,9 @@ pub(crate) async fn run(options: &Options, progress: impl Fn(&str)) -> anyhow::R
     for d in &mut stream {
         d.topic = topic.clone();
     }
-    let producer = Producer::start(&name_server, "idemgate_bench_producer").await?;
+    let producer =
+        Producer::start(&idemgate::broker::BrokerAccess::open(&name_server), "idemgate_bench_producer")
+            .await?;
     for d in &stream {
         producer.send(d).await?;
     }

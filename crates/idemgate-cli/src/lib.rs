@@ -339,6 +339,7 @@ pub async fn run_with(cli: Cli, own: Handlers, defaults: impl FnOnce(&mut Settin
             shown.database.url = redact_url(&shown.database.url);
             shown.http = shown.http.redacted();
             shown.redis = shown.redis.redacted();
+            shown.broker = shown.broker.redacted();
             print!("{}", toml::to_string_pretty(&shown).context("rendering the configuration")?);
             Ok(Exit::Success)
         }
@@ -416,8 +417,11 @@ async fn replay_command(settings: &Settings, own: Handlers, args: ReplayArgs) ->
         None
     } else {
         Some(
-            idemgate::broker::Producer::start(&settings.broker.name_server, &settings.broker.producer_group)
-                .await?,
+            idemgate::broker::Producer::start(
+                &idemgate::broker::BrokerAccess::of(&settings.broker)?,
+                &settings.broker.producer_group,
+            )
+            .await?,
         )
     };
     let group = service.identity().consumer_group;
@@ -513,7 +517,7 @@ async fn produce_command(settings: &Settings, args: ProduceArgs) -> anyhow::Resu
         early_payments: share("early-payments", args.early_payments, 1.0)?,
     };
     let options = idemgate_shop::produce::ProduceOptions {
-        name_server: settings.broker.name_server.clone(),
+        access: idemgate::broker::BrokerAccess::of(&settings.broker)?,
         producer_group: settings.broker.producer_group.clone(),
         topic: args.topic,
         count: args.count,

@@ -8,12 +8,14 @@ use std::time::{Duration, Instant};
 use serde::Serialize;
 
 use crate::traffic::{Mix, Send, Tally, Traffic};
-use idemgate::broker::Producer;
+use idemgate::broker::{BrokerAccess, Producer};
 
 /// What to send.
 #[derive(Debug, Clone)]
 pub struct ProduceOptions {
-    pub name_server: String,
+    /// How the producer reaches the cluster: the name server, and the account and namespace
+    /// of `[broker]`.
+    pub access: BrokerAccess,
     pub producer_group: String,
     pub topic: String,
     pub count: u64,
@@ -51,7 +53,7 @@ pub async fn run(
     options: &ProduceOptions,
     mut on_send: impl FnMut(&SendRecord<'_>),
 ) -> anyhow::Result<ProduceReport> {
-    let producer = Producer::start(&options.name_server, &options.producer_group).await?;
+    let producer = Producer::start(&options.access, &options.producer_group).await?;
     let mut traffic = Traffic::new(options.mix, options.seed, &options.run, &options.topic);
     let started = Instant::now();
     let mut tick = (options.rate > 0).then(|| {

@@ -5,6 +5,13 @@
 //! started again. The binaries come from `scripts/install-rocketmq.sh` (installed once per
 //! machine, outside the clone).
 //!
+//! A [`LocalBroker`] started with [`BrokerOptions`] may have authentication and authorization on,
+//! with a super user of the test's choosing, through which [`LocalBroker::create_user`] adds
+//! accounts with exactly the rights a test names (users and ACLs are the broker's auth metadata,
+//! made through the admin API as `mqadmin createUser` / `createAcl` do), and
+//! [`LocalBroker::read_trace`] reads the message-trace topic back, decoded from the Java client's
+//! trace format.
+//!
 //! Every process is stopped by process id when its owner is dropped, and a small watchdog per
 //! process stops it too if this process dies first, so a killed test run leaves nothing behind.
 
@@ -16,10 +23,12 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
 use cheetah_string::CheetahString;
-use rocketmq_client_rust::{DefaultMQAdminExt, MQAdminReadExt, TopicAdmin};
+use rocketmq_client_rust::{
+    AuthAdmin, DefaultMQAdminExt, MQAdminReadExt, TopicAdmin, TraceDataEncoder, TraceType,
+};
 use rocketmq_model::common::config::TopicConfig;
 
-use idemgate::broker::ClientHost;
+use idemgate::broker::{BrokerAccess, ClientHost};
 
 /// The log line that says the broker has registered with the name server.
 const READY_LINE: &str = "Register broker to name remoting_server success";
@@ -36,6 +45,52 @@ pub struct LocalBroker {
     namesrv: Server,
     broker: Server,
     dir: tempfile::TempDir,
+    options: BrokerOptions,
+}
+
+/// How a [`LocalBroker`] is set up beyond the defaults.
+#[derive(Debug, Clone, Default)]
+pub struct BrokerOptions {
+    /// Authentication and authorization on, with this super user; `None`: an open broker.
+    pub auth: Option<SuperUser>,
+    /// The broker's message-trace topic (`msgTraceTopicName`), created at start
+    /// (`traceTopicEnable`); `None`: neither set.
+    pub trace_topic: Option<String>,
+}
+
+/// The broker's first user (`initAuthenticationUser`), which may do anything: the one the test
+/// kit itself signs as, and through which other users are made.
+#[derive(Debug, Clone)]
+pub struct SuperUser {
+    pub name: String,
+    pub secret: String,
+}
+
+/// One right of a user: `actions` (`Sub`, `Pub`, `Get`, …, or `All`) on `resource`
+/// (`Topic:orders`, `Group:orders_consumer`, `Topic:*`, …), allowed from anywhere.
+#[derive(Debug, Clone)]
+pub struct Right {
+    pub resource: String,
+    pub actions: Vec<String>,
+}
+
+impl Right {
+    pub fn new(resource: impl Into<String>, actions: &[&str]) -> Self {
+        Self { resource: resource.into(), actions: actions.iter().map(|a| (*a).to_owned()).collect() }
+    }
+}
+
+/// One consume record of the trace topic, as the Java client writes it (`SubAfter`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ConsumeTrace {
+    /// The message's id as the producer got it (its UNIQ_KEY).
+    pub msg_id: String,
+    /// The consumer group, without the namespace (from the consumption's `SubBefore` record
+    /// when its `SubAfter` does not carry it).
+    pub group: String,
+    pub success: bool,
+    /// How long the consumption took, in milliseconds.
+    pub cost_ms: i32,
 }
 
 impl LocalBroker {
@@ -50,11 +105,17 @@ impl LocalBroker {
 
     /// Starts a name server and a broker and waits until the broker has registered.
     pub fn start() -> anyhow::Result<Self> {
+        Self::start_with(BrokerOptions::default())
+    }
+
+    /// Starts a name server and a broker set up as `options` say, and waits until the broker
+    /// has registered and takes new topics.
+    pub fn start_with(options: BrokerOptions) -> anyhow::Result<Self> {
         let dir = temp_dir()?;
         let (name_server, namesrv) = start_name_server(dir.path())?;
-        let mut broker = Server::broker(dir.path(), "broker-a", &name_server, true)?;
+        let mut broker = Server::broker_with(dir.path(), "broker-a", &name_server, true, &options)?;
         broker.start(dir.path())?;
-        let mut local = Self { name_server, namesrv, broker, dir };
+        let mut local = Self { name_server, namesrv, broker, dir, options };
         local.broker.wait_ready(local.dir.path(), READY_WITHIN)?;
         local.wait_for_topic_creation(Duration::from_secs(60))?;
         Ok(local)
@@ -69,13 +130,84 @@ impl LocalBroker {
         self.dir.path()
     }
 
+    /// `host:port` of the broker.
+    pub fn broker_addr(&self) -> String {
+        format!("127.0.0.1:{}", self.broker.port)
+    }
+
+    /// How the test kit reaches the broker: as the super user when authentication is on.
+    pub fn access(&self) -> BrokerAccess {
+        let open = BrokerAccess::open(&self.name_server);
+        match &self.options.auth {
+            Some(user) => open.with_account(&user.name, &user.secret),
+            None => open,
+        }
+    }
+
+    /// Makes a normal user `name` with `secret` and exactly `rights`, through the admin API
+    /// signed as the super user.
+    pub fn create_user(&self, name: &str, secret: &str, rights: &[Right]) -> anyhow::Result<()> {
+        let (access, broker) = (self.access(), self.broker_addr());
+        let (name, secret, rights) = (name.to_owned(), secret.to_owned(), rights.to_vec());
+        on_a_thread_of_its_own(Box::pin(async move {
+            let host = ClientHost::new("admin", 1)?;
+            // Boxed: the admin client's futures are deep.
+            let mut admin = Box::pin(start_admin(&host, &access)).await?;
+            let made = Box::pin(provision(&admin, &broker, &name, &secret, &rights)).await;
+            admin.shutdown().await;
+            host.shutdown().await;
+            made
+        }))
+    }
+
+    /// Every consume record in `trace_topic` so far, read from its first offset through a pull
+    /// as the super user.
+    pub fn read_trace(&self, trace_topic: &str) -> anyhow::Result<Vec<ConsumeTrace>> {
+        let (access, topic) = (self.access(), trace_topic.to_owned());
+        on_a_thread_of_its_own(async move {
+            let host = ClientHost::new("trace-reader", 1)?;
+            let bodies = Box::pin(pull_everything(&host, &access, &topic)).await;
+            host.shutdown().await;
+            // A `SubAfter` record carries the consumption's result and cost; its `SubBefore`
+            // (the same request id) the group, which the Java format writes there only.
+            let contexts: Vec<_> =
+                bodies?.iter().flat_map(|b| TraceDataEncoder::decoder_from_trace_data_string(b)).collect();
+            let group_of = |request_id: &str| {
+                contexts
+                    .iter()
+                    .find(|c| {
+                        matches!(c.trace_type, Some(TraceType::SubBefore)) && c.request_id == request_id
+                    })
+                    .map(|c| c.group_name.to_string())
+                    .unwrap_or_default()
+            };
+            let mut out = Vec::new();
+            for context in contexts.iter().filter(|c| matches!(c.trace_type, Some(TraceType::SubAfter))) {
+                let group = if context.group_name.is_empty() {
+                    group_of(context.request_id.as_str())
+                } else {
+                    context.group_name.to_string()
+                };
+                for bean in context.trace_beans.iter().flatten() {
+                    out.push(ConsumeTrace {
+                        msg_id: bean.msg_id.to_string(),
+                        group: group.clone(),
+                        success: context.is_success,
+                        cost_ms: context.cost_time,
+                    });
+                }
+            }
+            Ok(out)
+        })
+    }
+
     /// Waits until a send to a topic nobody created succeeds: the name server then holds the
     /// route of the broker's auto-create topic, which every test and benchmark relies on. The
     /// broker's registration alone does not promise that.
     fn wait_for_topic_creation(&self, limit: Duration) -> anyhow::Result<()> {
-        let name_server = self.name_server.clone();
+        let access = self.access();
         on_a_thread_of_its_own(async move {
-            let producer = idemgate::broker::Producer::start(&name_server, "idemgate_ready_probe").await?;
+            let producer = idemgate::broker::Producer::start(&access, "idemgate_ready_probe").await?;
             let started = Instant::now();
             let probe = idemgate::delivery::Delivery {
                 topic: "idemgate_ready_probe".to_owned(),
@@ -99,6 +231,105 @@ impl LocalBroker {
             outcome
         })
     }
+}
+
+/// An admin client signed as `access` says, started.
+async fn start_admin(host: &ClientHost, access: &BrokerAccess) -> anyhow::Result<DefaultMQAdminExt> {
+    let mut admin = match access.rpc_hook() {
+        Some(hook) => DefaultMQAdminExt::with_admin_ext_group_rpc_hook_and_timeout(
+            host.client_runtime(),
+            "idemgate_local_admin",
+            hook,
+            Duration::from_secs(5),
+        ),
+        None => DefaultMQAdminExt::with_admin_ext_group_and_timeout(
+            host.client_runtime(),
+            "idemgate_local_admin",
+            Duration::from_secs(5),
+        ),
+    };
+    admin.set_namesrv_addr(access.name_server());
+    admin.start().await.context("starting the admin client")?;
+    Ok(admin)
+}
+
+/// Makes the normal user `name` with `secret` at `broker` and grants it `rights`.
+async fn provision(
+    admin: &DefaultMQAdminExt,
+    broker: &str,
+    name: &str,
+    secret: &str,
+    rights: &[Right],
+) -> anyhow::Result<()> {
+    let broker = CheetahString::from(broker);
+    AuthAdmin::create_user(
+        admin,
+        broker.clone(),
+        CheetahString::from(name),
+        CheetahString::from(secret),
+        CheetahString::from_static_str("Normal"),
+    )
+    .await
+    .with_context(|| format!("creating user {name}"))?;
+    for right in rights {
+        AuthAdmin::create_acl(
+            admin,
+            broker.clone(),
+            CheetahString::from(format!("User:{name}")),
+            vec![CheetahString::from(right.resource.as_str())],
+            right.actions.iter().map(|a| CheetahString::from(a.as_str())).collect(),
+            Vec::new(),
+            CheetahString::from_static_str("Allow"),
+        )
+        .await
+        .with_context(|| format!("granting {name} {:?} on {}", right.actions, right.resource))?;
+    }
+    Ok(())
+}
+
+/// The bodies of every message of `topic`, from each queue's first offset to its end, within
+/// 20 s.
+#[allow(deprecated)]
+async fn pull_everything(
+    host: &ClientHost,
+    access: &BrokerAccess,
+    topic: &str,
+) -> anyhow::Result<Vec<String>> {
+    use rocketmq_client_rust::DefaultMQPullConsumer;
+    let mut builder = DefaultMQPullConsumer::builder(host.client_runtime())
+        .name_server_addr(access.name_server().to_owned())
+        .consumer_group("idemgate_trace_reader")
+        .consumer_pull_timeout(Duration::from_secs(3));
+    if let Some(hook) = access.rpc_hook() {
+        builder = builder.rpc_hook(hook);
+    }
+    let puller = builder.build().context("building the trace reader")?;
+    puller.start().await.context("starting the trace reader")?;
+    let read = tokio::time::timeout(Duration::from_secs(20), async {
+        let mut bodies = Vec::new();
+        let queues =
+            puller.fetch_subscribe_message_queues(topic).await.context("the trace topic's queues")?;
+        for queue in &queues {
+            let mut offset = 0;
+            loop {
+                let pulled = puller.pull(queue, "*", offset, 32).await.context("pulling the trace topic")?;
+                let found = pulled.msg_found_list().map(|f| f.to_vec()).unwrap_or_default();
+                if found.is_empty() {
+                    break;
+                }
+                for m in &found {
+                    bodies
+                        .push(String::from_utf8_lossy(m.body().as_deref().unwrap_or_default()).into_owned());
+                }
+                offset = pulled.next_begin_offset() as i64;
+            }
+        }
+        anyhow::Ok(bodies)
+    })
+    .await
+    .unwrap_or_else(|_| Err(anyhow::anyhow!("reading the trace topic took more than 20 s")));
+    let _ = puller.shutdown().await;
+    read
 }
 
 impl Drop for LocalBroker {
@@ -280,7 +511,33 @@ fn used_ratio(df: &str) -> Option<f64> {
 impl Server {
     /// A broker of [`CLUSTER`] on free ports, with its configuration written under `dir`.
     fn broker(dir: &Path, name: &str, name_server: &str, auto_create_topics: bool) -> anyhow::Result<Self> {
+        Self::broker_with(dir, name, name_server, auto_create_topics, &BrokerOptions::default())
+    }
+
+    /// [`Server::broker`] set up as `options` say.
+    fn broker_with(
+        dir: &Path,
+        name: &str,
+        name_server: &str,
+        auto_create_topics: bool,
+        options: &BrokerOptions,
+    ) -> anyhow::Result<Self> {
         check_disk(dir)?;
+        let mut extra = String::new();
+        if let Some(user) = &options.auth {
+            // Authorization needs authentication on and a non-blank auth config path; the users
+            // and ACLs the admin API makes are kept there.
+            extra.push_str(&format!(
+                "authenticationEnabled = true\nauthorizationEnabled = true\nauthConfigPath = \"{}\"\n\
+                 initAuthenticationUser = \"{}:{}\"\n",
+                dir.join(format!("{name}-auth")).display(),
+                user.name,
+                user.secret
+            ));
+        }
+        if let Some(topic) = &options.trace_topic {
+            extra.push_str(&format!("traceTopicEnable = true\nmsgTraceTopicName = \"{topic}\"\n"));
+        }
         // The broker listens on its port, on port − 2 (its fast port) and on the HA port.
         let base = free_port_run(4)?;
         let (port, ha_port) = (base + 2, base + 3);
@@ -295,7 +552,7 @@ storePathRootDir = "{store}"
 namesrvAddr = "{name_server}"
 brokerIp1 = "127.0.0.1"
 autoCreateTopicEnable = {auto_create_topics}
-
+{extra}
 [broker.brokerIdentity]
 brokerName = "{name}"
 brokerClusterName = "{CLUSTER}"

@@ -311,6 +311,7 @@ mod cases {
             retention: None,
             grafana_url: None,
             trace_url_template: None,
+            dashboard_url_template: None,
             describers: Default::default(),
         };
         for id in ["SH-0", "SH-17", "SH-39"] {

@@ -5,6 +5,7 @@
 
 use crate::conformance::support;
 
+mod dashboard;
 mod hot_key;
 mod traces;
 

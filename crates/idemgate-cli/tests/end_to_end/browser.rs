@@ -105,7 +105,7 @@ async fn an_engineer_traces_a_key_with_a_resend_a_retry_and_a_dead_letter_in_chr
 
     let key = format!("{run}-PAY-TRACE");
     let order_no = format!("{run}-ORD-TRACE");
-    let producer = Producer::start(broker().name_server(), &unique("pgroup")).await.expect("producer");
+    let producer = Producer::start(&broker().access(), &unique("pgroup")).await.expect("producer");
     producer.send(&payment(&topic, &key, &order_no, 1_250)).await.expect("send the payment");
     wait_for_log(&db.store, &key, "dead letter", |s| s.iter().any(|o| o.starts_with("dead_lettered"))).await;
     producer.send(&order(&topic, &order_no, 1_250)).await.expect("send the order");

@@ -244,6 +244,36 @@ fn the_config_command_masks_a_password_in_the_url_query() {
     assert!(out.contains("url = \"postgres://u@127.0.0.1/x?sslmode=disable&password=***\""), "{out}");
 }
 
+/// The broker account's secret, from its environment variable, is printed as `***` by
+/// `idemgate config`; a secret file that cannot be read stops the command with the key and the
+/// path named.
+#[test]
+fn the_config_command_masks_the_broker_secret_and_names_an_unreadable_secret_file() {
+    let run = |vars: &[(&str, &str)]| {
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_idemgate-shop"))
+            .arg("config")
+            .env("IDEMGATE_BROKER__ACCESS_KEY", "idemgate-orders")
+            .envs(vars.iter().copied())
+            .env_remove("RUST_LOG")
+            .output()
+            .expect("run idemgate config");
+        (
+            out.status.code(),
+            String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr),
+        )
+    };
+    let (code, out) = run(&[("IDEMGATE_BROKER__SECRET_KEY", "Zebra-s3cret-9931")]);
+    assert_eq!(code, Some(0), "{out}");
+    assert!(!out.contains("Zebra-s3cret-9931"), "{out}");
+    assert!(
+        out.contains("secret_key = \"***\"") && out.contains("access_key = \"idemgate-orders\""),
+        "{out}"
+    );
+    let (code, out) = run(&[("IDEMGATE_BROKER__SECRET_KEY_FILE", "/nonexistent/rocketmq-secret")]);
+    assert_eq!(code, Some(1), "{out}");
+    assert!(out.contains("broker.secret_key_file") && out.contains("/nonexistent/rocketmq-secret"), "{out}");
+}
+
 /// A database that cannot be reached: the error names the masked URL, never the password.
 #[test]
 fn a_failed_connection_never_prints_the_password() {

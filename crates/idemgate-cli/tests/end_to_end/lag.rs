@@ -39,7 +39,7 @@ async fn read_until(
 async fn messages_sent_before_the_group_starts_are_its_lag_and_none_is_left_once_serve_consumed_them() {
     let db = database(Backend::Postgres).await;
     let (topic, group, run) = (unique("lag"), unique("group"), unique("L").replace('_', ""));
-    let producer = Producer::start(broker().name_server(), &unique("pgroup")).await.expect("producer");
+    let producer = Producer::start(&broker().access(), &unique("pgroup")).await.expect("producer");
     let first_sent = Instant::now();
     for i in 0..SENT {
         producer.send(&order(&topic, &format!("{run}-O-{i}"), 100 + i)).await.expect("the send");
@@ -48,8 +48,7 @@ async fn messages_sent_before_the_group_starts_are_its_lag_and_none_is_left_once
     producer.shutdown().await;
 
     // Nobody consumes yet: every message sent is lag, and the oldest waits since the first send.
-    let probe =
-        LagProbe::start(broker().name_server(), &group, Duration::from_secs(5)).await.expect("the probe");
+    let probe = LagProbe::start(&broker().access(), &group, Duration::from_secs(5)).await.expect("the probe");
     let before = read_until(&probe, &topic, Duration::from_secs(30), |l| l.messages() == SENT).await;
     let read_at = Instant::now();
     assert_eq!(before.messages(), SENT, "{before:?}");

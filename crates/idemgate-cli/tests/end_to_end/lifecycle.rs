@@ -66,7 +66,7 @@ async fn a_listener_call_that_panics_stops_the_service_with_the_consumer_named()
     let addr = running.url().trim_start_matches("http://").to_owned();
     assert_eq!(readiness(&addr).await.0, 200, "ready once started");
 
-    let producer = Producer::start(broker().name_server(), &unique("pgroup")).await.expect("producer");
+    let producer = Producer::start(&broker().access(), &unique("pgroup")).await.expect("producer");
     let key = format!("{run}-BOOM-1");
     let message = Delivery {
         topic: topic.clone(),
@@ -111,7 +111,7 @@ async fn a_fresh_service_consumes_the_first_send_to_a_new_topic_within_a_few_sec
     let db = database(Backend::Postgres).await;
     let (topic, group, run) = (unique("fresh"), unique("group"), unique("N").replace('_', ""));
     let service = Service::start(&settings(&db.url, &topic, &group, "fresh", 2));
-    let producer = Producer::start(broker().name_server(), &unique("pgroup")).await.expect("producer");
+    let producer = Producer::start(&broker().access(), &unique("pgroup")).await.expect("producer");
     service.wait_for_line(NO_ROUTE_YET, Duration::from_secs(10));
 
     // The topic is created by this send.
@@ -149,7 +149,7 @@ async fn a_replay_form_older_than_its_lifetime_is_refused() {
     settings.http.csrf_token_ttl_seconds = 60;
     let service = Service::start(&settings);
     let addr = service_addr(&service);
-    let producer = Producer::start(broker().name_server(), &unique("pgroup")).await.expect("producer");
+    let producer = Producer::start(&broker().access(), &unique("pgroup")).await.expect("producer");
     let (key, order_no) = (format!("{run}-PAY-1"), format!("{run}-ORD-1"));
     dead_letter_then_fix(&db.store, &producer, &topic, &key, &order_no).await;
 

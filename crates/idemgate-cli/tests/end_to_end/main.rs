@@ -1,5 +1,6 @@
 //! `idemgate serve` and `idemgate produce` against a real RocketMQ broker and real databases.
 
+mod acl;
 mod browser;
 mod cluster;
 mod command_line;

@@ -76,7 +76,7 @@ async fn a_dead_letter_is_replayed_into_exactly_one_effect_and_a_second_replay_i
     let addr = service_addr(&service);
     let config = ConfigFile::of(&settings);
     let replay = |args: &[&str]| config.replay(args);
-    let producer = Producer::start(broker().name_server(), &unique("pgroup")).await.unwrap();
+    let producer = Producer::start(&broker().access(), &unique("pgroup")).await.unwrap();
 
     // 1. By command.
     let (key, order_no) = (format!("{run}-PAY-1"), format!("{run}-ORD-1"));
@@ -178,7 +178,7 @@ async fn after_the_handler_is_fixed_a_replay_applies_the_dead_letter_exactly_onc
         .start()
         .await
         .expect("the service starts");
-    let producer = Producer::start(broker().name_server(), &unique("pgroup")).await.unwrap();
+    let producer = Producer::start(&broker().access(), &unique("pgroup")).await.unwrap();
 
     let key = format!("{run}-FRAGILE-1");
     let message = Delivery {
@@ -250,7 +250,7 @@ async fn an_invalid_delivery_is_replayed_after_its_route_is_fixed_into_exactly_o
     for route in broken.routes.iter_mut().filter(|r| r.biz_type == shop::ORDER_CREATE) {
         route.biz_id = "property:ORDER_NO".to_owned();
     }
-    let producer = Producer::start(broker().name_server(), &unique("pgroup")).await.unwrap();
+    let producer = Producer::start(&broker().access(), &unique("pgroup")).await.unwrap();
 
     let service = Service::start(&broken);
     let orders = [format!("{run}-ORD-1"), format!("{run}-ORD-2")];

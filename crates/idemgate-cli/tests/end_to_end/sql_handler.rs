@@ -113,7 +113,7 @@ async fn a_configured_sql_handler_credits_each_wallet_once_through_serve_and_the
     expected.sort_unstable();
     assert_eq!(db.tables().await.expect("the tables"), expected);
 
-    let producer = Producer::start(broker().name_server(), &unique("pgroup")).await.expect("producer");
+    let producer = Producer::start(&broker().access(), &unique("pgroup")).await.expect("producer");
     let mut sends = 0;
     for i in 0..CREDITS {
         let message = credit(&topic, &run, i);
@@ -228,7 +228,7 @@ async fn a_row_lock_past_the_client_deadline_makes_each_delivery_answer_retry_it
         .await
         .expect("the row lock");
     let locked_at = Instant::now();
-    let producer = Producer::start(broker().name_server(), &unique("pgroup")).await.expect("producer");
+    let producer = Producer::start(&broker().access(), &unique("pgroup")).await.expect("producer");
     for i in 0..LOCKED_CREDITS {
         let body =
             serde_json::json!({ "credit_id": format!("{run}-L{i}"), "user_id": "user-0", "cents": 100 });

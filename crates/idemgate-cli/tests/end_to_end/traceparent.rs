@@ -22,7 +22,7 @@ async fn a_traceparent_sent_through_the_broker_is_logged_linked_and_searchable()
     s.http.trace_url_template = "https://tempo.example/explore?traceId={trace_id}".to_owned();
     let service = Service::start(&s);
     let addr = service_addr(&service);
-    let producer = Producer::start(broker().name_server(), &unique("pgroup")).await.expect("producer");
+    let producer = Producer::start(&broker().access(), &unique("pgroup")).await.expect("producer");
 
     let trace_id = "4bf92f3577b34da6a3ce929d0e0e4736";
     let (traced, unreadable) = (format!("{run}-O-1"), format!("{run}-O-2"));
