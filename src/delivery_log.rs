@@ -171,7 +171,11 @@ static LOGGED_AT: Sql = Sql::new(
 /// instance, logged at its very millisecond. A group's rows are written in its transaction with
 /// one `logged_at_ms`; after a COMMIT that lost its answer, this read on a fresh connection
 /// tells whether the group committed.
-pub(crate) async fn is_logged(conn: &mut Conn, backend: Backend, entry: &Entry<'_>) -> Result<bool, sqlx::Error> {
+pub(crate) async fn is_logged(
+    conn: &mut Conn,
+    backend: Backend,
+    entry: &Entry<'_>,
+) -> Result<bool, sqlx::Error> {
     use sqlx::Row;
     let row = query(backend, &LOGGED_AT)
         .bind(stored_id(&entry.delivery.msg_id, MAX_ID_CHARS).into_owned())

@@ -566,7 +566,9 @@ mod tests {
     #[test]
     fn only_a_dead_connection_counts_as_lost() {
         use std::io::{Error, ErrorKind};
-        for kind in [ErrorKind::UnexpectedEof, ErrorKind::ConnectionReset, ErrorKind::BrokenPipe, ErrorKind::TimedOut] {
+        for kind in
+            [ErrorKind::UnexpectedEof, ErrorKind::ConnectionReset, ErrorKind::BrokenPipe, ErrorKind::TimedOut]
+        {
             assert!(connection_lost(&sqlx::Error::Io(Error::new(kind, "cut"))), "{kind:?}");
         }
         assert!(connection_lost(&sqlx::Error::PoolClosed));

@@ -207,7 +207,9 @@ impl Core {
                 let why = overdue(&self.policy);
                 (self.refused(d, key, payload_hash, why, span, phases).await, None)
             }
-            Err(e) if self.unsettled.holds(&key, d) => self.settle_ambiguous(d, key, payload_hash, e, span, phases).await,
+            Err(e) if self.unsettled.holds(&key, d) => {
+                self.settle_ambiguous(d, key, payload_hash, e, span, phases).await
+            }
             Err(e) => {
                 let why = HandlerError::Retryable(format!("database error: {e}"));
                 (self.refused(d, key, payload_hash, why, span, phases).await, None)

@@ -323,7 +323,8 @@ impl Core {
         match read {
             Some(Ok(committed)) => {
                 tracing::info!(
-                    size = slots.len(), committed,
+                    size = slots.len(),
+                    committed,
                     "a group's COMMIT lost its connection; its log rows, read back, say whether it committed"
                 );
                 committed

@@ -143,7 +143,11 @@ impl RowView {
             now_class,
             class,
             cause: r.cause.clone().unwrap_or_default().replace('_', " "),
-            cause_meaning: r.cause.as_deref().and_then(DuplicateCause::parse).map_or("", DuplicateCause::meaning),
+            cause_meaning: r
+                .cause
+                .as_deref()
+                .and_then(DuplicateCause::parse)
+                .map_or("", DuplicateCause::meaning),
             ambiguous_commit: r.cause.as_deref() == Some(DuplicateCause::AmbiguousCommit.as_str()),
             layer: r.layer.clone().unwrap_or_default(),
             collision: r.is_collision(),

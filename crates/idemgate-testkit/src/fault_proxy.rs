@@ -207,8 +207,7 @@ impl FaultProxy {
             .ok_or_else(|| std::io::Error::other(format!("{upstream} names no address")))?;
         let listener = TcpListener::bind("127.0.0.1:0").await?;
         let addr = listener.local_addr()?;
-        let shared =
-            Arc::new(Shared { state: Mutex::default(), started: Instant::now(), wire, upstream });
+        let shared = Arc::new(Shared { state: Mutex::default(), started: Instant::now(), wire, upstream });
         let accepting = shared.clone();
         let accept = tokio::spawn(async move {
             loop {
@@ -533,7 +532,12 @@ async fn upstream(
             }
             Message::Executes(text)
                 if !shared.state().plan.cut_statement.is_empty()
-                    && shared.state().plan.cut_statement.iter().all(|needle| text.contains(needle.as_str()))
+                    && shared
+                        .state()
+                        .plan
+                        .cut_statement
+                        .iter()
+                        .all(|needle| text.contains(needle.as_str()))
                     && shared.strike(FaultKind::CutMidStatement) =>
             {
                 let half = frame.bytes.len() / 2;
@@ -594,7 +598,11 @@ async fn downstream(
         }
         if answer_ends && shared.strike(FaultKind::DelayedAnswer) {
             let delay = shared.state().plan.delay;
-            shared.record(conn.id, FaultKind::DelayedAnswer, format!("answer held back {} ms", delay.as_millis()));
+            shared.record(
+                conn.id,
+                FaultKind::DelayedAnswer,
+                format!("answer held back {} ms", delay.as_millis()),
+            );
             tokio::time::sleep(delay).await;
         }
         client_w.write_all(&frame.bytes).await?;

@@ -244,7 +244,11 @@ pub fn check(history: &History) -> Checked {
     }
     for row in &history.log {
         if !attempted.contains_key(row.msg_id.as_str()) {
-            broken(Rule::LoggedExactlyOnce, &row.biz_id, format!("msgId {}: logged, never delivered", row.msg_id));
+            broken(
+                Rule::LoggedExactlyOnce,
+                &row.biz_id,
+                format!("msgId {}: logged, never delivered", row.msg_id),
+            );
         }
     }
 
@@ -262,7 +266,10 @@ pub fn check(history: &History) -> Checked {
             broken(
                 Rule::NoFailedThatCommitted,
                 &row.biz_id,
-                format!("msgId {}: logged {}, but the claim (and the effect) is this attempt's", row.msg_id, row.outcome),
+                format!(
+                    "msgId {}: logged {}, but the claim (and the effect) is this attempt's",
+                    row.msg_id, row.outcome
+                ),
             );
         }
         // 4. The gate's own retry, blamed on the broker.
@@ -270,7 +277,10 @@ pub fn check(history: &History) -> Checked {
             broken(
                 Rule::NoGateRetryAsRedelivery,
                 &row.biz_id,
-                format!("msgId {}: a redelivery of the attempt that holds the claim: the gate's own retry", row.msg_id),
+                format!(
+                    "msgId {}: a redelivery of the attempt that holds the claim: the gate's own retry",
+                    row.msg_id
+                ),
             );
         }
         if row.is_ambiguous_note() && !own_claim {
@@ -334,7 +344,9 @@ impl History {
         let backend = store.backend();
         let pool = store.pool();
         let mut effects = BTreeMap::new();
-        for row in query_built(backend, source.effects_sql.to_owned()).fetch_all(pool).await.context("effects")? {
+        for row in
+            query_built(backend, source.effects_sql.to_owned()).fetch_all(pool).await.context("effects")?
+        {
             effects.insert(row.try_get::<String, _>(0)?, row.try_get::<i64, _>(1)?);
         }
         let mut claims = BTreeMap::new();
