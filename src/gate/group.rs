@@ -282,10 +282,10 @@ impl Core {
             return Ok(None);
         };
         let (tx, mut answers, logged_at_ms) = ready?;
-        if let Err(e) = tx.commit().await {
-            if !connection_lost(&e) || !self.group_committed(slots, &answers, logged_at_ms, due).await {
-                return Err(e);
-            }
+        if let Err(e) = tx.commit().await
+            && (!connection_lost(&e) || !self.group_committed(slots, &answers, logged_at_ms, due).await)
+        {
+            return Err(e);
         }
         watch.lap(&mut shared.commit_us);
         for (r, _) in &mut answers {
