@@ -26,7 +26,8 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
 
-use idemgate::reconcile::{AnomalyKind, ReconcileOptions, reconcile_once};
+use idemgate::reconcile::settings::Runner;
+use idemgate::reconcile::{AnomalyKind, ReconcileSettings, reconcile_once};
 use idemgate::store::{Store, query_built};
 use sqlx::Row;
 
@@ -383,17 +384,15 @@ impl History {
             });
         }
         let now = idemgate::clock::now_ms();
-        let options = ReconcileOptions {
-            consumer_group: source.consumer_group.to_owned(),
-            biz_type: Some(source.biz_type.to_owned()),
-            since_ms: source.since_ms,
-            until_ms: now + 1,
-            stuck_after_ms: 1_800_000,
-            log_retention_ms: 14 * 86_400_000,
-            max_per_kind: 10_000,
-            instance_id: "history-checker".to_owned(),
-            started_by: "command".to_owned(),
+        let runner = Runner {
+            consumer_group: source.consumer_group,
+            instance_id: "history-checker",
+            started_by: "command",
+            log_retention_days: 14,
         };
+        let window = std::time::Duration::from_millis(u64::try_from(now - source.since_ms).unwrap_or(0));
+        let options =
+            ReconcileSettings::default().options(&runner, Some(source.biz_type.to_owned()), window, now);
         let report = reconcile_once(store, &options, &[], now).await.context("the reconciler")?;
         let keys = |kind: AnomalyKind| {
             report.anomalies.iter().filter(|a| a.kind == kind).map(|a| a.biz_id.clone()).collect::<Vec<_>>()
