@@ -191,6 +191,20 @@ async fn ambiguous_commits_alone(b: Backend) {
     assert_eq!(count(&checked, "duplicate/redelivery"), 0, "{checked}");
     let counted = conflicts(&app, "cause=\"ambiguous_commit\"").await;
     assert_eq!(counted as usize, count(&checked, "duplicate/ambiguous_commit"), "counted in the metrics");
+    // The trace page names the gate's own retry for what it is.
+    let noted: String =
+        sqlx::query_scalar("SELECT biz_id FROM delivery_log WHERE cause = 'ambiguous_commit' LIMIT 1")
+            .fetch_one(app.db.store.pool())
+            .await
+            .expect("a key with an ambiguous commit");
+    let page = app.get(&format!("/trace?biz_id={noted}")).await;
+    assert_eq!(page.status, 200, "{}", page.body);
+    assert!(
+        page.body.contains("ambiguous commit")
+            && page.body.contains("the gate's own retry after its commit lost its answer"),
+        "{}",
+        page.body
+    );
     app.stop().await;
 }
 
