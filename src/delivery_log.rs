@@ -162,6 +162,31 @@ pub(crate) async fn append_many(
     Ok(())
 }
 
+static LOGGED_AT: Sql = Sql::new(
+    "SELECT COUNT(*) FROM delivery_log \
+     WHERE msg_id = ? AND consumer_group = ? AND instance_id = ? AND logged_at_ms = ?",
+);
+
+/// Whether `entry`'s row is in the log: a row of its delivery (msgId), consumer group and
+/// instance, logged at its very millisecond. A group's rows are written in its transaction with
+/// one `logged_at_ms`; after a COMMIT that lost its answer, this read on a fresh connection
+/// tells whether the group committed.
+pub(crate) async fn is_logged(
+    conn: &mut Conn,
+    backend: Backend,
+    entry: &Entry<'_>,
+) -> Result<bool, sqlx::Error> {
+    use sqlx::Row;
+    let row = query(backend, &LOGGED_AT)
+        .bind(stored_id(&entry.delivery.msg_id, MAX_ID_CHARS).into_owned())
+        .bind(entry.consumer_group.to_owned())
+        .bind(entry.instance_id.to_owned())
+        .bind(entry.logged_at_ms)
+        .fetch_one(conn)
+        .await?;
+    Ok(row.try_get::<i64, _>(0)? > 0)
+}
+
 /// Binds one row's 24 values, in column order. The trace id is the message's `traceparent`'s
 /// when it can be read; one that cannot is stored as none (the metrics count it), never a
 /// reason to refuse the row.

@@ -34,6 +34,10 @@ labelled! {
         ProducerResend => "producer_resend",
         /// A dead letter re-published by `idemgate replay`.
         Replay => "replay",
+        /// The gate's own retry of a delivery whose COMMIT lost its answer (the connection
+        /// died after the COMMIT was sent): the retry found the claim of that same delivery.
+        /// The effect committed once, by this delivery; no broker sent anything again.
+        AmbiguousCommit => "ambiguous_commit",
         /// Not enough information (no UNIQ_KEY on either side, or the claim is gone).
         Unknown => "unknown",
     }
@@ -56,6 +60,22 @@ labelled! {
         /// The archive of old claims, checked on a fresh claim by the optional late-duplicate
         /// guard: the copy arrived after its claim was archived.
         LateDuplicate => "late_duplicate",
+    }
+}
+
+impl DuplicateCause {
+    /// What the cause means to a reader of the trace page.
+    pub fn meaning(self) -> &'static str {
+        match self {
+            Self::Redelivery => "the broker or the producer sent the same message again",
+            Self::ProducerResend => "the producer sent the business event again as a new message",
+            Self::Replay => "re-published by idemgate replay",
+            Self::AmbiguousCommit => {
+                "the gate's own retry: this delivery's commit lost its answer, and the retry found \
+                 its claim; the effect committed once, no broker sent it again"
+            }
+            Self::Unknown => "not enough information to tell",
+        }
     }
 }
 

@@ -464,6 +464,28 @@ pub(crate) fn transient_cause(err: &sqlx::Error, galera: bool) -> Option<Transie
     }
 }
 
+/// True when `err` says the connection itself is gone, so that a statement already sent may or
+/// may not have taken effect: the socket failed or reached its end (`Io`: a reset, a broken
+/// pipe, an end of stream in the middle of an answer), the pool was closed, the driver's
+/// worker died, or the server said it is ending the session (SQLSTATE class 08, a connection
+/// exception; PostgreSQL's 57P01–57P03, an administrator's or a crash's shutdown; MariaDB's
+/// 70100, a killed connection). A COMMIT that fails so is ambiguous: the server may have
+/// committed before the answer was lost.
+///
+/// A `Protocol` error is not among them: it says the driver read something it did not expect
+/// from a connection still open (a bug or a corrupted stream), not that the server went away.
+/// Nor is a pool timeout: no connection was had, so nothing was sent.
+pub fn connection_lost(err: &sqlx::Error) -> bool {
+    match err {
+        sqlx::Error::Io(_) | sqlx::Error::PoolClosed | sqlx::Error::WorkerCrashed => true,
+        sqlx::Error::Database(db) => matches!(
+            db.code().as_deref(),
+            Some(code) if code.starts_with("08") || matches!(code, "57P01" | "57P02" | "57P03" | "70100")
+        ),
+        _ => false,
+    }
+}
+
 /// The longest pause before one retry of a transient conflict, however many came before.
 pub(crate) const MAX_RETRY_PAUSE: Duration = Duration::from_secs(1);
 
@@ -539,6 +561,23 @@ mod tests {
         })
         .await;
         assert_eq!((result.ok(), retries.count()), (Some(3), 2));
+    }
+
+    #[test]
+    fn only_a_dead_connection_counts_as_lost() {
+        use std::io::{Error, ErrorKind};
+        for kind in
+            [ErrorKind::UnexpectedEof, ErrorKind::ConnectionReset, ErrorKind::BrokenPipe, ErrorKind::TimedOut]
+        {
+            assert!(connection_lost(&sqlx::Error::Io(Error::new(kind, "cut"))), "{kind:?}");
+        }
+        assert!(connection_lost(&sqlx::Error::PoolClosed));
+        assert!(connection_lost(&sqlx::Error::WorkerCrashed));
+        // Nothing was sent without a connection; a driver's surprise is not the server leaving.
+        assert!(!connection_lost(&sqlx::Error::PoolTimedOut));
+        assert!(!connection_lost(&sqlx::Error::Protocol("unexpected message type 'X'".into())));
+        assert!(!connection_lost(&sqlx::Error::RowNotFound));
+        assert!(!connection_lost(&sqlx::Error::Configuration("bad url".into())));
     }
 
     #[test]

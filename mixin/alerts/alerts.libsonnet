@@ -124,7 +124,7 @@ local text = import '../lib/text.libsonnet';
             + '{{ $labels.consumer_group }} were duplicates over the last 5 minutes, for '
             + text.words(c.duplicateRatioFor) + ' (threshold ' + text.percent(c.duplicateRatioThreshold)
             + ' %). Look at the causes: redelivery (acks lost, rebalances, slow consumers), '
-            + 'producer_resend (producer retries), replay.',
+            + 'producer_resend (producer retries), replay, ambiguous_commit (database connections lost at COMMIT).',
             ui('consumer_group', '/'),
             |||
               A large share of deliveries are duplicates, for a long time. The traffic floor keeps 2

@@ -380,7 +380,7 @@ local text = import '../lib/text.libsonnet';
           10,
           'Duplicates by cause',
           'ops',
-          'Duplicates per second by cause: redelivery (same UNIQ_KEY), producer_resend (new UNIQ_KEY), replay, unknown.',
+          'Duplicates per second by cause: redelivery (same UNIQ_KEY), producer_resend (new UNIQ_KEY), replay, ambiguous_commit (a COMMIT that lost its database connection, found committed by the retry), unknown.',
           [
             ['sum by (cause) (rate(%s[$__rate_interval]))' % m('idemgate_conflicts_total', noTopic), '{{cause}}'],
           ],

@@ -5,10 +5,17 @@
 //! listener call began). A transaction not ready to commit by then is dropped (rolled back: no
 //! COMMIT is ever sent after the deadline) and the delivery is answered retry; the log row of a
 //! delivery that did not commit gets [`ANSWER_GRACE`] more. A COMMIT already sent is waited for.
+//!
+//! **A COMMIT that loses its connection** ([`connection_lost`]) may have committed. The gate
+//! remembers the attempt ([`super::ambiguous`]) and retries: a retry that finds this delivery's
+//! own claim logs a `duplicate` with cause `ambiguous_commit`; when the retries run out, the
+//! claim is read back on a fresh connection, and a claim of this delivery answers the delivery
+//! as processed (its `processed` row committed with it) instead of `failed`.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use super::ambiguous::Unsettled;
 use super::claim::Claimant;
 use super::disposition::{Disposition, Phases, committed_disposition, rejection_disposition, replay_cause};
 use super::guard;
@@ -22,7 +29,7 @@ use crate::layout::Layout;
 use crate::outcome::{Claim, DuplicateCause, Layer, Outcome, Verdict, classify};
 use crate::prefilter::{Check, Prefilter, PrefilterReport, Settle};
 use crate::route::{BizKey, MAX_ID_CHARS, Rejection, Routes, excerpt};
-use crate::store::Store;
+use crate::store::{Store, connection_lost};
 use crate::throttle::{Permit, Throttle};
 
 /// After a delivery's deadline, how long its log row may still take to write: the answer of a
@@ -66,6 +73,8 @@ pub(crate) struct Core {
     pub(super) prefilter: Option<Arc<Prefilter>>,
     /// The claim tables, read from the database on first use ([`crate::layout::recorded`]).
     pub(super) layout: tokio::sync::OnceCell<Layout>,
+    /// The deliveries whose COMMIT lost its answer, until their fate is known.
+    pub(super) unsettled: Unsettled,
 }
 
 /// Where an attempt ended.
@@ -176,6 +185,10 @@ impl Core {
         let (attempt, retries) = self.retried(|| self.attempt(d, &key, payload_hash, span, &timing)).await;
         let mut phases = timing.into_inner().unwrap_or_else(std::sync::PoisonError::into_inner);
         phases.transient_retries += retries;
+        if !matches!(attempt, Ok(Attempt::Taken(_)) | Err(_)) {
+            // This attempt's own transaction decided: an earlier ambiguous one did not commit.
+            self.unsettled.forget(&key, d);
+        }
         match attempt {
             Ok(Attempt::Committed { effect }) => {
                 let claim = crate::prefilter::claim_of(d, payload_hash);
@@ -194,8 +207,66 @@ impl Core {
                 let why = overdue(&self.policy);
                 (self.refused(d, key, payload_hash, why, span, phases).await, None)
             }
+            Err(e) if self.unsettled.holds(&key, d) => {
+                self.settle_ambiguous(d, key, payload_hash, e, span, phases).await
+            }
             Err(e) => {
                 let why = HandlerError::Retryable(format!("database error: {e}"));
+                (self.refused(d, key, payload_hash, why, span, phases).await, None)
+            }
+        }
+    }
+
+    /// The retries of a delivery whose COMMIT lost its answer ran out (`e` the last error): reads
+    /// its claim back on a fresh connection, by the deadline's grace, to learn whether the
+    /// commit happened. A claim of this delivery: the effect and its `processed` row committed,
+    /// and the delivery is answered processed, with no second row. No claim: nothing committed,
+    /// and the delivery fails as any other. Unreadable: it fails, and the broker's redelivery
+    /// finds the truth in the claim.
+    async fn settle_ambiguous(
+        &self,
+        d: &Delivery,
+        key: BizKey,
+        payload_hash: &str,
+        e: sqlx::Error,
+        span: Span,
+        mut phases: Phases,
+    ) -> (Disposition, Option<Claim>) {
+        self.unsettled.forget(&key, d);
+        let backend = self.store.backend();
+        let lookup_started = Instant::now();
+        let read = self.retried(|| async {
+            let table = self.layout().await?.table_for(
+                &self.identity.consumer_group,
+                &key.biz_type,
+                &key.biz_id,
+                key.execute_time,
+            );
+            let mut conn = self.store.pool().acquire().await?;
+            super::claim::find(&mut conn, backend, table, &self.identity.consumer_group, &key).await
+        });
+        let (claim, retries) =
+            until(span.due + ANSWER_GRACE, read).await.unwrap_or_else(|| (Err(sqlx::Error::PoolTimedOut), 0));
+        phases.transient_retries += retries;
+        phases.lookup_us += micros(lookup_started.elapsed());
+        match claim {
+            Ok(Some(claim)) if claim.msg_id == d.msg_id => {
+                tracing::info!(
+                    biz_type = %key.biz_type, biz_id = %key.biz_id, msg_id = ?d.msg_id, error = %e,
+                    "a commit lost its answer and the retries ran out; the claim read back is this delivery's: it committed"
+                );
+                let mut r = committed_disposition(d, key, &Effect::Applied, phases);
+                r.latency = span.started.elapsed();
+                (r, Some(claim))
+            }
+            read => {
+                let why = match read {
+                    Err(read) => format!(
+                        "database error: {e}; the commit lost its answer and its claim could not be read back: {read}"
+                    ),
+                    Ok(_) => format!("database error: {e}; the commit lost its answer and did not commit"),
+                };
+                let why = HandlerError::Retryable(why);
                 (self.refused(d, key, payload_hash, why, span, phases).await, None)
             }
         }
@@ -295,7 +366,12 @@ impl Core {
             Some(Ok(Ready::Ended(attempt))) => return Ok(attempt),
             Some(Ok(Ready::Commit(tx, effect))) => (tx, effect),
         };
-        tx.commit().await?;
+        if let Err(e) = tx.commit().await {
+            if connection_lost(&e) {
+                self.unsettled.remember(key, d);
+            }
+            return Err(e);
+        }
         phase(&mut watch, |p| &mut p.commit_us);
         Ok(Attempt::Committed { effect })
     }
@@ -349,7 +425,10 @@ impl Core {
         earlier: Option<&Claim>,
         phases: Phases,
     ) -> Disposition {
-        let (cause, payload_match) = classify(d, payload_hash, earlier);
+        let (mut cause, payload_match) = classify(d, payload_hash, earlier);
+        if layer == Layer::Db && self.unsettled.is_own_claim(key, d, earlier) {
+            cause = DuplicateCause::AmbiguousCommit;
+        }
         self.warn_duplicate(d, key, cause, Some(layer));
         if payload_match == Some(false) {
             tracing::error!(

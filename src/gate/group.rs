@@ -39,6 +39,14 @@
 //! that ran out (`database.lock_timeout_ms`) splits the group at once: the lock is held
 //! elsewhere, maybe for long, and only the deliveries that need it should wait for it again.
 //!
+//! **A COMMIT that lost its connection** may have committed the whole group. Before the group
+//! runs again, it looks for its own log rows on a fresh connection (one row of the group, by
+//! msgId, instance and the group's logging millisecond: they commit together or not at all). Found:
+//! the group committed, and its deliveries get the answers it decided, with no second row and
+//! nothing applied twice. Absent: nothing committed, and the group runs again. Unreadable: the
+//! keys it claimed are remembered as ambiguous ([`super::ambiguous`]), so that the retry that
+//! finds their claims logs them `ambiguous_commit`, not `redelivery`.
+//!
 //! The group's transaction must be ready to commit by the group's deadline, the earliest of its
 //! deliveries' (see [`super::core`]); else it is rolled back and split, and each delivery,
 //! alone and already out of time, is answered retry.
@@ -63,7 +71,7 @@ use crate::layout::ClaimTable;
 use crate::outcome::{Claim, DuplicateCause, Layer, Outcome};
 use crate::prefilter::{Check, PrefilterReport, Settle, Token, claim_of};
 use crate::route::{BizKey, Rejection};
-use crate::store::{Backend, Conn, Retries, TransientCause, is_transient, query};
+use crate::store::{Backend, Conn, Retries, TransientCause, connection_lost, is_transient, query};
 use crate::throttle::Throttle;
 
 /// A delivery of a group, as far as the gate got before the transaction.
@@ -273,8 +281,12 @@ impl Core {
         else {
             return Ok(None);
         };
-        let (tx, mut answers) = ready?;
-        tx.commit().await?;
+        let (tx, mut answers, logged_at_ms) = ready?;
+        if let Err(e) = tx.commit().await
+            && (!connection_lost(&e) || !self.group_committed(slots, &answers, logged_at_ms, due).await)
+        {
+            return Err(e);
+        }
         watch.lap(&mut shared.commit_us);
         for (r, _) in &mut answers {
             r.logged = true;
@@ -285,7 +297,55 @@ impl Core {
         Ok(Some(answers))
     }
 
-    /// The group's transaction up to its commit: the claims, the handlers, the log rows.
+    /// After the group's COMMIT lost its connection: whether the group committed, read from its
+    /// own log rows on a fresh connection (the first delivery's row at `logged_at_ms`), by the
+    /// deadline's grace. When that cannot be read, the keys the group claimed are remembered as
+    /// ambiguous for the retry, and the group is taken as not committed.
+    async fn group_committed(
+        &self,
+        slots: &[Slot<'_>],
+        answers: &[(Disposition, Option<Claim>)],
+        logged_at_ms: i64,
+        due: Instant,
+    ) -> bool {
+        let (Some(slot), Some((first, _))) = (slots.first(), answers.first()) else { return false };
+        let backend = self.store.backend();
+        let (key, hash) = match &slot.before {
+            Before::Rejected(_, key) => (key, None),
+            Before::RedisDuplicate(key, _) | Before::Claim(key, _) => (key, Some(slot.hash.as_str())),
+        };
+        let entry = self.entry(slot.d, Some(key), hash, first, logged_at_ms);
+        let read = self.retried(|| async {
+            let mut conn = self.store.pool().acquire().await?;
+            delivery_log::is_logged(&mut conn, backend, &entry).await
+        });
+        let read = until(due + super::core::ANSWER_GRACE, read).await.map(|(read, _)| read);
+        match read {
+            Some(Ok(committed)) => {
+                tracing::info!(
+                    size = slots.len(),
+                    committed,
+                    "a group's COMMIT lost its connection; its log rows, read back, say whether it committed"
+                );
+                committed
+            }
+            Some(Err(_)) | None => {
+                tracing::warn!(
+                    size = slots.len(),
+                    "a group's COMMIT lost its connection and its rows could not be read back; it runs again, and a claim it finds of its own is logged ambiguous_commit"
+                );
+                for (slot, (r, _)) in slots.iter().zip(answers) {
+                    if let (Before::Claim(key, _), Outcome::Processed) = (&slot.before, r.outcome) {
+                        self.unsettled.remember(key, slot.d);
+                    }
+                }
+                false
+            }
+        }
+    }
+
+    /// The group's transaction up to its commit: the claims, the handlers, the log rows, and the
+    /// rows' logging time.
     #[allow(clippy::type_complexity)]
     async fn prepare_group(
         &self,
@@ -293,7 +353,8 @@ impl Core {
         started: Instant,
         shared: &mut Shared,
         watch: &mut Stopwatch,
-    ) -> Result<(sqlx::Transaction<'static, sqlx::Any>, Vec<(Disposition, Option<Claim>)>), sqlx::Error> {
+    ) -> Result<(sqlx::Transaction<'static, sqlx::Any>, Vec<(Disposition, Option<Claim>)>, i64), sqlx::Error>
+    {
         let backend = self.store.backend();
         let path = ClaimPath::of(&self.store);
         let now_ms = now_ms();
@@ -508,7 +569,7 @@ impl Core {
         delivery_log::append_many(&mut tx, backend, &entries).await?;
         drop(entries);
         watch.lap(&mut shared.log_us);
-        Ok((tx, answers))
+        Ok((tx, answers, logged_at_ms))
     }
 
     /// The batch path: after one savepoint, each handler's batch form takes its fresh

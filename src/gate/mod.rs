@@ -22,6 +22,7 @@
 //! other (they apply the same effect); two groups that apply different effects for the same
 //! business key (say, stock and loyalty points) never block each other.
 
+mod ambiguous;
 mod claim;
 mod committer;
 mod core;
@@ -122,6 +123,7 @@ impl Gate {
             batch_handlers: true,
             prefilter: None,
             layout: tokio::sync::OnceCell::new(),
+            unsettled: Default::default(),
         };
         Ok(Self {
             core: Arc::new(core),

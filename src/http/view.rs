@@ -10,6 +10,7 @@ use serde::Serialize;
 use crate::archive::RunRecord;
 use crate::clock::format_ms;
 use crate::inspect::LogRow;
+use crate::outcome::DuplicateCause;
 
 /// A JSON answer.
 pub(super) fn json<T: Serialize>(body: &T) -> Response {
@@ -84,6 +85,12 @@ pub(super) struct RowView {
     pub(super) now: &'static str,
     pub(super) now_class: &'static str,
     pub(super) cause: String,
+    /// What the cause means, in words ([`crate::outcome::DuplicateCause::meaning`]); empty
+    /// without a cause.
+    pub(super) cause_meaning: &'static str,
+    /// The cause is the gate's own retry after a COMMIT that lost its answer, not a broker's
+    /// redelivery: the row says so in words.
+    pub(super) ambiguous_commit: bool,
     pub(super) layer: String,
     pub(super) collision: bool,
     pub(super) payload: &'static str,
@@ -139,6 +146,12 @@ impl RowView {
             now_class,
             class,
             cause: r.cause.clone().unwrap_or_default().replace('_', " "),
+            cause_meaning: r
+                .cause
+                .as_deref()
+                .and_then(DuplicateCause::parse)
+                .map_or("", DuplicateCause::meaning),
+            ambiguous_commit: r.cause.as_deref() == Some(DuplicateCause::AmbiguousCommit.as_str()),
             layer: r.layer.clone().unwrap_or_default(),
             collision: r.is_collision(),
             payload: match r.payload_match {

@@ -6,13 +6,16 @@
 //! - `archive`, `reconcile`, `layers`: the jobs and the defence layers;
 //! - `web`: the pages and the JSON API;
 //! - `app`: the assembled service as `serve` and the demo run it, and the settings table;
-//! - `dashboards`: the Grafana dashboards and the alert rules.
+//! - `dashboards`: the Grafana dashboards and the alert rules;
+//! - `ambiguous`: lost connections at chosen points (ambiguous commits, statements cut in half,
+//!   delayed answers) through the test kit's fault proxy, each run held to the history checker.
 //!
 //! The command line and the broker are tested in `idemgate-cli`'s own tests.
 
 // First: its `support` macros are in scope in every module declared after it.
 #[macro_use]
 mod conformance;
+mod ambiguous;
 mod app;
 mod archive;
 mod dashboards;

@@ -10,13 +10,20 @@
 //!   server and store has a watchdog that stops or removes it once the process that started it
 //!   is gone.
 //! - [`plan`]: what the database will do with a statement, read through `EXPLAIN`.
+//! - [`fault_proxy`]: a TCP proxy in front of PostgreSQL or MariaDB that makes a COMMIT
+//!   ambiguous (forwarded, its answer dropped, the connection cut), cuts a statement in half, or
+//!   delays answers, and records every fault with its time.
+//! - [`history`]: a history checker: the producer's manifest, the attempts, the business
+//!   effects, the claims and the log, held to the gate's promises, with a summary of counts.
 //! - [`http`]: the tests' one HTTP/1.1 client, on a bare socket.
 //!
 //! This crate depends on the service's public API only; the service never depends on it.
 
 pub mod app;
 pub mod broker;
+pub mod fault_proxy;
 pub mod galera;
+pub mod history;
 pub mod http;
 pub mod plan;
 pub mod scratch;
