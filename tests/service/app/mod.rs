@@ -91,6 +91,7 @@ settings_table! {
         "http.basic_password" => http_basic_password,
         "http.grafana_url" => http_grafana_url,
         "http.trace_url_template" => http_trace_url_template,
+        "http.rocketmq_dashboard_url" => http_rocketmq_dashboard_url,
         "http.max_concurrent_requests" => http_max_concurrent_requests,
         "http.allowed_hosts" => http_allowed_hosts,
         "http.csrf_token_ttl_seconds" => http_csrf_token_ttl_seconds,
@@ -821,6 +822,19 @@ async fn http_trace_url_template(b: Backend) {
     assert_eq!(page.status, 200);
     let link = format!("href=\"https://tempo.example/explore?traceId={trace_id}\"");
     assert!(page.body.contains(&link), "{}", page.body);
+    app.stop().await;
+}
+
+async fn http_rocketmq_dashboard_url(b: Backend) {
+    let app = spawn_app(b, |s| s.http.rocketmq_dashboard_url = "https://rmq-dashboard.example/".to_owned()).await;
+    let d = deduct("rmqdash-1");
+    app.gate().process(&d).await;
+    let page = app.get("/trace?q=rmqdash-1").await;
+    assert_eq!(page.status, 200);
+    // The default has no such link; the base address leads to the dashboard's Message Trace page
+    // of the message's id as the dashboard knows it (the UNIQ_KEY the producer gave).
+    let link = format!("href=\"https://rmq-dashboard.example/#/messageTrace?msgId={}\"", d.uniq_key);
+    assert!(page.body.contains(&link), "no {link} in:\n{}", page.body);
     app.stop().await;
 }
 
