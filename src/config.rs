@@ -28,6 +28,10 @@ use crate::state_machine::{self, StateMachineConfig};
 use crate::store::{DatabaseSettings, StoreOptions};
 use crate::telemetry::LogSettings;
 
+/// How much longer than a delivery may last a gate transaction may sit idle before the server
+/// ends its session ([`Settings::gate_store_options`]).
+const IDLE_TRANSACTION_MARGIN: std::time::Duration = std::time::Duration::from_secs(1);
+
 /// All of idemgate's settings.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -286,9 +290,15 @@ impl Settings {
     }
 
     /// The gate's pool: its lock waits and statements bounded (`database.lock_timeout_ms`,
-    /// `database.statement_timeout_ms`).
+    /// `database.statement_timeout_ms`), and a transaction left idle longer than a delivery may
+    /// last (`consumer.delivery_timeout_ms`, plus a second) ended by the server: the delivery
+    /// that opened it has given up, so its client is gone or cut off by the network, and its
+    /// locks would otherwise hold other instances' claims until the socket dies.
     pub(crate) fn gate_store_options(&self) -> StoreOptions {
-        self.database.gate_store_options()
+        StoreOptions {
+            idle_in_transaction_timeout: Some(self.consumer.delivery_timeout() + IDLE_TRANSACTION_MARGIN),
+            ..self.database.gate_store_options()
+        }
     }
 
     /// The web UI's own pool: `http.max_connections`, and every statement bounded by
@@ -300,6 +310,7 @@ impl Settings {
             acquire_timeout: timeout,
             statement_timeout: Some(timeout),
             lock_timeout: None,
+            idle_in_transaction_timeout: None,
         }
     }
 

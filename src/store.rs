@@ -193,6 +193,15 @@ pub struct StoreOptions {
     /// (see `lock_timeout`), set when each connection opens. `None` leaves the server's own:
     /// forever on PostgreSQL, 50 s on InnoDB, 5 s on SQLite (sqlx's busy timeout).
     pub lock_timeout: Option<Duration>,
+    /// The longest a connection's transaction may sit idle, between statements, before the
+    /// server ends the session and rolls it back (PostgreSQL
+    /// `idle_in_transaction_session_timeout`, MariaDB `idle_transaction_timeout`, in whole
+    /// seconds rounded up), set when each connection opens. A client cut off from the server by
+    /// the network cannot roll back its open transaction; this is what keeps the server from
+    /// holding that transaction's locks (and the claims other instances wait for) until the
+    /// operating system gives up on the socket, hours later. MySQL has no such limit; SQLite has
+    /// no network. `None` leaves the server's own (none by default).
+    pub idle_in_transaction_timeout: Option<Duration>,
 }
 
 impl Default for StoreOptions {
@@ -202,6 +211,7 @@ impl Default for StoreOptions {
             acquire_timeout: Duration::from_secs(10),
             statement_timeout: None,
             lock_timeout: None,
+            idle_in_transaction_timeout: None,
         }
     }
 }
@@ -213,6 +223,7 @@ impl Store {
         let DatabaseUrl { backend, in_memory } = DatabaseUrl::read(url)?;
         let limit = options.statement_timeout;
         let lock_limit = options.lock_timeout.map(|t| lock_timeout(backend, t));
+        let idle_limit = options.idle_in_transaction_timeout;
         let pool_options = AnyPoolOptions::new()
             .max_connections(options.max_connections)
             .acquire_timeout(options.acquire_timeout)
@@ -224,6 +235,9 @@ impl Store {
                     }
                     if let Some(lock_limit) = lock_limit {
                         conn.execute(AssertSqlSafe(lock_limit)).await?;
+                    }
+                    if let Some(idle_limit) = idle_limit {
+                        limit_idle_transactions(conn, backend, idle_limit).await?;
                     }
                     if backend == Backend::MySql {
                         // Behind a proxy, each connection may reach another node: ask each.
@@ -381,6 +395,39 @@ fn statement_timeout(backend: Backend, version: Option<&str>, limit: Duration) -
         Backend::MySql => Some(format!("SET SESSION max_execution_time = {}", limit.as_millis())),
         Backend::Sqlite => None,
     }
+}
+
+/// The session statement that ends a connection whose transaction sits idle longer than
+/// `limit` ([`StoreOptions::idle_in_transaction_timeout`]), on the servers that have one;
+/// `version` is a MySQL-protocol server's `VERSION()`. The value is a number this process
+/// formats, never outside text.
+fn idle_transaction_timeout(backend: Backend, version: Option<&str>, limit: Duration) -> Option<String> {
+    match backend {
+        Backend::Postgres => Some(format!("SET idle_in_transaction_session_timeout = {}", limit.as_millis().max(1))),
+        // MariaDB 10.3 and later count it in whole seconds.
+        Backend::MySql if version.is_some_and(is_mariadb) => Some(format!(
+            "SET SESSION idle_transaction_timeout = {}",
+            limit.as_millis().div_ceil(1_000).max(1)
+        )),
+        Backend::MySql | Backend::Sqlite => None,
+    }
+}
+
+/// Bounds how long a transaction of `conn` may sit idle ([`idle_transaction_timeout`]), asking
+/// a MySQL-protocol server first which one it is.
+async fn limit_idle_transactions(
+    conn: &mut AnyConnection,
+    backend: Backend,
+    limit: Duration,
+) -> Result<(), sqlx::Error> {
+    let version = match backend {
+        Backend::MySql => Some(server_version(conn).await?),
+        Backend::Postgres | Backend::Sqlite => None,
+    };
+    if let Some(statement) = idle_transaction_timeout(backend, version.as_deref(), limit) {
+        conn.execute(AssertSqlSafe(statement)).await?;
+    }
+    Ok(())
 }
 
 /// The session statement that bounds every later lock wait of a connection to `limit`: a
@@ -652,5 +699,21 @@ mod tests {
             Some("SET statement_timeout = 1500")
         );
         assert_eq!(statement_timeout(Backend::Sqlite, None, limit), None);
+    }
+
+    #[test]
+    fn an_idle_transaction_is_bounded_where_the_server_can_bound_it() {
+        let limit = Duration::from_millis(11_200);
+        assert_eq!(
+            idle_transaction_timeout(Backend::Postgres, None, limit).as_deref(),
+            Some("SET idle_in_transaction_session_timeout = 11200")
+        );
+        // MariaDB counts whole seconds: rounded up, never below the limit asked for.
+        assert_eq!(
+            idle_transaction_timeout(Backend::MySql, Some("10.11.6-MariaDB-0+deb12u1"), limit).as_deref(),
+            Some("SET SESSION idle_transaction_timeout = 12")
+        );
+        assert_eq!(idle_transaction_timeout(Backend::MySql, Some("8.0.36"), limit), None);
+        assert_eq!(idle_transaction_timeout(Backend::Sqlite, None, limit), None);
     }
 }

@@ -103,6 +103,7 @@ impl DatabaseSettings {
             acquire_timeout: self.acquire_timeout(),
             statement_timeout: None,
             lock_timeout: None,
+            idle_in_transaction_timeout: None,
         }
     }
 

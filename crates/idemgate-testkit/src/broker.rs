@@ -56,6 +56,10 @@ pub struct BrokerOptions {
     /// The broker's message-trace topic (`msgTraceTopicName`), created at start
     /// (`traceTopicEnable`); `None`: neither set.
     pub trace_topic: Option<String>,
+    /// The address the broker gives the name server for its clients to reach it by
+    /// (`brokerIp1`): a [`Network`](crate::network::Network)'s services address, for clients in
+    /// other network namespaces. `None`: 127.0.0.1.
+    pub advertise: Option<std::net::Ipv4Addr>,
 }
 
 /// The broker's first user (`initAuthenticationUser`), which may do anything: the one the test
@@ -550,7 +554,7 @@ impl Server {
 listenPort = {port}
 storePathRootDir = "{store}"
 namesrvAddr = "{name_server}"
-brokerIp1 = "127.0.0.1"
+brokerIp1 = "{advertise}"
 autoCreateTopicEnable = {auto_create_topics}
 {extra}
 [broker.brokerIdentity]
@@ -570,7 +574,8 @@ diskMaxUsedSpaceRatio = 95
 diskSpaceWarningLevelRatio = 98
 diskSpaceCleanForciblyRatio = 97
 "#,
-                store = store.display()
+                store = store.display(),
+                advertise = options.advertise.unwrap_or(std::net::Ipv4Addr::LOCALHOST),
             ),
         )
         .context("writing the broker's configuration")?;

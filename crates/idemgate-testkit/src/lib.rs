@@ -13,6 +13,8 @@
 //! - [`fault_proxy`]: a TCP proxy in front of PostgreSQL or MariaDB that makes a COMMIT
 //!   ambiguous (forwarded, its answer dropped, the connection cut), cuts a statement in half, or
 //!   delays answers, and records every fault with its time.
+//! - [`network`]: hosts in network namespaces joined by veth pairs, and partitions between them
+//!   made of nftables rules, each recorded with its time.
 //! - [`history`]: a history checker: the producer's manifest, the attempts, the business
 //!   effects, the claims and the log, held to the gate's promises, with a summary of counts.
 //! - [`http`]: the tests' one HTTP/1.1 client, on a bare socket.
@@ -25,5 +27,6 @@ pub mod fault_proxy;
 pub mod galera;
 pub mod history;
 pub mod http;
+pub mod network;
 pub mod plan;
 pub mod scratch;

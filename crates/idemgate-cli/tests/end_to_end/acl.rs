@@ -30,6 +30,7 @@ fn secured() -> &'static LocalBroker {
         LocalBroker::start_with(BrokerOptions {
             auth: Some(SuperUser { name: ADMIN.to_owned(), secret: ADMIN_SECRET.to_owned() }),
             trace_topic: Some(DEFAULT_TRACE_TOPIC.to_owned()),
+            ..Default::default()
         })
         .unwrap_or_else(|e| panic!("a secured RocketMQ broker is required: {e:#}"))
     })

@@ -136,12 +136,24 @@ impl Service {
 
     /// Starts `bin serve` with `settings` and waits until it reports that it is serving.
     pub fn start_as(bin: &str, settings: &Settings) -> Self {
+        Self::start_command(Command::new(bin), settings)
+    }
+
+    /// Starts `bin serve` with `settings` in `host`'s network namespace, and waits until it
+    /// reports that it is serving. (The partition scenarios', tests/partitions.)
+    #[allow(dead_code)]
+    pub fn start_in(host: &idemgate_testkit::network::Host, bin: &str, settings: &Settings) -> Self {
+        Self::start_command(host.command(bin), settings)
+    }
+
+    /// Starts `command serve` (the program, with its arguments to come) with `settings`.
+    fn start_command(mut command: Command, settings: &Settings) -> Self {
         let dir = tempfile::tempdir().expect("temp dir");
         let config = dir.path().join("idemgate.toml");
         std::fs::write(&config, toml::to_string(settings).expect("settings to TOML")).expect("write config");
         let log = dir.path().join("serve.log");
         let out = std::fs::File::create(&log).expect("log file");
-        let child = Command::new(bin)
+        let child = command
             .args(["--config", &config.to_string_lossy(), "serve"])
             .env_remove("RUST_LOG")
             .stdin(Stdio::null())
@@ -222,6 +234,15 @@ impl Drop for Service {
 #[derive(Debug, serde::Deserialize)]
 pub struct SendLine {
     pub uniq_key: String,
+    /// The message's tag, which names its business type. Read by the partition scenarios
+    /// (tests/partitions), which share this module.
+    #[serde(default)]
+    #[allow(dead_code)]
+    pub tags: String,
+    /// The message's keys; the first is its business key.
+    #[serde(default)]
+    #[allow(dead_code)]
+    pub keys: Vec<String>,
 }
 
 /// Runs `idemgate produce` to `topic` on the shared broker and returns its report and its sends.

@@ -1,0 +1,295 @@
+//! Partitions over a real network. `idemgate serve` runs in a network namespace of its own
+//! ([`idemgate_testkit::network`]), reaching the database, Redis and the RocketMQ servers over a
+//! veth pair; a second instance of the same group runs in the machine's namespace. Mid-stream,
+//! nftables rules drop every packet between the first instance and one service for 30 s, then
+//! the partition heals. The producer's manifest, the books, the claims and the delivery log are
+//! then held to the history checker's rules, and the reconciler must report nothing.
+//!
+//! Each scenario prints its figures (faults, deliveries, duplicates by cause, time to recover
+//! after the heal, the checker's verdict); docs/testing.md keeps them. A namespace or an
+//! nftables rule that cannot be made fails the test: nothing here is skipped.
+
+#[allow(dead_code)]
+#[path = "../end_to_end/support.rs"]
+mod support;
+
+use std::sync::OnceLock;
+use std::time::{Duration, Instant};
+
+use idemgate::config::Settings;
+use idemgate::store::{Backend, Store, query_built};
+use idemgate_testkit::broker::{BrokerOptions, LocalBroker};
+use idemgate_testkit::history::{self, History, Sent, Source};
+use idemgate_testkit::network::{Direction, Host, Network};
+use idemgate_testkit::scratch::ScratchDb;
+use sqlx::Row;
+use support::*;
+
+/// How long each partition lasts.
+const PARTITION: Duration = Duration::from_secs(30);
+/// The partitioned instance's delivery deadline: a transaction it left open is ended by the
+/// server this much (and a second) after its last statement.
+const DELIVERY_TIMEOUT_MS: u64 = 10_000;
+
+/// The private network of this test binary.
+fn network() -> &'static Network {
+    static NETWORK: OnceLock<Network> = OnceLock::new();
+    NETWORK.get_or_init(|| Network::start().unwrap_or_else(|e| panic!("a private network is required: {e:#}")))
+}
+
+/// A broker that tells its clients the services host's address, which every host reaches.
+fn broker() -> &'static LocalBroker {
+    static BROKER: OnceLock<LocalBroker> = OnceLock::new();
+    BROKER.get_or_init(|| {
+        let options = BrokerOptions { advertise: Some(network().services()), ..Default::default() };
+        LocalBroker::start_with(options).unwrap_or_else(|e| panic!("a RocketMQ broker is required: {e:#}"))
+    })
+}
+
+/// The port of a `host:port`.
+fn port_of(addr: &str) -> u16 {
+    addr.rsplit(':').next().and_then(|p| p.parse().ok()).unwrap_or_else(|| panic!("no port in {addr}"))
+}
+
+/// `url` (a database or Redis URL on the loopback) as a host of the network reaches it.
+fn through_network(url: &str) -> String {
+    let mut parsed = url::Url::parse(url).expect("a URL");
+    parsed.set_host(Some(&network().services().to_string())).expect("a host");
+    parsed.to_string()
+}
+
+/// The settings both instances share: short bounds, so that a delivery cut off from the
+/// database gives up (and its transaction is ended by the server) well inside the partition.
+fn tuned(mut s: Settings, group_commit: bool) -> Settings {
+    s.consumer.max_reconsume_times = 16;
+    s.consumer.delivery_timeout_ms = DELIVERY_TIMEOUT_MS;
+    s.database.acquire_timeout_ms = 2_000;
+    s.database.lock_timeout_ms = 1_000;
+    s.database.statement_timeout_ms = 2_000;
+    if group_commit { with_group_commit(s, 16) } else { s }
+}
+
+/// Transactions of the database's sessions that have sat idle for at least `secs` seconds: the
+/// ones a client opened and can no longer finish.
+async fn idle_transactions(store: &Store, secs: i64) -> i64 {
+    let sql = match store.backend() {
+        Backend::Postgres => {
+            "SELECT COUNT(*) FROM pg_stat_activity WHERE datname = current_database() \
+             AND state LIKE 'idle in transaction%' AND state_change <= now() - make_interval(secs => ?)"
+        }
+        Backend::MySql => {
+            "SELECT COUNT(*) FROM information_schema.innodb_trx t \
+             JOIN information_schema.processlist p ON p.id = t.trx_mysql_thread_id \
+             WHERE p.db = DATABASE() AND p.command = 'Sleep' AND p.time >= ?"
+        }
+        Backend::Sqlite => unreachable!("SQLite has no network"),
+    };
+    let row = query_built(store.backend(), sql.to_owned())
+        .bind(secs as f64)
+        .fetch_one(store.pool())
+        .await
+        .expect("idle transactions");
+    row.try_get::<i64, _>(0).expect("a count")
+}
+
+/// The stock deductions of the manifest, as the checker's sends.
+fn deductions_sent(sends: &[SendLine]) -> Vec<Sent> {
+    sends
+        .iter()
+        .filter(|s| s.tags == idemgate_shop::TAG_STOCK_DEDUCT)
+        .map(|s| Sent {
+            biz_id: s.keys.first().cloned().expect("a deduction carries its key"),
+            uniq_key: s.uniq_key.clone(),
+            msg_id: s.uniq_key.clone(),
+        })
+        .collect()
+}
+
+/// The history checker over the run's stock deductions, with the reconciler over the window.
+async fn check_history(db: &ScratchDb, group: &str, run: &str, sends: &[SendLine], since_ms: i64) -> history::Checked {
+    let effects = format!(
+        "SELECT deduction_id, COUNT(*) FROM shop_stock_ledger WHERE deduction_id LIKE '{run}-D-%' GROUP BY deduction_id"
+    );
+    let source =
+        Source { consumer_group: group, biz_type: idemgate_shop::STOCK_DEDUCT, effects_sql: &effects, since_ms };
+    let history =
+        History::read_broker_run(&db.store, &source, deductions_sent(sends)).await.expect("the history");
+    history::check(&history)
+}
+
+/// What a scenario measured, printed for docs/testing.md.
+struct Figures {
+    scenario: String,
+    faults: usize,
+    sends: usize,
+    log_rows: i64,
+    duplicates: std::collections::BTreeMap<String, i64>,
+    recovered_after_heal: Duration,
+    idle_at_cut: i64,
+    verdict: String,
+}
+
+impl std::fmt::Display for Figures {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "FIGURES {}: faults {}, sends {}, log rows {}, duplicates by cause {:?}, idle transactions 2 s after the cut {}, \
+             books exact {:.1} s after the heal, checker: {}",
+            self.scenario,
+            self.faults,
+            self.sends,
+            self.log_rows,
+            self.duplicates,
+            self.idle_at_cut,
+            self.recovered_after_heal.as_secs_f64(),
+            self.verdict
+        )
+    }
+}
+
+async fn log_rows(store: &Store, group: &str) -> i64 {
+    query_built(store.backend(), "SELECT COUNT(*) FROM delivery_log WHERE consumer_group = ?".to_owned())
+        .bind(group.to_owned())
+        .fetch_one(store.pool())
+        .await
+        .expect("log rows")
+        .try_get::<i64, _>(0)
+        .expect("a count")
+}
+
+/// Polls `/metrics` of `service` for the sum of `name`'s samples that carry `with`.
+fn metric(service: &Service, name: &str, with: &str) -> f64 {
+    let (status, text) = http_get(&service_addr(service), "/metrics").expect("/metrics answers");
+    assert_eq!(status, 200);
+    text.lines()
+        .filter(|l| l.starts_with(name) && l.contains(with))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum()
+}
+
+/// `serve` cut off from the database both ways for 30 s mid-stream, while another instance of
+/// the group goes on: the transactions the cut-off instance left open are ended by the server
+/// within the delivery deadline and a second, so they hold no claim the other instance waits
+/// for; after the heal everything converges, applied once, logged, reconciled clean.
+async fn serve_partitioned_from_the_database(backend: Backend, group_commit: bool) {
+    let scenario = format!("serve | database ({backend:?}, group commit {})", if group_commit { "on" } else { "off" });
+    let (net, broker) = (network(), broker());
+    let host: Host = net.host(&format!("serve-a {scenario}")).expect("a host for serve");
+    let db = database(backend).await;
+    let (topic, group, run) = (unique("part"), unique("group"), unique("N").replace('_', ""));
+    let inside_name_server = net.service(port_of(broker.name_server()));
+    let mut a = tuned(settings_on(&inside_name_server, &through_network(&db.url), &topic, &group, "a"), group_commit);
+    a.http.bind = format!("{}:0", host.address());
+    let b = tuned(settings_on(broker.name_server(), &db.url, &topic, &group, "b"), group_commit);
+    let since_ms = idemgate::clock::now_ms() - 60_000;
+    let service_a = Service::start_in(&host, BIN, &a);
+    let service_b = Service::start(&b);
+    let producer = {
+        let (name_server, topic, run) = (broker.name_server().to_owned(), topic.clone(), run.clone());
+        std::thread::spawn(move || {
+            produce_on(&name_server, &topic, &run, 4000, 100, &["--duplicates", "0.3", "--poison", "0"])
+        })
+    };
+    tokio::time::sleep(Duration::from_secs(6)).await;
+    let db_port = url::Url::parse(&db.url).ok().and_then(|u| u.port()).unwrap_or(match backend {
+        Backend::Postgres => 5432,
+        _ => 3306,
+    });
+    host.partition("the database", &[db_port], Direction::Both).expect("the partition");
+    let cut = Instant::now();
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let idle_at_cut = idle_transactions(&db.store, 1).await;
+    // The server ends what the cut-off instance left open once it has sat idle past the
+    // delivery deadline and a second (MariaDB counts whole seconds): nothing older remains.
+    let ended_by = Duration::from_millis(DELIVERY_TIMEOUT_MS) + Duration::from_secs(4);
+    tokio::time::sleep(ended_by.saturating_sub(cut.elapsed())).await;
+    let still_idle = idle_transactions(&db.store, (DELIVERY_TIMEOUT_MS / 1_000 + 2) as i64).await;
+    tokio::time::sleep(PARTITION.saturating_sub(cut.elapsed())).await;
+    host.heal().expect("the heal");
+    let healed = Instant::now();
+    let (report, sends) = producer.join().expect("producer thread");
+    assert_converges(&db.store, &run, &group, &report, &sends).await;
+    let recovered_after_heal = healed.elapsed();
+    let (code, text) = reconcile(&db.url, &group);
+    let checked = check_history(&db, &group, &run, &sends, since_ms).await;
+    let felt = metric(&service_a, "idemgate_deliveries_total", "outcome=\"failed\"")
+        + metric(&service_a, "idemgate_group_retries_total", "")
+        + metric(&service_a, "idemgate_group_commits_total", "result=\"split\"");
+    let figures = Figures {
+        scenario: scenario.clone(),
+        faults: net.faults().iter().filter(|f| f.host == host.label()).count(),
+        sends: sends.len(),
+        log_rows: log_rows(&db.store, &group).await,
+        duplicates: duplicates_by_cause(&db.store, &group).await,
+        recovered_after_heal,
+        idle_at_cut,
+        verdict: if checked.is_valid() { "valid".to_owned() } else { "INVALID".to_owned() },
+    };
+    println!("{figures}\n{checked}{}", net.report());
+    assert_eq!(still_idle, 0, "{scenario}: transactions left open by the cut-off instance outlived the delivery deadline\n{figures}");
+    assert!(felt > 0.0, "{scenario}: the partition left no trace in the cut-off instance's metrics\n{figures}");
+    assert_eq!(code, Some(0), "{scenario}: the reconciler found anomalies:\n{text}");
+    assert!(checked.is_valid(), "{scenario}:\n{checked}\n{}", net.report());
+    for service in [service_a, service_b] {
+        let exit = service.terminate();
+        assert_eq!(exit.code(), Some(0), "{}", exit.log);
+    }
+    drop(host);
+    db.drop_now().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_serve_partitioned_from_the_database() {
+    serve_partitioned_from_the_database(Backend::Postgres, false).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_serve_partitioned_from_the_database_with_group_commit() {
+    serve_partitioned_from_the_database(Backend::Postgres, true).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mariadb_serve_partitioned_from_the_database() {
+    serve_partitioned_from_the_database(Backend::MySql, false).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mariadb_serve_partitioned_from_the_database_with_group_commit() {
+    serve_partitioned_from_the_database(Backend::MySql, true).await;
+}
+
+/// Whether a program in `host` connects to `port` of the services host within a second.
+fn connects(host: &Host, port: u16) -> bool {
+    let probe = format!("exec 3<>/dev/tcp/{}/{port}", network().services());
+    let output = host.command("timeout").args(["1", "bash", "-c", &probe]).output().expect("run bash in the host");
+    if !output.status.success() {
+        eprintln!("{}: {probe}: {} {}", host.label(), output.status, String::from_utf8_lossy(&output.stderr).trim());
+    }
+    output.status.success()
+}
+
+#[test]
+fn a_host_reaches_the_loopback_services_until_a_partition_drops_its_packets_and_again_after_the_heal() {
+    let net = network();
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("a loopback listener");
+    let port = listener.local_addr().expect("its address").port();
+    let other = std::net::TcpListener::bind("127.0.0.1:0").expect("a second listener");
+    let other_port = other.local_addr().expect("its address").port();
+    let host = net.host("probe").expect("a host");
+    assert!(connects(&host, port), "a host reaches a server bound to the loopback through the services address");
+    host.partition("the listener", &[port], Direction::Outbound).expect("the partition");
+    assert!(!connects(&host, port), "the partition drops the connection's packets");
+    assert!(connects(&host, other_port), "a partition takes only the ports it names");
+    host.heal().expect("the heal");
+    assert!(connects(&host, port), "the heal restores it");
+    host.partition("the listener", &[port], Direction::Inbound).expect("the partition");
+    assert!(!connects(&host, port), "the answers are dropped: no connection completes");
+    host.heal().expect("the heal");
+    let faults = net.faults().into_iter().filter(|f| f.host == "probe").collect::<Vec<_>>();
+    assert_eq!(faults.len(), 4, "{}", net.report());
+    assert!(faults[0].what.contains("outbound") && faults[2].what.contains("inbound"), "{}", net.report());
+    let namespace = std::path::Path::new("/run/netns").join(host.namespace());
+    assert!(namespace.exists(), "{}", namespace.display());
+    drop(host);
+    assert!(!namespace.exists(), "dropping a host removes its namespace, {}", namespace.display());
+}
