@@ -61,6 +61,8 @@ pub struct LogRow {
     pub msg_id: String,
     pub outcome: String,
     pub cause: Option<String>,
+    /// The instance that logged it.
+    pub instance_id: String,
 }
 
 impl LogRow {
@@ -274,6 +276,12 @@ pub fn check(history: &History) -> Checked {
         }
     }
 
+    let processed_by: BTreeSet<(&str, &str)> = history
+        .log
+        .iter()
+        .filter(|r| r.outcome == "processed")
+        .map(|r| (r.msg_id.as_str(), r.instance_id.as_str()))
+        .collect();
     for row in &history.log {
         let key = if row.outcome == "duplicate" {
             format!("duplicate/{}", row.cause.as_deref().unwrap_or("none"))
@@ -294,8 +302,17 @@ pub fn check(history: &History) -> Checked {
                 ),
             );
         }
-        // 4. The gate's own retry, blamed on the broker.
-        if row.outcome == "duplicate" && row.cause.as_deref() == Some("redelivery") && own_claim {
+        // 4. The gate's own retry, blamed on the broker. Through a real broker the same msgId
+        // does come again, to another instance, after a rebalance moved its queue before the
+        // offset was stored: only a row of the instance whose attempt holds the claim is the
+        // gate's own retry there.
+        let claimed_by_this_instance = !history.attempts_unknown
+            || processed_by.contains(&(row.msg_id.as_str(), row.instance_id.as_str()));
+        if row.outcome == "duplicate"
+            && row.cause.as_deref() == Some("redelivery")
+            && own_claim
+            && claimed_by_this_instance
+        {
             broken(
                 Rule::NoGateRetryAsRedelivery,
                 &row.biz_id,
@@ -395,7 +412,7 @@ impl History {
         }
         let rows = query_built(
             backend,
-            "SELECT biz_id, msg_id, outcome, cause FROM delivery_log WHERE consumer_group = ? AND biz_type = ?"
+            "SELECT biz_id, msg_id, outcome, cause, instance_id FROM delivery_log WHERE consumer_group = ? AND biz_type = ?"
                 .to_owned(),
         )
         .bind(source.consumer_group.to_owned())
@@ -410,6 +427,7 @@ impl History {
                 msg_id: row.try_get(1)?,
                 outcome: row.try_get(2)?,
                 cause: row.try_get(3)?,
+                instance_id: row.try_get(4)?,
             });
         }
         let now = idemgate::clock::now_ms();
@@ -467,6 +485,7 @@ mod tests {
             msg_id: msg.to_owned(),
             outcome: outcome.to_owned(),
             cause: cause.map(str::to_owned),
+            instance_id: "i".to_owned(),
         }
     }
 
@@ -509,6 +528,13 @@ mod tests {
         assert!(checked.is_valid(), "{checked}");
         assert_eq!(checked.attempts, None);
         assert!(checked.to_string().contains("attempts unknown"), "{checked}");
+        // The same msgId again, to another instance, after a rebalance: the broker's redelivery.
+        h.log.push(LogRow { instance_id: "other".to_owned(), ..row("K2", "M2", "duplicate", Some("redelivery")) });
+        assert!(check(&h).is_valid(), "{}", check(&h));
+        // The same msgId again at the instance whose attempt holds the claim: the gate's own.
+        h.log.push(row("K1", "M1", "duplicate", Some("redelivery")));
+        assert_eq!(broken(&h, Rule::NoGateRetryAsRedelivery), keys(&["K1"]));
+        h.log.pop();
         // What the log alone shows still breaks the rules.
         h.log.push(row("K1", "M1-x", "duplicate", Some("ambiguous_commit")));
         h.effects.insert("K2".into(), 2);

@@ -234,6 +234,10 @@ impl Drop for Service {
 #[derive(Debug, serde::Deserialize)]
 pub struct SendLine {
     pub uniq_key: String,
+    /// `original`, `producer_resend`, `malformed`, … (the producer's kinds of send).
+    #[serde(default)]
+    #[allow(dead_code)]
+    pub kind: String,
     /// The message's tag, which names its business type. Read by the partition scenarios
     /// (tests/partitions), which share this module.
     #[serde(default)]

@@ -96,11 +96,11 @@ async fn idle_transactions(store: &Store, secs: i64) -> i64 {
 fn deductions_sent(sends: &[SendLine]) -> Vec<Sent> {
     sends
         .iter()
-        .filter(|s| s.tags == idemgate_shop::TAG_STOCK_DEDUCT)
-        .map(|s| Sent {
-            biz_id: s.keys.first().cloned().expect("a deduction carries its key"),
-            uniq_key: s.uniq_key.clone(),
-            msg_id: s.uniq_key.clone(),
+        // A malformed send is refused as invalid by design, and poison dead-lettered: neither
+        // has an effect to check.
+        .filter(|s| s.tags == idemgate_shop::TAG_STOCK_DEDUCT && !matches!(s.kind.as_str(), "malformed" | "poison"))
+        .filter_map(|s| {
+            Some(Sent { biz_id: s.keys.first()?.clone(), uniq_key: s.uniq_key.clone(), msg_id: s.uniq_key.clone() })
         })
         .collect()
 }
@@ -126,6 +126,7 @@ struct Figures {
     duplicates: std::collections::BTreeMap<String, i64>,
     recovered_after_heal: Duration,
     idle_at_cut: i64,
+    unlogged: f64,
     verdict: String,
 }
 
@@ -134,13 +135,14 @@ impl std::fmt::Display for Figures {
         write!(
             f,
             "FIGURES {}: faults {}, sends {}, log rows {}, duplicates by cause {:?}, idle transactions 2 s after the cut {}, \
-             books exact {:.1} s after the heal, checker: {}",
+             attempts unlogged {}, books exact {:.1} s after the heal, checker: {}",
             self.scenario,
             self.faults,
             self.sends,
             self.log_rows,
             self.duplicates,
             self.idle_at_cut,
+            self.unlogged,
             self.recovered_after_heal.as_secs_f64(),
             self.verdict
         )
@@ -155,6 +157,26 @@ async fn log_rows(store: &Store, group: &str) -> i64 {
         .expect("log rows")
         .try_get::<i64, _>(0)
         .expect("a count")
+}
+
+/// The sends with no delivery-log row at all, and how many sends have no row of their first
+/// attempt (reconsume count 0).
+async fn unlogged_sends(store: &Store, group: &str, sends: &[SendLine]) -> (Vec<String>, usize) {
+    let rows = query_built(
+        store.backend(),
+        "SELECT uniq_key, MIN(reconsume_times) FROM delivery_log WHERE consumer_group = ? GROUP BY uniq_key"
+            .to_owned(),
+    )
+    .bind(group.to_owned())
+    .fetch_all(store.pool())
+    .await
+    .expect("the log's sends");
+    let first: std::collections::BTreeMap<String, i32> =
+        rows.iter().map(|r| (r.get::<String, _>(0), r.get::<i32, _>(1))).collect();
+    let keys: std::collections::BTreeSet<&str> = sends.iter().map(|s| s.uniq_key.as_str()).collect();
+    let never = keys.iter().filter(|k| !first.contains_key(**k)).map(|k| (*k).to_owned()).collect();
+    let late = keys.iter().filter(|k| first.get(**k).is_some_and(|r| *r > 0)).count();
+    (never, late)
 }
 
 /// Polls `/metrics` of `service` for the sum of `name`'s samples that carry `with`.
@@ -195,8 +217,21 @@ async fn serve_partitioned_from_the_database(backend: Backend, group_commit: boo
         Backend::Postgres => 5432,
         _ => 3306,
     });
+    // The cut comes while the instance's deductions are inside their transactions: the test
+    // holds every stock row for a moment, the deductions that arrive wait on it after their
+    // claim, and the cut falls in that wait. When the test lets go, the server finishes those
+    // statements and their answers are lost: transactions the instance can neither commit nor
+    // roll back, holding the claims and the stock rows the other instance needs.
+    let mut holder = db.store.pool().begin().await.expect("a transaction");
+    query_built(backend, "SELECT sku FROM shop_stock FOR UPDATE".to_owned())
+        .fetch_all(&mut *holder)
+        .await
+        .expect("the stock rows held");
+    tokio::time::sleep(Duration::from_millis(500)).await;
     host.partition("the database", &[db_port], Direction::Both).expect("the partition");
     let cut = Instant::now();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    holder.rollback().await.expect("the stock rows let go");
     tokio::time::sleep(Duration::from_secs(2)).await;
     let idle_at_cut = idle_transactions(&db.store, 1).await;
     // The server ends what the cut-off instance left open once it has sat idle past the
@@ -208,8 +243,20 @@ async fn serve_partitioned_from_the_database(backend: Backend, group_commit: boo
     host.heal().expect("the heal");
     let healed = Instant::now();
     let (report, sends) = producer.join().expect("producer thread");
-    assert_converges(&db.store, &run, &group, &report, &sends).await;
+    let expected = expected_books(&report);
+    let books = wait_for_books(&db.store, &run, &group, &expected, Duration::from_secs(240)).await;
     let recovered_after_heal = healed.elapsed();
+    assert_eq!(books, expected, "{scenario}: troubled deliveries:\n{}", trouble(&db.store, &group).await);
+    // An attempt made while the log's database was out of reach has no row: it is counted
+    // unlogged and not acknowledged, and a later attempt of the same send is logged.
+    let unlogged = metric(&service_a, "idemgate_unlogged_deliveries_total", "")
+        + metric(&service_b, "idemgate_unlogged_deliveries_total", "");
+    let (never_logged, first_unlogged) = unlogged_sends(&db.store, &group, &sends).await;
+    assert!(never_logged.is_empty(), "{scenario}: sends with no delivery-log row at all: {never_logged:?}");
+    assert!(
+        first_unlogged as f64 <= unlogged,
+        "{scenario}: {first_unlogged} sends have no first-attempt row, but only {unlogged} attempts were counted unlogged"
+    );
     let (code, text) = reconcile(&db.url, &group);
     let checked = check_history(&db, &group, &run, &sends, since_ms).await;
     let felt = metric(&service_a, "idemgate_deliveries_total", "outcome=\"failed\"")
@@ -223,9 +270,11 @@ async fn serve_partitioned_from_the_database(backend: Backend, group_commit: boo
         duplicates: duplicates_by_cause(&db.store, &group).await,
         recovered_after_heal,
         idle_at_cut,
+        unlogged,
         verdict: if checked.is_valid() { "valid".to_owned() } else { "INVALID".to_owned() },
     };
     println!("{figures}\n{checked}{}", net.report());
+    assert!(idle_at_cut > 0, "{scenario}: the cut left no transaction open, so it tested nothing\n{figures}");
     assert_eq!(still_idle, 0, "{scenario}: transactions left open by the cut-off instance outlived the delivery deadline\n{figures}");
     assert!(felt > 0.0, "{scenario}: the partition left no trace in the cut-off instance's metrics\n{figures}");
     assert_eq!(code, Some(0), "{scenario}: the reconciler found anomalies:\n{text}");
