@@ -287,6 +287,109 @@ async fn serve_partitioned_from_the_database(backend: Backend, group_commit: boo
     db.drop_now().await;
 }
 
+/// The TTLs of the Redis keys under `prefix`: −1 for a key that never expires.
+fn redis_ttls(prefix: &str) -> Vec<i64> {
+    let script = "local out = {} for _, k in ipairs(redis.call('KEYS', ARGV[1])) do \
+                  table.insert(out, redis.call('TTL', k)) end return out";
+    let output = std::process::Command::new("redis-cli")
+        .args(["-h", "127.0.0.1", "-p", "6379", "EVAL", script, "0", &format!("{prefix}*")])
+        .output()
+        .expect("redis-cli (the Redis server's client) is required");
+    assert!(output.status.success(), "redis-cli: {}", String::from_utf8_lossy(&output.stderr));
+    String::from_utf8_lossy(&output.stdout).lines().filter_map(|l| l.trim().parse().ok()).collect()
+}
+
+/// `serve` with the Redis pre-filter on, cut off from Redis both ways for 30 s mid-stream while
+/// another instance goes on: the cut-off instance falls back to the database (the unique index
+/// decides), no key is left owned without an expiry, nothing is skipped wrongly, and the books
+/// are exact.
+async fn serve_partitioned_from_redis(backend: Backend, group_commit: bool) {
+    const TTL_SECONDS: u64 = 120;
+    let scenario = format!("serve | Redis ({backend:?}, group commit {})", if group_commit { "on" } else { "off" });
+    let (net, broker) = (network(), broker());
+    let host: Host = net.host(&format!("serve-a {scenario}")).expect("a host for serve");
+    let db = database(backend).await;
+    let (topic, group, run) = (unique("redispart"), unique("group"), unique("R").replace('_', ""));
+    let prefix = format!("{}:", unique("partition"));
+    let with_redis = |mut s: Settings, url: &str| {
+        s.redis.url = url.to_owned();
+        s.redis.biz_types = vec!["*".to_owned()];
+        s.redis.ttl_seconds = TTL_SECONDS;
+        s.redis.timeout_ms = 200;
+        s.redis.cooldown_ms = 500;
+        s.redis.key_prefix = prefix.clone();
+        s
+    };
+    let inside_name_server = net.service(port_of(broker.name_server()));
+    let mut a = with_redis(
+        tuned(settings_on(&inside_name_server, &through_network(&db.url), &topic, &group, "a"), group_commit),
+        &through_network("redis://127.0.0.1:6379"),
+    );
+    a.http.bind = format!("{}:0", host.address());
+    let b = with_redis(
+        tuned(settings_on(broker.name_server(), &db.url, &topic, &group, "b"), group_commit),
+        "redis://127.0.0.1:6379",
+    );
+    let since_ms = idemgate::clock::now_ms() - 60_000;
+    let service_a = Service::start_in(&host, BIN, &a);
+    let service_b = Service::start(&b);
+    let producer = {
+        let (name_server, topic, run) = (broker.name_server().to_owned(), topic.clone(), run.clone());
+        std::thread::spawn(move || {
+            produce_on(&name_server, &topic, &run, 4000, 100, &["--duplicates", "0.3", "--poison", "0"])
+        })
+    };
+    tokio::time::sleep(Duration::from_secs(6)).await;
+    host.partition("Redis", &[6379], Direction::Both).expect("the partition");
+    tokio::time::sleep(PARTITION).await;
+    host.heal().expect("the heal");
+    let healed = Instant::now();
+    let (report, sends) = producer.join().expect("producer thread");
+    let expected = expected_books(&report);
+    let books = wait_for_books(&db.store, &run, &group, &expected, Duration::from_secs(240)).await;
+    let recovered_after_heal = healed.elapsed();
+    assert_eq!(books, expected, "{scenario}: troubled deliveries:\n{}", trouble(&db.store, &group).await);
+    assert_every_send_is_logged(&db.store, &group, &sends).await;
+    let (code, text) = reconcile(&db.url, &group);
+    let checked = check_history(&db, &group, &run, &sends, since_ms).await;
+    let fallbacks = metric(&service_a, "idemgate_prefilter_fallbacks_total", "");
+    let ttls = redis_ttls(&prefix);
+    let figures = Figures {
+        scenario: scenario.clone(),
+        faults: net.faults().iter().filter(|f| f.host == host.label()).count(),
+        sends: sends.len(),
+        log_rows: log_rows(&db.store, &group).await,
+        duplicates: duplicates_by_cause(&db.store, &group).await,
+        recovered_after_heal,
+        idle_at_cut: 0,
+        unlogged: 0.0,
+        verdict: if checked.is_valid() { "valid".to_owned() } else { "INVALID".to_owned() },
+    };
+    println!("{figures}, pre-filter fallbacks of the cut-off instance {fallbacks}, Redis keys {}\n{checked}{}", ttls.len(), net.report());
+    assert!(fallbacks > 0.0, "{scenario}: the cut-off instance never fell back to the database\n{figures}");
+    assert!(!ttls.is_empty(), "{scenario}: no Redis key under {prefix}");
+    let forever = ttls.iter().filter(|t| **t < 0 || **t > TTL_SECONDS as i64).count();
+    assert_eq!(forever, 0, "{scenario}: {forever} of {} Redis keys have no expiry within the TTL", ttls.len());
+    assert_eq!(code, Some(0), "{scenario}: the reconciler found anomalies:\n{text}");
+    assert!(checked.is_valid(), "{scenario}:\n{checked}\n{}", net.report());
+    for service in [service_a, service_b] {
+        let exit = service.terminate();
+        assert_eq!(exit.code(), Some(0), "{}", exit.log);
+    }
+    drop(host);
+    db.drop_now().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_serve_partitioned_from_redis() {
+    serve_partitioned_from_redis(Backend::Postgres, false).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mariadb_serve_partitioned_from_redis_with_group_commit() {
+    serve_partitioned_from_redis(Backend::MySql, true).await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn postgres_serve_partitioned_from_the_database() {
     serve_partitioned_from_the_database(Backend::Postgres, false).await;
