@@ -16,6 +16,8 @@ scripts/install-chromium.sh >/dev/null
 scripts/install-deploy-checks.sh >/dev/null
 # crates/idemgate-cli/tests/galera: a three-node MariaDB Galera cluster behind HAProxy.
 scripts/install-galera.sh >/dev/null
+# crates/idemgate-cli/tests/partitions: network namespaces, veth pairs and nftables rules.
+scripts/install-nftables.sh >/dev/null
 # The scenarios on a two-broker cluster (crates/idemgate-cli/tests/end_to_end/cluster.rs) take minutes; they run here and
 # when this is set by hand.
 export IDEMGATE_CLUSTER_SCENARIOS=1

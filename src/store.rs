@@ -403,7 +403,9 @@ fn statement_timeout(backend: Backend, version: Option<&str>, limit: Duration) -
 /// formats, never outside text.
 fn idle_transaction_timeout(backend: Backend, version: Option<&str>, limit: Duration) -> Option<String> {
     match backend {
-        Backend::Postgres => Some(format!("SET idle_in_transaction_session_timeout = {}", limit.as_millis().max(1))),
+        Backend::Postgres => {
+            Some(format!("SET idle_in_transaction_session_timeout = {}", limit.as_millis().max(1)))
+        }
         // MariaDB 10.3 and later count it in whole seconds.
         Backend::MySql if version.is_some_and(is_mariadb) => Some(format!(
             "SET SESSION idle_transaction_timeout = {}",

@@ -159,11 +159,7 @@ impl fmt::Display for Checked {
         writeln!(
             f,
             "history: {} sent, {attempts}; applied once {}, applied twice or more {}, never applied {}, applied unsent {}",
-            self.sent,
-            self.applied_once,
-            self.applied_twice_or_more,
-            self.never_applied,
-            self.unexpected
+            self.sent, self.applied_once, self.applied_twice_or_more, self.never_applied, self.unexpected
         )?;
         let outcomes: Vec<String> = self.by_outcome.iter().map(|(k, n)| format!("{k} {n}")).collect();
         writeln!(f, "log: {} rows ({})", self.log_rows, outcomes.join(", "))?;
@@ -373,7 +369,11 @@ pub struct Source<'a> {
 impl History {
     /// What `store` holds after a run through a real broker whose manifest is `sent`: as
     /// [`History::read`], with the attempts unknown ([`History::attempts_unknown`]).
-    pub async fn read_broker_run(store: &Store, source: &Source<'_>, sent: Vec<Sent>) -> anyhow::Result<Self> {
+    pub async fn read_broker_run(
+        store: &Store,
+        source: &Source<'_>,
+        sent: Vec<Sent>,
+    ) -> anyhow::Result<Self> {
         let mut history = Self::read(store, source, sent, Vec::new()).await?;
         history.attempts_unknown = true;
         Ok(history)
@@ -529,7 +529,10 @@ mod tests {
         assert_eq!(checked.attempts, None);
         assert!(checked.to_string().contains("attempts unknown"), "{checked}");
         // The same msgId again, to another instance, after a rebalance: the broker's redelivery.
-        h.log.push(LogRow { instance_id: "other".to_owned(), ..row("K2", "M2", "duplicate", Some("redelivery")) });
+        h.log.push(LogRow {
+            instance_id: "other".to_owned(),
+            ..row("K2", "M2", "duplicate", Some("redelivery"))
+        });
         assert!(check(&h).is_valid(), "{}", check(&h));
         // The same msgId again at the instance whose attempt holds the claim: the gate's own.
         h.log.push(row("K1", "M1", "duplicate", Some("redelivery")));

@@ -93,7 +93,13 @@ pub struct NetFault {
 impl fmt::Display for NetFault {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let epoch_ms = self.at.duration_since(SystemTime::UNIX_EPOCH).map_or(0, |d| d.as_millis());
-        write!(f, "+{:>8.3}s (epoch ms {epoch_ms}) host {}: {}", self.since_start.as_secs_f64(), self.host, self.what)
+        write!(
+            f,
+            "+{:>8.3}s (epoch ms {epoch_ms}) host {}: {}",
+            self.since_start.as_secs_f64(),
+            self.host,
+            self.what
+        )
     }
 }
 
@@ -103,7 +109,9 @@ impl Network {
         for tool in ["ip", "nft"] {
             let found = Command::new(tool).arg("-V").output().is_ok_and(|o| o.status.success());
             if !found {
-                bail!("`{tool}` is not installed: the network fault tests need iproute2 and nftables (apt-get install nftables)");
+                bail!(
+                    "`{tool}` is not installed: the network fault tests need iproute2 and nftables (apt-get install nftables)"
+                );
             }
         }
         let pid = std::process::id();
@@ -263,10 +271,14 @@ impl Host {
         let set = ports.iter().map(u16::to_string).collect::<Vec<_>>().join(", ");
         let mut rules = String::new();
         if matches!(direction, Direction::Outbound | Direction::Both) {
-            rules.push_str(&format!("add rule inet partition output ip daddr {services} tcp dport {{ {set} }} drop\n"));
+            rules.push_str(&format!(
+                "add rule inet partition output ip daddr {services} tcp dport {{ {set} }} drop\n"
+            ));
         }
         if matches!(direction, Direction::Inbound | Direction::Both) {
-            rules.push_str(&format!("add rule inet partition input ip saddr {services} tcp sport {{ {set} }} drop\n"));
+            rules.push_str(&format!(
+                "add rule inet partition input ip saddr {services} tcp sport {{ {set} }} drop\n"
+            ));
         }
         self.nft(&rules)?;
         self.record(format!("partitioned from {what} (ports {set}), {direction}"));

@@ -826,7 +826,8 @@ async fn http_trace_url_template(b: Backend) {
 }
 
 async fn http_rocketmq_dashboard_url(b: Backend) {
-    let app = spawn_app(b, |s| s.http.rocketmq_dashboard_url = "https://rmq-dashboard.example/".to_owned()).await;
+    let app =
+        spawn_app(b, |s| s.http.rocketmq_dashboard_url = "https://rmq-dashboard.example/".to_owned()).await;
     let d = deduct("rmqdash-1");
     app.gate().process(&d).await;
     let page = app.get("/trace?q=rmqdash-1").await;

@@ -34,7 +34,8 @@ const DELIVERY_TIMEOUT_MS: u64 = 10_000;
 /// The private network of this test binary.
 fn network() -> &'static Network {
     static NETWORK: OnceLock<Network> = OnceLock::new();
-    NETWORK.get_or_init(|| Network::start().unwrap_or_else(|e| panic!("a private network is required: {e:#}")))
+    NETWORK
+        .get_or_init(|| Network::start().unwrap_or_else(|e| panic!("a private network is required: {e:#}")))
 }
 
 /// A broker that tells its clients the services host's address, which every host reaches.
@@ -98,20 +99,36 @@ fn deductions_sent(sends: &[SendLine]) -> Vec<Sent> {
         .iter()
         // A malformed send is refused as invalid by design, and poison dead-lettered: neither
         // has an effect to check.
-        .filter(|s| s.tags == idemgate_shop::TAG_STOCK_DEDUCT && !matches!(s.kind.as_str(), "malformed" | "poison"))
+        .filter(|s| {
+            s.tags == idemgate_shop::TAG_STOCK_DEDUCT && !matches!(s.kind.as_str(), "malformed" | "poison")
+        })
         .filter_map(|s| {
-            Some(Sent { biz_id: s.keys.first()?.clone(), uniq_key: s.uniq_key.clone(), msg_id: s.uniq_key.clone() })
+            Some(Sent {
+                biz_id: s.keys.first()?.clone(),
+                uniq_key: s.uniq_key.clone(),
+                msg_id: s.uniq_key.clone(),
+            })
         })
         .collect()
 }
 
 /// The history checker over the run's stock deductions, with the reconciler over the window.
-async fn check_history(db: &ScratchDb, group: &str, run: &str, sends: &[SendLine], since_ms: i64) -> history::Checked {
+async fn check_history(
+    db: &ScratchDb,
+    group: &str,
+    run: &str,
+    sends: &[SendLine],
+    since_ms: i64,
+) -> history::Checked {
     let effects = format!(
         "SELECT deduction_id, COUNT(*) FROM shop_stock_ledger WHERE deduction_id LIKE '{run}-D-%' GROUP BY deduction_id"
     );
-    let source =
-        Source { consumer_group: group, biz_type: idemgate_shop::STOCK_DEDUCT, effects_sql: &effects, since_ms };
+    let source = Source {
+        consumer_group: group,
+        biz_type: idemgate_shop::STOCK_DEDUCT,
+        effects_sql: &effects,
+        since_ms,
+    };
     let history =
         History::read_broker_run(&db.store, &source, deductions_sent(sends)).await.expect("the history");
     history::check(&history)
@@ -194,13 +211,15 @@ fn metric(service: &Service, name: &str, with: &str) -> f64 {
 /// within the delivery deadline and a second, so they hold no claim the other instance waits
 /// for; after the heal everything converges, applied once, logged, reconciled clean.
 async fn serve_partitioned_from_the_database(backend: Backend, group_commit: bool) {
-    let scenario = format!("serve | database ({backend:?}, group commit {})", if group_commit { "on" } else { "off" });
+    let scenario =
+        format!("serve | database ({backend:?}, group commit {})", if group_commit { "on" } else { "off" });
     let (net, broker) = (network(), broker());
     let host: Host = net.host(&format!("serve-a {scenario}")).expect("a host for serve");
     let db = database(backend).await;
     let (topic, group, run) = (unique("part"), unique("group"), unique("N").replace('_', ""));
     let inside_name_server = net.service(port_of(broker.name_server()));
-    let mut a = tuned(settings_on(&inside_name_server, &through_network(&db.url), &topic, &group, "a"), group_commit);
+    let mut a =
+        tuned(settings_on(&inside_name_server, &through_network(&db.url), &topic, &group, "a"), group_commit);
     a.http.bind = format!("{}:0", host.address());
     let b = tuned(settings_on(broker.name_server(), &db.url, &topic, &group, "b"), group_commit);
     let since_ms = idemgate::clock::now_ms() - 60_000;
@@ -275,8 +294,14 @@ async fn serve_partitioned_from_the_database(backend: Backend, group_commit: boo
     };
     println!("{figures}\n{checked}{}", net.report());
     assert!(idle_at_cut > 0, "{scenario}: the cut left no transaction open, so it tested nothing\n{figures}");
-    assert_eq!(still_idle, 0, "{scenario}: transactions left open by the cut-off instance outlived the delivery deadline\n{figures}");
-    assert!(felt > 0.0, "{scenario}: the partition left no trace in the cut-off instance's metrics\n{figures}");
+    assert_eq!(
+        still_idle, 0,
+        "{scenario}: transactions left open by the cut-off instance outlived the delivery deadline\n{figures}"
+    );
+    assert!(
+        felt > 0.0,
+        "{scenario}: the partition left no trace in the cut-off instance's metrics\n{figures}"
+    );
     assert_eq!(code, Some(0), "{scenario}: the reconciler found anomalies:\n{text}");
     assert!(checked.is_valid(), "{scenario}:\n{checked}\n{}", net.report());
     for service in [service_a, service_b] {
@@ -305,7 +330,8 @@ fn redis_ttls(prefix: &str) -> Vec<i64> {
 /// are exact.
 async fn serve_partitioned_from_redis(backend: Backend, group_commit: bool) {
     const TTL_SECONDS: u64 = 120;
-    let scenario = format!("serve | Redis ({backend:?}, group commit {})", if group_commit { "on" } else { "off" });
+    let scenario =
+        format!("serve | Redis ({backend:?}, group commit {})", if group_commit { "on" } else { "off" });
     let (net, broker) = (network(), broker());
     let host: Host = net.host(&format!("serve-a {scenario}")).expect("a host for serve");
     let db = database(backend).await;
@@ -365,11 +391,20 @@ async fn serve_partitioned_from_redis(backend: Backend, group_commit: bool) {
         unlogged: 0.0,
         verdict: if checked.is_valid() { "valid".to_owned() } else { "INVALID".to_owned() },
     };
-    println!("{figures}, pre-filter fallbacks of the cut-off instance {fallbacks}, Redis keys {}\n{checked}{}", ttls.len(), net.report());
+    println!(
+        "{figures}, pre-filter fallbacks of the cut-off instance {fallbacks}, Redis keys {}\n{checked}{}",
+        ttls.len(),
+        net.report()
+    );
     assert!(fallbacks > 0.0, "{scenario}: the cut-off instance never fell back to the database\n{figures}");
     assert!(!ttls.is_empty(), "{scenario}: no Redis key under {prefix}");
     let forever = ttls.iter().filter(|t| **t < 0 || **t > TTL_SECONDS as i64).count();
-    assert_eq!(forever, 0, "{scenario}: {forever} of {} Redis keys have no expiry within the TTL", ttls.len());
+    assert_eq!(
+        forever,
+        0,
+        "{scenario}: {forever} of {} Redis keys have no expiry within the TTL",
+        ttls.len()
+    );
     assert_eq!(code, Some(0), "{scenario}: the reconciler found anomalies:\n{text}");
     assert!(checked.is_valid(), "{scenario}:\n{checked}\n{}", net.report());
     for service in [service_a, service_b] {
@@ -413,9 +448,15 @@ async fn mariadb_serve_partitioned_from_the_database_with_group_commit() {
 /// Whether a program in `host` connects to `port` of the services host within a second.
 fn connects(host: &Host, port: u16) -> bool {
     let probe = format!("exec 3<>/dev/tcp/{}/{port}", network().services());
-    let output = host.command("timeout").args(["1", "bash", "-c", &probe]).output().expect("run bash in the host");
+    let output =
+        host.command("timeout").args(["1", "bash", "-c", &probe]).output().expect("run bash in the host");
     if !output.status.success() {
-        eprintln!("{}: {probe}: {} {}", host.label(), output.status, String::from_utf8_lossy(&output.stderr).trim());
+        eprintln!(
+            "{}: {probe}: {} {}",
+            host.label(),
+            output.status,
+            String::from_utf8_lossy(&output.stderr).trim()
+        );
     }
     output.status.success()
 }
@@ -428,7 +469,10 @@ fn a_host_reaches_the_loopback_services_until_a_partition_drops_its_packets_and_
     let other = std::net::TcpListener::bind("127.0.0.1:0").expect("a second listener");
     let other_port = other.local_addr().expect("its address").port();
     let host = net.host("probe").expect("a host");
-    assert!(connects(&host, port), "a host reaches a server bound to the loopback through the services address");
+    assert!(
+        connects(&host, port),
+        "a host reaches a server bound to the loopback through the services address"
+    );
     host.partition("the listener", &[port], Direction::Outbound).expect("the partition");
     assert!(!connects(&host, port), "the partition drops the connection's packets");
     assert!(connects(&host, other_port), "a partition takes only the ports it names");
