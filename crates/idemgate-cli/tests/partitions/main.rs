@@ -142,7 +142,8 @@ struct Figures {
     log_rows: i64,
     duplicates: std::collections::BTreeMap<String, i64>,
     recovered_after_heal: Duration,
-    idle_at_cut: i64,
+    /// Transactions left open 2 s after a cut from the database; `None` for other cuts.
+    idle_at_cut: Option<i64>,
     unlogged: f64,
     verdict: String,
 }
@@ -151,7 +152,7 @@ impl std::fmt::Display for Figures {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(
             f,
-            "FIGURES {}: faults {}, sends {}, log rows {}, duplicates by cause {:?}, idle transactions 2 s after the cut {}, \
+            "FIGURES {}: faults {}, sends {}, log rows {}, duplicates by cause {:?}, idle transactions 2 s after the cut {:?}, \
              attempts unlogged {}, books exact {:.1} s after the heal, checker: {}",
             self.scenario,
             self.faults,
@@ -288,7 +289,7 @@ async fn serve_partitioned_from_the_database(backend: Backend, group_commit: boo
         log_rows: log_rows(&db.store, &group).await,
         duplicates: duplicates_by_cause(&db.store, &group).await,
         recovered_after_heal,
-        idle_at_cut,
+        idle_at_cut: Some(idle_at_cut),
         unlogged,
         verdict: if checked.is_valid() { "valid".to_owned() } else { "INVALID".to_owned() },
     };
@@ -387,8 +388,9 @@ async fn serve_partitioned_from_redis(backend: Backend, group_commit: bool) {
         log_rows: log_rows(&db.store, &group).await,
         duplicates: duplicates_by_cause(&db.store, &group).await,
         recovered_after_heal,
-        idle_at_cut: 0,
-        unlogged: 0.0,
+        idle_at_cut: None,
+        unlogged: metric(&service_a, "idemgate_unlogged_deliveries_total", "")
+            + metric(&service_b, "idemgate_unlogged_deliveries_total", ""),
         verdict: if checked.is_valid() { "valid".to_owned() } else { "INVALID".to_owned() },
     };
     println!(
