@@ -314,7 +314,7 @@ async fn hot_key(
         use sqlx::Row;
         let counted: i64 = keys.first().map(|r| r.try_get(4)).transpose()?.unwrap_or(0);
         anyhow::ensure!(
-            keys.len() == 1 && counted == rows as i64 && page.len() == PAGE_DELIVERIES,
+            keys.len() == 1 && counted == rows as i64 && page.len() == OLD_PAGE_ROWS,
             "the old way's reads of the hot key: {} keys, {counted} rows counted, a page of {}",
             keys.len(),
             page.len()
@@ -392,6 +392,9 @@ static OLD_KEYS_OF_BIZ_ID: Sql = Sql::new(
     "SELECT consumer_group, biz_type, biz_id, execute_time, COUNT(*), MIN(logged_at_ms), MAX(logged_at_ms) \
      FROM delivery_log WHERE biz_id = ? GROUP BY consumer_group, biz_type, biz_id, execute_time LIMIT 51",
 );
+/// The rows the old way's page held: the oldest 500 (today's timeline page holds
+/// [`PAGE_DELIVERIES`]).
+const OLD_PAGE_ROWS: usize = 500;
 static OLD_OLDEST_PAGE: Sql =
     Sql::new("SELECT * FROM delivery_log WHERE biz_id = ? ORDER BY logged_at_ms, id LIMIT 500");
 static NAIVE_CLAIM: Sql = Sql::new("SELECT * FROM idempotent_record WHERE biz_id = ?");
