@@ -415,18 +415,29 @@ fn idle_transaction_timeout(backend: Backend, version: Option<&str>, limit: Dura
     }
 }
 
-/// Bounds how long a transaction of `conn` may sit idle ([`idle_transaction_timeout`]), asking
-/// a MySQL-protocol server first which one it is.
+/// Bounds how long a transaction of `conn` may sit idle ([`idle_transaction_timeout`]).
 async fn limit_idle_transactions(
     conn: &mut AnyConnection,
     backend: Backend,
     limit: Duration,
 ) -> Result<(), sqlx::Error> {
+    set_session_limit(conn, backend, limit, idle_transaction_timeout).await
+}
+
+/// Runs the session statement `statement` gives for `limit` on `conn`, if the server has one,
+/// asking a MySQL-protocol server first which one it is: behind a proxy each connection may
+/// reach another server.
+async fn set_session_limit(
+    conn: &mut AnyConnection,
+    backend: Backend,
+    limit: Duration,
+    statement: fn(Backend, Option<&str>, Duration) -> Option<String>,
+) -> Result<(), sqlx::Error> {
     let version = match backend {
         Backend::MySql => Some(server_version(conn).await?),
         Backend::Postgres | Backend::Sqlite => None,
     };
-    if let Some(statement) = idle_transaction_timeout(backend, version.as_deref(), limit) {
+    if let Some(statement) = statement(backend, version.as_deref(), limit) {
         conn.execute(AssertSqlSafe(statement)).await?;
     }
     Ok(())
@@ -463,14 +474,7 @@ pub async fn limit_statements(
     backend: Backend,
     limit: Duration,
 ) -> Result<(), sqlx::Error> {
-    let version = match backend {
-        Backend::MySql => Some(server_version(conn).await?),
-        Backend::Postgres | Backend::Sqlite => None,
-    };
-    if let Some(statement) = statement_timeout(backend, version.as_deref(), limit) {
-        conn.execute(AssertSqlSafe(statement)).await?;
-    }
-    Ok(())
+    set_session_limit(conn, backend, limit, statement_timeout).await
 }
 
 impl Bound {
