@@ -441,6 +441,15 @@ pub async fn gate(
             cluster_size = ids.cluster_size,
             "the database is a Galera node: causal reads on every connection"
         );
+        let flush = crate::store::galera::flush_log_at_trx_commit(store.pool()).await?;
+        if flush != 1 {
+            tracing::warn!(
+                innodb_flush_log_at_trx_commit = flush,
+                "the Galera node acknowledges commits before they are on disk: if the nodes crash within \
+                 a second of each other, claims and effects already acknowledged to the broker are lost \
+                 and never redelivered; set innodb_flush_log_at_trx_commit = 1 on every node (docs/galera.md)"
+            );
+        }
     }
     let gate = gate.with_layout(layout);
     if let Some(prefilter) = gate.prefilter()

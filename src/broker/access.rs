@@ -25,6 +25,8 @@ pub struct BrokerAccess {
     namespace: Option<String>,
     /// The trace topic, when consumption is traced.
     trace_topic: Option<String>,
+    /// How often each client heartbeats the brokers, in milliseconds.
+    heartbeat_interval_ms: u32,
 }
 
 impl std::fmt::Debug for BrokerAccess {
@@ -35,6 +37,7 @@ impl std::fmt::Debug for BrokerAccess {
             .field("secret_key", &self.account.as_ref().map(|(_, secret)| secret))
             .field("namespace", &self.namespace)
             .field("trace_topic", &self.trace_topic)
+            .field("heartbeat_interval_ms", &self.heartbeat_interval_ms)
             .finish()
     }
 }
@@ -49,12 +52,19 @@ impl BrokerAccess {
             account,
             namespace: (!settings.namespace.is_empty()).then(|| settings.namespace.clone()),
             trace_topic: settings.message_trace.then(|| settings.trace_topic.clone()),
+            heartbeat_interval_ms: settings.heartbeat_interval_seconds.saturating_mul(1_000),
         })
     }
 
     /// An open cluster through `name_server`: no account, no namespace, no trace.
     pub fn open(name_server: &str) -> Self {
-        Self { name_server: name_server.to_owned(), account: None, namespace: None, trace_topic: None }
+        Self {
+            name_server: name_server.to_owned(),
+            account: None,
+            namespace: None,
+            trace_topic: None,
+            heartbeat_interval_ms: BrokerSettings::default().heartbeat_interval_seconds * 1_000,
+        }
     }
 
     /// The same access signed as `access_key` with `secret`.
@@ -96,11 +106,12 @@ impl BrokerAccess {
         self.client_config().with_namespace(name).to_string()
     }
 
-    /// The client configuration every client starts from: the name server, the namespace, and
-    /// the trace topic when consumption is traced.
+    /// The client configuration every client starts from: the name server, the heartbeat
+    /// interval, the namespace, and the trace topic when consumption is traced.
     pub(crate) fn client_config(&self) -> ClientConfig {
         let mut config = ClientConfig::default();
         config.set_namesrv_addr(CheetahString::from_string(self.name_server.clone()));
+        config.set_heartbeat_broker_interval(self.heartbeat_interval_ms);
         if let Some(namespace) = &self.namespace {
             config.set_namespace(CheetahString::from_string(namespace.clone()));
         }
@@ -145,6 +156,18 @@ mod tests {
         assert!(shown.contains("idemgate") && shown.contains("***"), "{shown}");
         let redacted = settings(|s| s.secret_key = SecretKey::new("s3cr3t-value")).redacted();
         assert_eq!(redacted.secret_key, SecretKey::new("***"));
+    }
+
+    #[test]
+    fn every_client_heartbeats_as_often_as_the_setting_says_within_the_clients_bounds() {
+        let access = BrokerAccess::of(&settings(|s| s.heartbeat_interval_seconds = 10)).unwrap();
+        assert_eq!(access.client_config().get_heartbeat_broker_interval(), 10_000);
+        let default = BrokerAccess::open("127.0.0.1:9876").client_config().get_heartbeat_broker_interval();
+        assert_eq!(default, 30_000);
+        for outside in [0, 9, 601] {
+            let e = settings(|s| s.heartbeat_interval_seconds = outside).validate().unwrap_err();
+            assert_eq!(e.key, "broker.heartbeat_interval_seconds", "{e}");
+        }
     }
 
     #[test]

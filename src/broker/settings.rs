@@ -42,6 +42,11 @@ pub struct BrokerSettings {
     /// from the brokers (0: never). A reading that takes longer than the interval, or than 10 s,
     /// is abandoned and counted failed.
     pub lag_interval_seconds: u32,
+    /// `IDEMGATE_BROKER__HEARTBEAT_INTERVAL_SECONDS`: how often each client tells the brokers
+    /// it is alive (10 to 600; RocketMQ's default 30). A broker drops a consumer it has not
+    /// heard from for its `channelExpiredTimeout` (120 s by default) and hands its queues to the
+    /// rest of the group: keep this at a third of that or less.
+    pub heartbeat_interval_seconds: u32,
 
     // A secured cluster: the same account, namespace and trace for every client idemgate opens
     // (the consumer, the lag reader's two clients, replay's producer and `produce`).
@@ -112,6 +117,7 @@ impl Default for BrokerSettings {
             start_from: StartFrom::First,
             producer_group: "idemgate_producer".to_owned(),
             lag_interval_seconds: 15,
+            heartbeat_interval_seconds: 30,
             access_key: String::new(),
             secret_key: SecretKey::default(),
             secret_key_file: String::new(),
@@ -146,6 +152,10 @@ impl BrokerSettings {
             .map_err(|m| invalid("broker.producer_group", m))?;
         if self.lag_interval_seconds > 3600 {
             return Err(invalid("broker.lag_interval_seconds", "must be between 0 (off) and 3600"));
+        }
+        if !(10..=600).contains(&self.heartbeat_interval_seconds) {
+            // The client's own bounds: it refuses anything else.
+            return Err(invalid("broker.heartbeat_interval_seconds", "must be between 10 and 600"));
         }
         if self.access_key.chars().any(|c| c.is_whitespace() || c.is_control()) {
             return Err(invalid("broker.access_key", "contains whitespace or control characters"));

@@ -12,6 +12,12 @@
 //!   nodes fails certification: [`check`] refuses a node whose increment is below the cluster's
 //!   size while `wsrep_auto_increment_control` is off.
 //!
+//! It also reads how the node makes a commit durable ([`flush_log_at_trx_commit`]): a commit
+//! Galera acknowledged is in every node's memory, but under the setting MariaDB's Galera guides
+//! recommend (2: the redo log written at each commit, flushed once a second) it is on no disk
+//! yet, and Jepsen lost acknowledged transactions to nodes crashing in quick succession
+//! (MariaDB Galera Cluster 12.1.2, March 2026). The service warns at start unless it is 1.
+//!
 //! Conflicts with other nodes' writes surface at COMMIT as error 1213, which the store counts as
 //! [`super::TransientCause::Certification`]. This module must not know about claims or deliveries.
 
@@ -82,6 +88,16 @@ pub(crate) async fn prepare_connection(conn: &mut AnyConnection) -> Result<(), s
         conn.execute(CAUSAL_READS).await?;
     }
     Ok(())
+}
+
+/// `innodb_flush_log_at_trx_commit`: 1 flushes the redo log to disk before a commit returns;
+/// 2 writes it to the operating system and flushes once a second; 0 neither.
+const FLUSH_SETTING: &str = "SELECT CAST(@@innodb_flush_log_at_trx_commit AS SIGNED)";
+
+/// How the node makes a commit durable: `innodb_flush_log_at_trx_commit`. Anything but 1
+/// leaves up to a second of acknowledged commits in memory only, on every node at once.
+pub async fn flush_log_at_trx_commit(pool: &AnyPool) -> Result<i64, sqlx::Error> {
+    sqlx::query(FLUSH_SETTING).fetch_one(pool).await?.try_get(0)
 }
 
 /// The node's auto-increment settings.

@@ -60,6 +60,10 @@ pub struct BrokerOptions {
     /// (`brokerIp1`): a [`Network`](crate::network::Network)'s services address, for clients in
     /// other network namespaces. `None`: 127.0.0.1.
     pub advertise: Option<std::net::Ipv4Addr>,
+    /// How long the broker keeps a client it has not heard from (`channelExpiredTimeout`; the
+    /// broker looks every 10 s): after it, the client's queues go to the rest of its group.
+    /// `None`: the broker's 120 s.
+    pub channel_expired_timeout: Option<std::time::Duration>,
 }
 
 /// The broker's first user (`initAuthenticationUser`), which may do anything: the one the test
@@ -541,6 +545,9 @@ impl Server {
         }
         if let Some(topic) = &options.trace_topic {
             extra.push_str(&format!("traceTopicEnable = true\nmsgTraceTopicName = \"{topic}\"\n"));
+        }
+        if let Some(expired) = options.channel_expired_timeout {
+            extra.push_str(&format!("channelExpiredTimeout = {}\n", expired.as_millis()));
         }
         // The broker listens on its port, on port − 2 (its fast port) and on the HA port.
         let base = free_port_run(4)?;

@@ -7,18 +7,25 @@
 //! transfer. [`LocalProxy`] is HAProxy with a MySQL health check on each node: the one database
 //! URL that survives the loss of a node. `scripts/install-galera.sh` installs what they run.
 //!
+//! Each node has a loopback address of its own (`127.0.0.11`, `.12`, `.13`), and Galera binds
+//! the connections a node opens to its listening address, so [`LocalGalera::partition`] cuts one
+//! node off from the other two with nftables rules on those addresses and the cluster's ports,
+//! while clients (which connect from `127.0.0.1`) still reach every node.
+//!
 //! Every process is stopped by process id when its owner is dropped, and a watchdog per process
 //! stops it too if this process dies first, so a killed test run leaves nothing behind. It never
 //! touches the machine's own MariaDB server: its processes, ports and directories are its own.
 
+use std::net::Ipv4Addr;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
+use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
 use sqlx::{Connection, Row};
 
-use crate::broker::{free_port_run, remove_when_gone, watch_over};
+use crate::broker::{free_port_run, remove_when_gone, watch_over, when_this_process_is_gone};
 
 /// The wsrep provider the `galera-4` package installs.
 const PROVIDER: &str = "/usr/lib/galera/libgalera_smm.so";
@@ -40,12 +47,20 @@ const CHECK_USER: &str = "haproxy";
 pub struct LocalGalera {
     nodes: Vec<Node>,
     dir: tempfile::TempDir,
+    started: Instant,
+    /// The nftables table of this cluster's partitions, `idemgate_galera_<pid>_<n>`.
+    table: String,
+    /// Every partition and heal so far, with its time since the start.
+    faults: Mutex<Vec<(Duration, String)>>,
 }
 
 /// One `mariadbd` of the cluster: its ports, its data directory, and its process while it runs.
 struct Node {
     /// 1, 2 or 3.
     number: usize,
+    /// `127.0.0.1<number>`: every port of the node listens there, and the connections it opens
+    /// to other nodes start there.
+    address: Ipv4Addr,
     /// The MySQL protocol's port.
     port: u16,
     /// Galera's group communication, incremental and snapshot state transfer ports.
@@ -89,6 +104,8 @@ impl StateTransfer {
 struct NodeState {
     comment: String,
     cluster_size: u32,
+    /// `wsrep_cluster_status` is `Primary`.
+    primary: bool,
 }
 
 impl LocalGalera {
@@ -121,6 +138,7 @@ impl LocalGalera {
             let data = dir.path().join(format!("node{number}"));
             nodes.push(Node {
                 number,
+                address: Ipv4Addr::new(127, 0, 0, 10 + number as u8),
                 port: base,
                 gcomm: base + 1,
                 ist: base + 2,
@@ -157,7 +175,13 @@ impl LocalGalera {
                 );
             }
         }
-        let mut cluster = Self { nodes, dir };
+        static CLUSTERS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+        let table = format!(
+            "idemgate_galera_{}_{}",
+            std::process::id(),
+            CLUSTERS.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+        );
+        let mut cluster = Self { nodes, dir, started: Instant::now(), table, faults: Mutex::default() };
         let address = cluster.cluster_address();
         cluster.nodes[0].start(&mariadbd, &address, &["--wsrep-new-cluster".to_owned()])?;
         cluster.wait_synced(0, 1).await?;
@@ -175,9 +199,10 @@ impl LocalGalera {
         Ok(cluster)
     }
 
-    /// `mysql://root@127.0.0.1:<port>/<database>` of node `index` (0-based).
+    /// `mysql://root@127.0.0.1<n>:<port>/<database>` of node `index` (0-based).
     pub fn url(&self, index: usize, database: &str) -> String {
-        format!("mysql://root@127.0.0.1:{}/{database}", self.nodes[index].port)
+        let node = &self.nodes[index];
+        format!("mysql://root@{}:{}/{database}", node.address, node.port)
     }
 
     /// An admin URL of node `index`, for [`crate::scratch::ScratchDb::create_at`].
@@ -238,7 +263,7 @@ impl LocalGalera {
 
     /// `gcomm://` with every node's group-communication address.
     fn cluster_address(&self) -> String {
-        let members: Vec<String> = self.nodes.iter().map(|n| format!("127.0.0.1:{}", n.gcomm)).collect();
+        let members: Vec<String> = self.nodes.iter().map(|n| format!("{}:{}", n.address, n.gcomm)).collect();
         format!("gcomm://{}", members.join(","))
     }
 
@@ -271,12 +296,79 @@ impl LocalGalera {
     /// Starts HAProxy in front of the three nodes: one URL for every consumer, each new
     /// connection to a node whose health check passes.
     pub async fn proxy(&self) -> anyhow::Result<LocalProxy> {
-        LocalProxy::start(self.dir.path(), &self.nodes.iter().map(|n| n.port).collect::<Vec<_>>()).await
+        let nodes: Vec<(Ipv4Addr, u16)> = self.nodes.iter().map(|n| (n.address, n.port)).collect();
+        LocalProxy::start(self.dir.path(), &nodes).await
+    }
+
+    /// Cuts node `index` off from the other two, both ways: nftables drops every packet between
+    /// its address and theirs to the cluster's ports (group communication, IST, SST). Clients
+    /// still reach all three. The node finds itself in a minority of one and, once the group's
+    /// timeouts expire (a few seconds), refuses reads and writes (`WSREP has not yet prepared
+    /// node for application use`) while the other two go on as the primary component.
+    pub fn partition(&self, index: usize) -> anyhow::Result<()> {
+        let cut = &self.nodes[index];
+        let others: Vec<&Node> = self.nodes.iter().filter(|n| n.number != cut.number).collect();
+        let set = |addrs: Vec<String>| addrs.join(", ");
+        let other_addrs = set(others.iter().map(|n| n.address.to_string()).collect());
+        let other_ports =
+            set(others.iter().flat_map(|n| [n.gcomm, n.ist, n.sst]).map(|p| p.to_string()).collect());
+        let table = &self.table;
+        crate::network::nft(&format!(
+            "table ip {table} {{\n\
+             \tchain output {{ type filter hook output priority 0;\n\
+             \t\tip saddr {a} ip daddr {{ {other_addrs} }} tcp dport {{ {other_ports} }} drop\n\
+             \t\tip saddr {{ {other_addrs} }} ip daddr {a} tcp dport {{ {g}, {i}, {s} }} drop\n\
+             \t}}\n\
+             }}\n",
+            a = cut.address,
+            g = cut.gcomm,
+            i = cut.ist,
+            s = cut.sst,
+        ))
+        .with_context(|| format!("partitioning galera node {}", cut.number))?;
+        when_this_process_is_gone(
+            &format!("nft list table ip {table} >/dev/null 2>&1"),
+            &format!("nft delete table ip {table}"),
+        );
+        self.record(format!("node {} cut off from the other two", cut.number));
+        Ok(())
+    }
+
+    /// Removes the partition: the node rejoins, catching up by incremental state transfer.
+    pub fn heal(&self) -> anyhow::Result<()> {
+        crate::network::nft(&format!("delete table ip {}\n", self.table))
+            .context("healing the galera partition")?;
+        self.record("healed".to_owned());
+        Ok(())
+    }
+
+    /// Waits until node `index` is `Synced` in a cluster of all three again.
+    pub async fn wait_rejoined(&mut self, index: usize) -> anyhow::Result<()> {
+        self.wait_synced(index, NODES as u32).await
+    }
+
+    /// Node `index`'s view: its local state (`Synced`, `Initialized`, …), the size of the
+    /// component it is in, and whether that component is the primary one.
+    pub async fn view(&self, index: usize) -> anyhow::Result<(String, u32, bool)> {
+        let state = node_state(&self.admin_url(index)).await?;
+        Ok((state.comment, state.cluster_size, state.primary))
+    }
+
+    /// Every partition and heal so far, one a line with its time since the cluster started.
+    pub fn faults(&self) -> String {
+        let faults = self.faults.lock().unwrap_or_else(|e| e.into_inner());
+        faults.iter().map(|(at, what)| format!("  +{:.1} s galera: {what}\n", at.as_secs_f64())).collect()
+    }
+
+    fn record(&self, what: String) {
+        tracing::info!(%what, "galera fault");
+        self.faults.lock().unwrap_or_else(|e| e.into_inner()).push((self.started.elapsed(), what));
     }
 }
 
 impl Drop for LocalGalera {
     fn drop(&mut self) {
+        let _ = Command::new("nft").args(["delete", "table", "ip", &self.table]).output();
         for node in &mut self.nodes {
             node.stop();
         }
@@ -302,7 +394,7 @@ impl Node {
             format!("--pid-file={d}/mariadbd.pid"),
             format!("--log-error={}", self.log().display()),
             format!("--port={}", self.port),
-            "--bind-address=127.0.0.1".to_owned(),
+            format!("--bind-address={}", self.address),
             "--skip-name-resolve".to_owned(),
             "--binlog-format=ROW".to_owned(),
             "--default-storage-engine=InnoDB".to_owned(),
@@ -314,14 +406,16 @@ impl Node {
             "--wsrep-cluster-name=idemgate".to_owned(),
             format!("--wsrep-cluster-address={cluster_address}"),
             format!("--wsrep-node-name=node{}", self.number),
-            format!("--wsrep-node-address=127.0.0.1:{}", self.gcomm),
-            format!("--wsrep-node-incoming-address=127.0.0.1:{}", self.port),
+            format!("--wsrep-node-address={}:{}", self.address, self.gcomm),
+            format!("--wsrep-node-incoming-address={}:{}", self.address, self.port),
             format!(
-                "--wsrep-provider-options=gmcast.listen_addr=tcp://127.0.0.1:{};ist.recv_addr=127.0.0.1:{};gcache.size=64M",
-                self.gcomm, self.ist
+                "--wsrep-provider-options=gmcast.listen_addr=tcp://{a}:{};ist.recv_addr={a}:{};gcache.size=64M",
+                self.gcomm,
+                self.ist,
+                a = self.address
             ),
             "--wsrep-sst-method=rsync".to_owned(),
-            format!("--wsrep-sst-receive-address=127.0.0.1:{}", self.sst),
+            format!("--wsrep-sst-receive-address={}:{}", self.address, self.sst),
         ];
         // As root, the server runs as `mysql`: the rsync daemon of a snapshot transfer would
         // otherwise drop to `nobody`, who cannot enter the data directory, and the transfer fails.
@@ -390,16 +484,17 @@ async fn node_state(url: &str) -> Result<NodeState, sqlx::Error> {
     let mut conn = sqlx::AnyConnection::connect(url).await?;
     let rows = sqlx::query(
         "SELECT VARIABLE_NAME, VARIABLE_VALUE FROM information_schema.GLOBAL_STATUS \
-         WHERE VARIABLE_NAME IN ('WSREP_LOCAL_STATE_COMMENT', 'WSREP_CLUSTER_SIZE')",
+         WHERE VARIABLE_NAME IN ('WSREP_LOCAL_STATE_COMMENT', 'WSREP_CLUSTER_SIZE', 'WSREP_CLUSTER_STATUS')",
     )
     .fetch_all(&mut conn)
     .await?;
     let _ = conn.close().await;
-    let mut state = NodeState { comment: String::new(), cluster_size: 0 };
+    let mut state = NodeState { comment: String::new(), cluster_size: 0, primary: false };
     for row in rows {
         let (name, value): (String, String) = (row.try_get(0)?, row.try_get(1)?);
         match name.to_ascii_uppercase().as_str() {
             "WSREP_LOCAL_STATE_COMMENT" => state.comment = value,
+            "WSREP_CLUSTER_STATUS" => state.primary = value == "Primary",
             _ => state.cluster_size = value.parse().unwrap_or(0),
         }
     }
@@ -420,13 +515,13 @@ impl LocalProxy {
     /// MySQL handshake, not just an open port); two failed checks take it out of the rotation and
     /// close its sessions, two good ones put it back. A connection refused by a node that is
     /// down but not yet marked so is tried again on another (`option redispatch`).
-    async fn start(dir: &Path, ports: &[u16]) -> anyhow::Result<Self> {
+    async fn start(dir: &Path, nodes: &[(Ipv4Addr, u16)]) -> anyhow::Result<Self> {
         let haproxy = program("haproxy")?;
         let port = free_port_run(1)?;
-        let servers: String = ports
+        let servers: String = nodes
             .iter()
             .enumerate()
-            .map(|(i, p)| format!("    server node{} 127.0.0.1:{p} check\n", i + 1))
+            .map(|(i, (a, p))| format!("    server node{} {a}:{p} check\n", i + 1))
             .collect();
         let config = dir.join("haproxy.cfg");
         std::fs::write(

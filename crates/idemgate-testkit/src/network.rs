@@ -346,7 +346,7 @@ fn run(program: &str, args: &[&str]) -> anyhow::Result<()> {
 }
 
 /// Runs an nftables script in the machine's namespace.
-fn nft(script: &str) -> anyhow::Result<()> {
+pub(crate) fn nft(script: &str) -> anyhow::Result<()> {
     let mut command = Command::new("nft");
     command.args(["-f", "-"]);
     feed(command, script)

@@ -15,6 +15,7 @@ use idemgate::store::{Backend, Sql, Store, StoreOptions};
 use idemgate_shop as shop;
 use idemgate_shop::produce::ProduceReport;
 use idemgate_testkit::broker::LocalBroker;
+use idemgate_testkit::history::{self, History, Sent, Source};
 use idemgate_testkit::scratch::ScratchDb;
 use sqlx::Row;
 
@@ -619,4 +620,83 @@ fn http_request(addr: &str, method: &str, path: &str, form: Option<&str>) -> Opt
     let reply =
         idemgate_testkit::http::request_blocking(addr, method, path, headers, body, Duration::from_secs(30))?;
     Some((reply.status, reply.body))
+}
+
+/// The stock deductions of the manifest, as the checker's sends.
+#[allow(dead_code)] // The partition and Galera scenarios'.
+pub fn deductions_sent(sends: &[SendLine]) -> Vec<Sent> {
+    sends
+        .iter()
+        // A malformed send is refused as invalid by design, and poison dead-lettered: neither
+        // has an effect to check.
+        .filter(|s| {
+            s.tags == idemgate_shop::TAG_STOCK_DEDUCT && !matches!(s.kind.as_str(), "malformed" | "poison")
+        })
+        .filter_map(|s| {
+            Some(Sent {
+                biz_id: s.keys.first()?.clone(),
+                uniq_key: s.uniq_key.clone(),
+                msg_id: s.uniq_key.clone(),
+            })
+        })
+        .collect()
+}
+
+/// The history checker ([`history::check`]) over the run's stock deductions (`run`'s sends of
+/// `group`) that the log holds since `since_ms`.
+#[allow(dead_code)] // The partition and Galera scenarios'.
+pub async fn check_history(
+    store: &Store,
+    group: &str,
+    run: &str,
+    sends: &[SendLine],
+    since_ms: i64,
+) -> history::Checked {
+    let effects = format!(
+        "SELECT deduction_id, COUNT(*) FROM shop_stock_ledger WHERE deduction_id LIKE '{run}-D-%' GROUP BY deduction_id"
+    );
+    let source = Source {
+        consumer_group: group,
+        biz_type: idemgate_shop::STOCK_DEDUCT,
+        effects_sql: &effects,
+        since_ms,
+    };
+    let history =
+        History::read_broker_run(store, &source, deductions_sent(sends)).await.expect("the history");
+    history::check(&history)
+}
+
+static EARLIEST_ATTEMPTS: Sql = Sql::new(
+    "SELECT uniq_key, MIN(reconsume_times) FROM delivery_log WHERE consumer_group = ? GROUP BY uniq_key",
+);
+
+/// The sends with no delivery-log row at all, and how many sends have no row of their first
+/// attempt (reconsume count 0).
+async fn unlogged_sends(store: &Store, group: &str, sends: &[SendLine]) -> (Vec<String>, usize) {
+    let rows =
+        store.query(&EARLIEST_ATTEMPTS).bind(group).fetch_all(store.pool()).await.expect("the log's sends");
+    let first: BTreeMap<String, i32> =
+        rows.iter().map(|r| (r.get::<String, _>(0), r.get::<i32, _>(1))).collect();
+    let keys: std::collections::BTreeSet<&str> = sends.iter().map(|s| s.uniq_key.as_str()).collect();
+    let never = keys.iter().filter(|k| !first.contains_key(**k)).map(|k| (*k).to_owned()).collect();
+    let late = keys.iter().filter(|k| first.get(**k).is_some_and(|r| *r > 0)).count();
+    (never, late)
+}
+
+/// Every send has a delivery-log row of some attempt, and no more sends lack a row of their
+/// first attempt than the services counted unlogged (`unlogged`: attempts made while the log's
+/// database refused them, answered `ReconsumeLater`, and logged at a later attempt).
+#[allow(dead_code)] // The partition and Galera scenarios'.
+pub async fn assert_every_send_is_logged_or_counted(
+    store: &Store,
+    group: &str,
+    sends: &[SendLine],
+    unlogged: f64,
+) {
+    let (never_logged, first_unlogged) = unlogged_sends(store, group, sends).await;
+    assert!(never_logged.is_empty(), "sends with no delivery-log row at all: {never_logged:?}");
+    assert!(
+        first_unlogged as f64 <= unlogged,
+        "{first_unlogged} sends have no first-attempt row, but only {unlogged} attempts were counted unlogged"
+    );
 }

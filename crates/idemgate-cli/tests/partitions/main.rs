@@ -1,25 +1,31 @@
 //! Partitions over a real network. `idemgate serve` runs in a network namespace of its own
-//! ([`idemgate_testkit::network`]), reaching the database, Redis and the RocketMQ servers over a
-//! veth pair; a second instance of the same group runs in the machine's namespace. Mid-stream,
-//! nftables rules drop every packet between the first instance and one service for 30 s, then
-//! the partition heals. The producer's manifest, the books, the claims and the delivery log are
-//! then held to the history checker's rules, and the reconciler must report nothing.
+//! ([`idemgate_testkit::network`]), reaching the database, Redis, the broker and the name server
+//! over a veth pair; a second instance of the same group runs in the machine's namespace.
+//! Mid-stream, nftables rules drop every packet between the first instance and one service for
+//! 30 s, then the partition heals. The producer's manifest, the books, the claims and the
+//! delivery log are then held to the history checker's rules, and the reconciler must report
+//! nothing.
 //!
-//! Each scenario prints its figures (faults, deliveries, duplicates by cause, time to recover
-//! after the heal, the checker's verdict); docs/testing.md keeps them. A namespace or an
-//! nftables rule that cannot be made fails the test: nothing here is skipped.
+//! The README's test command cuts once per scenario; `IDEMGATE_FAULTS_LONG=1` cuts three times,
+//! with 15 s of healed traffic between the cuts. Each scenario prints its figures (faults,
+//! deliveries, duplicates by cause, time to recover after the heal, the checker's verdict);
+//! docs/testing.md keeps them. A namespace or an nftables rule that cannot be made fails the
+//! test: nothing here is skipped.
 
 #[allow(dead_code)]
 #[path = "../end_to_end/support.rs"]
 mod support;
 
+use std::collections::BTreeSet;
 use std::sync::OnceLock;
+use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use idemgate::config::Settings;
 use idemgate::store::{Backend, Store, query_built};
+use idemgate_shop::produce::ProduceReport;
 use idemgate_testkit::broker::{BrokerOptions, LocalBroker};
-use idemgate_testkit::history::{self, History, Sent, Source};
+use idemgate_testkit::history::Checked;
 use idemgate_testkit::network::{Direction, Host, Network};
 use idemgate_testkit::scratch::ScratchDb;
 use sqlx::Row;
@@ -27,6 +33,18 @@ use support::*;
 
 /// How long each partition lasts.
 const PARTITION: Duration = Duration::from_secs(30);
+/// Healed traffic between two partitions of the long form.
+const BETWEEN: Duration = Duration::from_secs(15);
+/// The producer's sends per second.
+const RATE: u64 = 100;
+/// How long the broker keeps a consumer it has not heard from; every instance here heartbeats
+/// every [`HEARTBEAT_SECONDS`], so a partitioned one is dropped (and its queues handed to the
+/// other) 15 to 25 s into the cut.
+const CHANNEL_EXPIRED: Duration = Duration::from_secs(15);
+const HEARTBEAT_SECONDS: u32 = 10;
+/// From this long into the first cut (ms), a message consumed again is the cut's doing: before
+/// it, the rebalance of the second instance's start may still be handing queues over.
+const SETTLED_MS: i64 = 10_000;
 /// The partitioned instance's delivery deadline: a transaction it left open is ended by the
 /// server this much (and a second) after its last statement.
 const DELIVERY_TIMEOUT_MS: u64 = 10_000;
@@ -42,7 +60,11 @@ fn network() -> &'static Network {
 fn broker() -> &'static LocalBroker {
     static BROKER: OnceLock<LocalBroker> = OnceLock::new();
     BROKER.get_or_init(|| {
-        let options = BrokerOptions { advertise: Some(network().services()), ..Default::default() };
+        let options = BrokerOptions {
+            advertise: Some(network().services()),
+            channel_expired_timeout: Some(CHANNEL_EXPIRED),
+            ..Default::default()
+        };
         LocalBroker::start_with(options).unwrap_or_else(|e| panic!("a RocketMQ broker is required: {e:#}"))
     })
 }
@@ -59,10 +81,18 @@ fn through_network(url: &str) -> String {
     parsed.to_string()
 }
 
+/// Partitions per scenario: one in the README's test command, three with
+/// `IDEMGATE_FAULTS_LONG=1`.
+fn rounds() -> u32 {
+    if std::env::var("IDEMGATE_FAULTS_LONG").is_ok_and(|v| v == "1") { 3 } else { 1 }
+}
+
 /// The settings both instances share: short bounds, so that a delivery cut off from the
-/// database gives up (and its transaction is ended by the server) well inside the partition.
+/// database gives up (and its transaction is ended by the server) well inside the partition,
+/// and a heartbeat the broker's short expiry allows.
 fn tuned(mut s: Settings, group_commit: bool) -> Settings {
     s.consumer.max_reconsume_times = 16;
+    s.broker.heartbeat_interval_seconds = HEARTBEAT_SECONDS;
     s.consumer.delivery_timeout_ms = DELIVERY_TIMEOUT_MS;
     s.database.acquire_timeout_ms = 2_000;
     s.database.lock_timeout_ms = 1_000;
@@ -93,47 +123,6 @@ async fn idle_transactions(store: &Store, secs: i64) -> i64 {
     row.try_get::<i64, _>(0).expect("a count")
 }
 
-/// The stock deductions of the manifest, as the checker's sends.
-fn deductions_sent(sends: &[SendLine]) -> Vec<Sent> {
-    sends
-        .iter()
-        // A malformed send is refused as invalid by design, and poison dead-lettered: neither
-        // has an effect to check.
-        .filter(|s| {
-            s.tags == idemgate_shop::TAG_STOCK_DEDUCT && !matches!(s.kind.as_str(), "malformed" | "poison")
-        })
-        .filter_map(|s| {
-            Some(Sent {
-                biz_id: s.keys.first()?.clone(),
-                uniq_key: s.uniq_key.clone(),
-                msg_id: s.uniq_key.clone(),
-            })
-        })
-        .collect()
-}
-
-/// The history checker over the run's stock deductions, with the reconciler over the window.
-async fn check_history(
-    db: &ScratchDb,
-    group: &str,
-    run: &str,
-    sends: &[SendLine],
-    since_ms: i64,
-) -> history::Checked {
-    let effects = format!(
-        "SELECT deduction_id, COUNT(*) FROM shop_stock_ledger WHERE deduction_id LIKE '{run}-D-%' GROUP BY deduction_id"
-    );
-    let source = Source {
-        consumer_group: group,
-        biz_type: idemgate_shop::STOCK_DEDUCT,
-        effects_sql: &effects,
-        since_ms,
-    };
-    let history =
-        History::read_broker_run(&db.store, &source, deductions_sent(sends)).await.expect("the history");
-    history::check(&history)
-}
-
 /// What a scenario measured, printed for docs/testing.md.
 struct Figures {
     scenario: String,
@@ -142,28 +131,229 @@ struct Figures {
     log_rows: i64,
     duplicates: std::collections::BTreeMap<String, i64>,
     recovered_after_heal: Duration,
-    /// Transactions left open 2 s after a cut from the database; `None` for other cuts.
-    idle_at_cut: Option<i64>,
     unlogged: f64,
     verdict: String,
+    /// What only this scenario measures.
+    extra: String,
 }
 
 impl std::fmt::Display for Figures {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(
             f,
-            "FIGURES {}: faults {}, sends {}, log rows {}, duplicates by cause {:?}, idle transactions 2 s after the cut {:?}, \
-             attempts unlogged {}, books exact {:.1} s after the heal, checker: {}",
+            "FIGURES {}: faults {}, sends {}, log rows {}, duplicates by cause {:?}, attempts unlogged {}, \
+             books exact {:.1} s after the last heal, checker: {}{}",
             self.scenario,
             self.faults,
             self.sends,
             self.log_rows,
             self.duplicates,
-            self.idle_at_cut,
             self.unlogged,
             self.recovered_after_heal.as_secs_f64(),
-            self.verdict
+            self.verdict,
+            self.extra
         )
+    }
+}
+
+/// One scenario's run: instance `a` in a host of its own, instance `b` beside the services, the
+/// producer sending throughout, and the partitions between `a` and one service.
+struct Scenario {
+    name: String,
+    host: Host,
+    db: ScratchDb,
+    group: String,
+    run: String,
+    since_ms: i64,
+    a: Service,
+    b: Service,
+    /// The instance ids the two write into the delivery log.
+    ids: (String, String),
+    producer: Option<JoinHandle<(ProduceReport, Vec<SendLine>)>>,
+    /// When the last partition healed.
+    healed: Option<Instant>,
+}
+
+/// What [`Scenario::finish`] read: the figures, the checker's verdict and the reconciler's.
+struct Ending {
+    figures: Figures,
+    checked: Checked,
+    reconciled: (Option<i32>, String),
+}
+
+impl Scenario {
+    /// Starts both instances (`edit` shapes each one's settings, told whether it is the one in
+    /// the host) and the producer, and lets the stream run 6 s before the first cut.
+    async fn start(
+        kind: &str,
+        backend: Backend,
+        group_commit: bool,
+        edit: impl Fn(Settings, bool) -> Settings,
+    ) -> Self {
+        let name =
+            format!("serve | {kind} ({backend:?}, group commit {})", if group_commit { "on" } else { "off" });
+        let (net, broker) = (network(), broker());
+        let host = net.host(&format!("serve-a {name}")).expect("a host for serve");
+        let db = database(backend).await;
+        let (topic, group, run) = (unique("part"), unique("group"), unique("N").replace('_', ""));
+        let inside_name_server = net.service(port_of(broker.name_server()));
+        let inside = tuned(
+            settings_on(&inside_name_server, &through_network(&db.url), &topic, &group, "a"),
+            group_commit,
+        );
+        let mut a = edit(inside, true);
+        a.http.bind = format!("{}:0", host.address());
+        let b =
+            edit(tuned(settings_on(broker.name_server(), &db.url, &topic, &group, "b"), group_commit), false);
+        let ids = (a.identity().instance_id, b.identity().instance_id);
+        let since_ms = idemgate::clock::now_ms() - 60_000;
+        let service_a = Service::start_in(&host, BIN, &a);
+        let service_b = Service::start(&b);
+        // 6 s before the first cut, the cuts and the healed spells between them, 4 s after.
+        let rounds = u64::from(rounds());
+        let count = RATE * (6 + rounds * PARTITION.as_secs() + (rounds - 1) * BETWEEN.as_secs() + 4);
+        let producer = {
+            let (name_server, topic, run) = (broker.name_server().to_owned(), topic.clone(), run.clone());
+            std::thread::spawn(move || {
+                let traffic = ["--duplicates", "0.3", "--poison", "0"];
+                produce_on(&name_server, &topic, &run, count, RATE as u32, &traffic)
+            })
+        };
+        tokio::time::sleep(Duration::from_secs(6)).await;
+        Self {
+            name,
+            host,
+            db,
+            group,
+            run,
+            since_ms,
+            a: service_a,
+            b: service_b,
+            ids,
+            producer: Some(producer),
+            healed: None,
+        }
+    }
+
+    /// Cuts `a` off from `ports` of the services host, both ways.
+    fn cut(&self, what: &str, ports: &[u16]) -> Instant {
+        self.host.partition(what, ports, Direction::Both).expect("the partition");
+        Instant::now()
+    }
+
+    /// Waits out the partition begun at `cut`, heals it, and waits [`BETWEEN`] unless it was
+    /// the last round.
+    async fn heal_after(&mut self, cut: Instant, round: u32) {
+        tokio::time::sleep(PARTITION.saturating_sub(cut.elapsed())).await;
+        self.host.heal().expect("the heal");
+        self.healed = Some(Instant::now());
+        if round + 1 < rounds() {
+            tokio::time::sleep(BETWEEN).await;
+        }
+    }
+
+    /// Waits for the producer and the books, and reads what the run left: every send applied
+    /// once (asserted here), every send logged (every first attempt when `logs_complete`: the
+    /// partition left the log's database reachable), the history checker's verdict and the
+    /// reconciler's.
+    async fn finish(&mut self, logs_complete: bool) -> Ending {
+        let (report, sends) = self.producer.take().expect("one finish").join().expect("producer thread");
+        let expected = expected_books(&report);
+        let store = &self.db.store;
+        let books = wait_for_books(store, &self.run, &self.group, &expected, Duration::from_secs(240)).await;
+        let recovered_after_heal = self.healed.expect("a heal").elapsed();
+        assert_eq!(
+            books,
+            expected,
+            "{}: troubled deliveries:\n{}",
+            self.name,
+            trouble(store, &self.group).await
+        );
+        let unlogged = metric(&self.a, "idemgate_unlogged_deliveries_total", "")
+            + metric(&self.b, "idemgate_unlogged_deliveries_total", "");
+        if logs_complete {
+            assert_every_send_is_logged(store, &self.group, &sends).await;
+        } else {
+            assert_every_send_is_logged_or_counted(store, &self.group, &sends, unlogged).await;
+        }
+        let reconciled = reconcile(&self.db.url, &self.group);
+        let checked = check_history(store, &self.group, &self.run, &sends, self.since_ms).await;
+        let figures = Figures {
+            scenario: self.name.clone(),
+            faults: network().faults().iter().filter(|f| f.host == self.host.label()).count(),
+            sends: sends.len(),
+            log_rows: log_rows(store, &self.group).await,
+            duplicates: duplicates_by_cause(store, &self.group).await,
+            recovered_after_heal,
+            unlogged,
+            verdict: if checked.is_valid() { "valid".to_owned() } else { "INVALID".to_owned() },
+            extra: String::new(),
+        };
+        Ending { figures, checked, reconciled }
+    }
+
+    /// Prints the figures, holds the run to the reconciler and the checker, and stops both
+    /// instances, which must exit cleanly.
+    async fn close(self, ending: Ending) {
+        let Ending { figures, checked, reconciled: (code, text) } = ending;
+        println!("{figures}\n{checked}{}", network().report());
+        assert_eq!(code, Some(0), "{}: the reconciler found anomalies:\n{text}", self.name);
+        assert!(checked.is_valid(), "{}:\n{checked}\n{}", self.name, network().report());
+        for service in [self.a, self.b] {
+            let exit = service.terminate();
+            assert_eq!(exit.code(), Some(0), "{}", exit.log);
+        }
+        drop(self.host);
+        self.db.drop_now().await;
+    }
+
+    /// The deliveries logged since `from` (ms since 1970) of a message (the same queue and
+    /// offset) that the other instance had logged before: what the broker consumed again after
+    /// a queue changed hands, as opposed to the producer's own copies, which are new messages.
+    async fn consumed_again_since(&self, from: i64) -> i64 {
+        self.consumed_again_when(from).await.0
+    }
+
+    /// [`Self::consumed_again_since`], with when the first and the last of them were logged,
+    /// in seconds after `from`.
+    async fn consumed_again_when(&self, from: i64) -> (i64, Option<f64>, Option<f64>) {
+        let row = query_built(
+            self.db.store.backend(),
+            "SELECT COUNT(*), MIN(d.logged_at_ms), MAX(d.logged_at_ms) FROM delivery_log d WHERE d.consumer_group = ? AND d.logged_at_ms >= ? \
+             AND EXISTS (SELECT 1 FROM delivery_log p WHERE p.consumer_group = d.consumer_group \
+             AND p.topic = d.topic AND p.queue_id = d.queue_id AND p.queue_offset = d.queue_offset \
+             AND p.instance_id <> d.instance_id AND p.id < d.id)"
+                .to_owned(),
+        )
+        .bind(self.group.clone())
+        .bind(from)
+        .fetch_one(self.db.store.pool())
+        .await
+        .expect("the messages consumed again");
+        let after =
+            |i| row.try_get::<Option<i64>, _>(i).expect("a time").map(|ms| (ms - from) as f64 / 1_000.0);
+        (row.try_get::<i64, _>(0).expect("a count"), after(1), after(2))
+    }
+
+    /// The queues each of `a` and `b` logged a delivery of between `from` and `to` (ms since
+    /// 1970).
+    async fn queues_between(&self, from: i64, to: i64) -> (BTreeSet<i32>, BTreeSet<i32>) {
+        let rows = query_built(
+            self.db.store.backend(),
+            "SELECT DISTINCT instance_id, queue_id FROM delivery_log \
+             WHERE consumer_group = ? AND logged_at_ms >= ? AND logged_at_ms < ?"
+                .to_owned(),
+        )
+        .bind(self.group.clone())
+        .bind(from)
+        .bind(to)
+        .fetch_all(self.db.store.pool())
+        .await
+        .expect("the queues");
+        let of = |id: &str| {
+            rows.iter().filter(|r| r.get::<String, _>(0) == id).map(|r| r.get::<i32, _>(1)).collect()
+        };
+        (of(&self.ids.0), of(&self.ids.1))
     }
 }
 
@@ -177,26 +367,6 @@ async fn log_rows(store: &Store, group: &str) -> i64 {
         .expect("a count")
 }
 
-/// The sends with no delivery-log row at all, and how many sends have no row of their first
-/// attempt (reconsume count 0).
-async fn unlogged_sends(store: &Store, group: &str, sends: &[SendLine]) -> (Vec<String>, usize) {
-    let rows = query_built(
-        store.backend(),
-        "SELECT uniq_key, MIN(reconsume_times) FROM delivery_log WHERE consumer_group = ? GROUP BY uniq_key"
-            .to_owned(),
-    )
-    .bind(group.to_owned())
-    .fetch_all(store.pool())
-    .await
-    .expect("the log's sends");
-    let first: std::collections::BTreeMap<String, i32> =
-        rows.iter().map(|r| (r.get::<String, _>(0), r.get::<i32, _>(1))).collect();
-    let keys: std::collections::BTreeSet<&str> = sends.iter().map(|s| s.uniq_key.as_str()).collect();
-    let never = keys.iter().filter(|k| !first.contains_key(**k)).map(|k| (*k).to_owned()).collect();
-    let late = keys.iter().filter(|k| first.get(**k).is_some_and(|r| *r > 0)).count();
-    (never, late)
-}
-
 /// Polls `/metrics` of `service` for the sum of `name`'s samples that carry `with`.
 fn metric(service: &Service, name: &str, with: &str) -> f64 {
     let (status, text) = http_get(&service_addr(service), "/metrics").expect("/metrics answers");
@@ -205,112 +375,6 @@ fn metric(service: &Service, name: &str, with: &str) -> f64 {
         .filter(|l| l.starts_with(name) && l.contains(with))
         .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
         .sum()
-}
-
-/// `serve` cut off from the database both ways for 30 s mid-stream, while another instance of
-/// the group goes on: the transactions the cut-off instance left open are ended by the server
-/// within the delivery deadline and a second, so they hold no claim the other instance waits
-/// for; after the heal everything converges, applied once, logged, reconciled clean.
-async fn serve_partitioned_from_the_database(backend: Backend, group_commit: bool) {
-    let scenario =
-        format!("serve | database ({backend:?}, group commit {})", if group_commit { "on" } else { "off" });
-    let (net, broker) = (network(), broker());
-    let host: Host = net.host(&format!("serve-a {scenario}")).expect("a host for serve");
-    let db = database(backend).await;
-    let (topic, group, run) = (unique("part"), unique("group"), unique("N").replace('_', ""));
-    let inside_name_server = net.service(port_of(broker.name_server()));
-    let mut a =
-        tuned(settings_on(&inside_name_server, &through_network(&db.url), &topic, &group, "a"), group_commit);
-    a.http.bind = format!("{}:0", host.address());
-    let b = tuned(settings_on(broker.name_server(), &db.url, &topic, &group, "b"), group_commit);
-    let since_ms = idemgate::clock::now_ms() - 60_000;
-    let service_a = Service::start_in(&host, BIN, &a);
-    let service_b = Service::start(&b);
-    let producer = {
-        let (name_server, topic, run) = (broker.name_server().to_owned(), topic.clone(), run.clone());
-        std::thread::spawn(move || {
-            produce_on(&name_server, &topic, &run, 4000, 100, &["--duplicates", "0.3", "--poison", "0"])
-        })
-    };
-    tokio::time::sleep(Duration::from_secs(6)).await;
-    let db_port = url::Url::parse(&db.url).ok().and_then(|u| u.port()).unwrap_or(match backend {
-        Backend::Postgres => 5432,
-        _ => 3306,
-    });
-    // The cut comes while the instance's deductions are inside their transactions: the test
-    // holds every stock row for a moment, the deductions that arrive wait on it after their
-    // claim, and the cut falls in that wait. When the test lets go, the server finishes those
-    // statements and their answers are lost: transactions the instance can neither commit nor
-    // roll back, holding the claims and the stock rows the other instance needs.
-    let mut holder = db.store.pool().begin().await.expect("a transaction");
-    query_built(backend, "SELECT sku FROM shop_stock FOR UPDATE".to_owned())
-        .fetch_all(&mut *holder)
-        .await
-        .expect("the stock rows held");
-    tokio::time::sleep(Duration::from_millis(500)).await;
-    host.partition("the database", &[db_port], Direction::Both).expect("the partition");
-    let cut = Instant::now();
-    tokio::time::sleep(Duration::from_millis(300)).await;
-    holder.rollback().await.expect("the stock rows let go");
-    tokio::time::sleep(Duration::from_secs(2)).await;
-    let idle_at_cut = idle_transactions(&db.store, 1).await;
-    // The server ends what the cut-off instance left open once it has sat idle past the
-    // delivery deadline and a second (MariaDB counts whole seconds): nothing older remains.
-    let ended_by = Duration::from_millis(DELIVERY_TIMEOUT_MS) + Duration::from_secs(4);
-    tokio::time::sleep(ended_by.saturating_sub(cut.elapsed())).await;
-    let still_idle = idle_transactions(&db.store, (DELIVERY_TIMEOUT_MS / 1_000 + 2) as i64).await;
-    tokio::time::sleep(PARTITION.saturating_sub(cut.elapsed())).await;
-    host.heal().expect("the heal");
-    let healed = Instant::now();
-    let (report, sends) = producer.join().expect("producer thread");
-    let expected = expected_books(&report);
-    let books = wait_for_books(&db.store, &run, &group, &expected, Duration::from_secs(240)).await;
-    let recovered_after_heal = healed.elapsed();
-    assert_eq!(books, expected, "{scenario}: troubled deliveries:\n{}", trouble(&db.store, &group).await);
-    // An attempt made while the log's database was out of reach has no row: it is counted
-    // unlogged and not acknowledged, and a later attempt of the same send is logged.
-    let unlogged = metric(&service_a, "idemgate_unlogged_deliveries_total", "")
-        + metric(&service_b, "idemgate_unlogged_deliveries_total", "");
-    let (never_logged, first_unlogged) = unlogged_sends(&db.store, &group, &sends).await;
-    assert!(never_logged.is_empty(), "{scenario}: sends with no delivery-log row at all: {never_logged:?}");
-    assert!(
-        first_unlogged as f64 <= unlogged,
-        "{scenario}: {first_unlogged} sends have no first-attempt row, but only {unlogged} attempts were counted unlogged"
-    );
-    let (code, text) = reconcile(&db.url, &group);
-    let checked = check_history(&db, &group, &run, &sends, since_ms).await;
-    let felt = metric(&service_a, "idemgate_deliveries_total", "outcome=\"failed\"")
-        + metric(&service_a, "idemgate_group_retries_total", "")
-        + metric(&service_a, "idemgate_group_commits_total", "result=\"split\"");
-    let figures = Figures {
-        scenario: scenario.clone(),
-        faults: net.faults().iter().filter(|f| f.host == host.label()).count(),
-        sends: sends.len(),
-        log_rows: log_rows(&db.store, &group).await,
-        duplicates: duplicates_by_cause(&db.store, &group).await,
-        recovered_after_heal,
-        idle_at_cut: Some(idle_at_cut),
-        unlogged,
-        verdict: if checked.is_valid() { "valid".to_owned() } else { "INVALID".to_owned() },
-    };
-    println!("{figures}\n{checked}{}", net.report());
-    assert!(idle_at_cut > 0, "{scenario}: the cut left no transaction open, so it tested nothing\n{figures}");
-    assert_eq!(
-        still_idle, 0,
-        "{scenario}: transactions left open by the cut-off instance outlived the delivery deadline\n{figures}"
-    );
-    assert!(
-        felt > 0.0,
-        "{scenario}: the partition left no trace in the cut-off instance's metrics\n{figures}"
-    );
-    assert_eq!(code, Some(0), "{scenario}: the reconciler found anomalies:\n{text}");
-    assert!(checked.is_valid(), "{scenario}:\n{checked}\n{}", net.report());
-    for service in [service_a, service_b] {
-        let exit = service.terminate();
-        assert_eq!(exit.code(), Some(0), "{}", exit.log);
-    }
-    drop(host);
-    db.drop_now().await;
 }
 
 /// The TTLs of the Redis keys under `prefix`: −1 for a key that never expires.
@@ -325,96 +389,185 @@ fn redis_ttls(prefix: &str) -> Vec<i64> {
     String::from_utf8_lossy(&output.stdout).lines().filter_map(|l| l.trim().parse().ok()).collect()
 }
 
+/// `serve` cut off from the database both ways for 30 s mid-stream, while another instance of
+/// the group goes on: the transactions the cut-off instance left open are ended by the server
+/// within the delivery deadline and a second, so they hold no claim the other instance waits
+/// for; after the heal everything converges, applied once, logged, reconciled clean.
+async fn serve_partitioned_from_the_database(backend: Backend, group_commit: bool) {
+    let mut s = Scenario::start("database", backend, group_commit, |s, _| s).await;
+    let db_port = url::Url::parse(&s.db.url).ok().and_then(|u| u.port()).unwrap_or(match backend {
+        Backend::Postgres => 5432,
+        _ => 3306,
+    });
+    let (mut idle_at_cut, mut still_idle) = (Vec::new(), Vec::new());
+    for round in 0..rounds() {
+        // The cut comes while the instance's deductions are inside their transactions: the test
+        // holds every stock row for a moment, the deductions that arrive wait on it after their
+        // claim, and the cut falls in that wait. When the test lets go, the server finishes
+        // those statements and their answers are lost: transactions the instance can neither
+        // commit nor roll back, holding the claims and the stock rows the other instance needs.
+        let mut holder = s.db.store.pool().begin().await.expect("a transaction");
+        query_built(backend, "SELECT sku FROM shop_stock FOR UPDATE".to_owned())
+            .fetch_all(&mut *holder)
+            .await
+            .expect("the stock rows held");
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        let cut = s.cut("the database", &[db_port]);
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        holder.rollback().await.expect("the stock rows let go");
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        idle_at_cut.push(idle_transactions(&s.db.store, 1).await);
+        // The server ends what the cut-off instance left open once it has sat idle past the
+        // delivery deadline and a second (MariaDB counts whole seconds): nothing older remains.
+        let ended_by = Duration::from_millis(DELIVERY_TIMEOUT_MS) + Duration::from_secs(4);
+        tokio::time::sleep(ended_by.saturating_sub(cut.elapsed())).await;
+        still_idle.push(idle_transactions(&s.db.store, (DELIVERY_TIMEOUT_MS / 1_000 + 2) as i64).await);
+        s.heal_after(cut, round).await;
+    }
+    let mut ending = s.finish(false).await;
+    let felt = metric(&s.a, "idemgate_deliveries_total", "outcome=\"failed\"")
+        + metric(&s.a, "idemgate_group_retries_total", "")
+        + metric(&s.a, "idemgate_group_commits_total", "result=\"split\"");
+    ending.figures.extra =
+        format!(", idle transactions 2 s after each cut {idle_at_cut:?}, past the deadline {still_idle:?}");
+    let figures = &ending.figures;
+    assert!(
+        idle_at_cut.iter().all(|n| *n > 0),
+        "{}: a cut left no transaction open, so it tested nothing\n{figures}",
+        s.name
+    );
+    assert!(
+        still_idle.iter().all(|n| *n == 0),
+        "{}: transactions left open by the cut-off instance outlived the delivery deadline\n{figures}",
+        s.name
+    );
+    assert!(
+        felt > 0.0,
+        "{}: the partition left no trace in the cut-off instance's metrics\n{figures}",
+        s.name
+    );
+    s.close(ending).await;
+}
+
 /// `serve` with the Redis pre-filter on, cut off from Redis both ways for 30 s mid-stream while
 /// another instance goes on: the cut-off instance falls back to the database (the unique index
 /// decides), no key is left owned without an expiry, nothing is skipped wrongly, and the books
 /// are exact.
 async fn serve_partitioned_from_redis(backend: Backend, group_commit: bool) {
     const TTL_SECONDS: u64 = 120;
-    let scenario =
-        format!("serve | Redis ({backend:?}, group commit {})", if group_commit { "on" } else { "off" });
-    let (net, broker) = (network(), broker());
-    let host: Host = net.host(&format!("serve-a {scenario}")).expect("a host for serve");
-    let db = database(backend).await;
-    let (topic, group, run) = (unique("redispart"), unique("group"), unique("R").replace('_', ""));
     let prefix = format!("{}:", unique("partition"));
-    let with_redis = |mut s: Settings, url: &str| {
-        s.redis.url = url.to_owned();
+    let mut s = Scenario::start("Redis", backend, group_commit, |mut s, inside| {
+        s.redis.url = if inside {
+            through_network("redis://127.0.0.1:6379")
+        } else {
+            "redis://127.0.0.1:6379".to_owned()
+        };
         s.redis.biz_types = vec!["*".to_owned()];
         s.redis.ttl_seconds = TTL_SECONDS;
         s.redis.timeout_ms = 200;
         s.redis.cooldown_ms = 500;
         s.redis.key_prefix = prefix.clone();
         s
-    };
-    let inside_name_server = net.service(port_of(broker.name_server()));
-    let mut a = with_redis(
-        tuned(settings_on(&inside_name_server, &through_network(&db.url), &topic, &group, "a"), group_commit),
-        &through_network("redis://127.0.0.1:6379"),
-    );
-    a.http.bind = format!("{}:0", host.address());
-    let b = with_redis(
-        tuned(settings_on(broker.name_server(), &db.url, &topic, &group, "b"), group_commit),
-        "redis://127.0.0.1:6379",
-    );
-    let since_ms = idemgate::clock::now_ms() - 60_000;
-    let service_a = Service::start_in(&host, BIN, &a);
-    let service_b = Service::start(&b);
-    let producer = {
-        let (name_server, topic, run) = (broker.name_server().to_owned(), topic.clone(), run.clone());
-        std::thread::spawn(move || {
-            produce_on(&name_server, &topic, &run, 4000, 100, &["--duplicates", "0.3", "--poison", "0"])
-        })
-    };
-    tokio::time::sleep(Duration::from_secs(6)).await;
-    host.partition("Redis", &[6379], Direction::Both).expect("the partition");
-    tokio::time::sleep(PARTITION).await;
-    host.heal().expect("the heal");
-    let healed = Instant::now();
-    let (report, sends) = producer.join().expect("producer thread");
-    let expected = expected_books(&report);
-    let books = wait_for_books(&db.store, &run, &group, &expected, Duration::from_secs(240)).await;
-    let recovered_after_heal = healed.elapsed();
-    assert_eq!(books, expected, "{scenario}: troubled deliveries:\n{}", trouble(&db.store, &group).await);
-    assert_every_send_is_logged(&db.store, &group, &sends).await;
-    let (code, text) = reconcile(&db.url, &group);
-    let checked = check_history(&db, &group, &run, &sends, since_ms).await;
-    let fallbacks = metric(&service_a, "idemgate_prefilter_fallbacks_total", "");
+    })
+    .await;
+    for round in 0..rounds() {
+        let cut = s.cut("Redis", &[6379]);
+        s.heal_after(cut, round).await;
+    }
+    let mut ending = s.finish(true).await;
+    let fallbacks = metric(&s.a, "idemgate_prefilter_fallbacks_total", "");
     let ttls = redis_ttls(&prefix);
-    let figures = Figures {
-        scenario: scenario.clone(),
-        faults: net.faults().iter().filter(|f| f.host == host.label()).count(),
-        sends: sends.len(),
-        log_rows: log_rows(&db.store, &group).await,
-        duplicates: duplicates_by_cause(&db.store, &group).await,
-        recovered_after_heal,
-        idle_at_cut: None,
-        unlogged: metric(&service_a, "idemgate_unlogged_deliveries_total", "")
-            + metric(&service_b, "idemgate_unlogged_deliveries_total", ""),
-        verdict: if checked.is_valid() { "valid".to_owned() } else { "INVALID".to_owned() },
-    };
-    println!(
-        "{figures}, pre-filter fallbacks of the cut-off instance {fallbacks}, Redis keys {}\n{checked}{}",
-        ttls.len(),
-        net.report()
-    );
-    assert!(fallbacks > 0.0, "{scenario}: the cut-off instance never fell back to the database\n{figures}");
-    assert!(!ttls.is_empty(), "{scenario}: no Redis key under {prefix}");
+    ending.figures.extra =
+        format!(", pre-filter fallbacks of the cut-off instance {fallbacks}, Redis keys {}", ttls.len());
+    let figures = &ending.figures;
+    assert!(fallbacks > 0.0, "{}: the cut-off instance never fell back to the database\n{figures}", s.name);
+    assert!(!ttls.is_empty(), "{}: no Redis key under {prefix}", s.name);
     let forever = ttls.iter().filter(|t| **t < 0 || **t > TTL_SECONDS as i64).count();
     assert_eq!(
         forever,
         0,
-        "{scenario}: {forever} of {} Redis keys have no expiry within the TTL",
+        "{}: {forever} of {} Redis keys have no expiry within the TTL",
+        s.name,
         ttls.len()
     );
-    assert_eq!(code, Some(0), "{scenario}: the reconciler found anomalies:\n{text}");
-    assert!(checked.is_valid(), "{scenario}:\n{checked}\n{}", net.report());
-    for service in [service_a, service_b] {
-        let exit = service.terminate();
-        assert_eq!(exit.code(), Some(0), "{}", exit.log);
+    s.close(ending).await;
+}
+
+/// `serve` cut off from the broker both ways for 30 s mid-stream: its pulls stop and the
+/// offsets it has consumed never reach the broker (the acks are lost); the broker stops hearing
+/// its heartbeats, drops it, and hands its queues to the other instance, which consumes them
+/// again from the last stored offsets. After the heal the cut-off instance rejoins and the
+/// queues are shared out again. Every redelivered send is a duplicate, applied once.
+async fn serve_partitioned_from_the_broker(backend: Backend, group_commit: bool) {
+    let mut s = Scenario::start("broker", backend, group_commit, |s, _| s).await;
+    let broker_port = port_of(&broker().broker_addr());
+    // The broker listens on its port and on its fast port, two below.
+    let ports = [broker_port, broker_port - 2];
+    let (mut moved, mut again) = (Vec::new(), Vec::new());
+    for round in 0..rounds() {
+        let before = idemgate::clock::now_ms();
+        let (held_by_a, _) = s.queues_between(before - 5_000, before).await;
+        let cut = s.cut("the broker", &ports);
+        let cut_ms = idemgate::clock::now_ms();
+        s.heal_after(cut, round).await;
+        // The queues `a` held before the cut that `b` consumed during it, and the messages
+        // consumed again from 10 s into the cut (before it, the start's own rebalance may still
+        // be handing queues over): those whose offsets `a` never got to store.
+        let (_, taken_by_b) = s.queues_between(cut_ms, cut_ms + PARTITION.as_millis() as i64).await;
+        moved.push(held_by_a.intersection(&taken_by_b).count());
+        again.push(s.consumed_again_since(cut_ms + SETTLED_MS).await);
     }
-    drop(host);
-    db.drop_now().await;
+    let mut ending = s.finish(true).await;
+    ending.figures.extra = format!(
+        ", queues of the cut-off instance handed to the other in each cut {moved:?}, messages consumed again \
+         by the other instance from 10 s into each cut {again:?}"
+    );
+    let figures = &ending.figures;
+    assert!(
+        moved.iter().all(|n| *n > 0),
+        "{}: the broker never handed the cut-off instance's queues to the other one\n{figures}",
+        s.name
+    );
+    assert!(
+        again.iter().all(|n| *n > 0),
+        "{}: the lost acks brought no message back to the other instance\n{figures}",
+        s.name
+    );
+    s.close(ending).await;
+}
+
+/// `serve` cut off from the name server both ways for 30 s while the broker stays reachable: it
+/// cannot refresh its routes, and goes on consuming through the routes it has.
+async fn serve_partitioned_from_the_name_server(backend: Backend, group_commit: bool) {
+    let mut s = Scenario::start("name server", backend, group_commit, |s, _| s).await;
+    let name_server_port = port_of(broker().name_server());
+    let mut consumed = Vec::new();
+    let first_cut_ms = idemgate::clock::now_ms() + SETTLED_MS;
+    for round in 0..rounds() {
+        let cut = s.cut("the name server", &[name_server_port]);
+        let cut_ms = idemgate::clock::now_ms();
+        s.heal_after(cut, round).await;
+        let (by_a, _) = s.queues_between(cut_ms + 5_000, cut_ms + PARTITION.as_millis() as i64).await;
+        consumed.push(by_a.len());
+    }
+    let mut ending = s.finish(true).await;
+    let (again, first, last) = s.consumed_again_when(first_cut_ms).await;
+    ending.figures.extra = format!(
+        ", queues the cut-off instance consumed during each cut {consumed:?}, messages consumed again by the \
+         other instance from 10 s into the cut {again} (from {first:?} to {last:?} s after that)"
+    );
+    let figures = &ending.figures;
+    assert!(
+        consumed.iter().all(|n| *n > 0),
+        "{}: the instance cut off from the name server stopped consuming\n{figures}",
+        s.name
+    );
+    assert_eq!(
+        again, 0,
+        "{}: no queue changed hands, so the broker consumed nothing again\n{figures}",
+        s.name
+    );
+    s.close(ending).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -445,6 +598,21 @@ async fn mariadb_serve_partitioned_from_the_database() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn mariadb_serve_partitioned_from_the_database_with_group_commit() {
     serve_partitioned_from_the_database(Backend::MySql, true).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_serve_partitioned_from_the_broker_hands_its_queues_over_and_back() {
+    serve_partitioned_from_the_broker(Backend::Postgres, false).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mariadb_serve_partitioned_from_the_broker_with_group_commit() {
+    serve_partitioned_from_the_broker(Backend::MySql, true).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_serve_partitioned_from_the_name_server_goes_on_consuming() {
+    serve_partitioned_from_the_name_server(Backend::Postgres, true).await;
 }
 
 /// Whether a program in `host` connects to `port` of the services host within a second.
