@@ -24,7 +24,7 @@ use crate::archive::RunStatus;
 use crate::broker::lag::{LagReading, ReadResult};
 use crate::clock::now_ms;
 use crate::delivery::{Delivery, TraceparentFault};
-use crate::gate::{Disposition, GroupEnd, GroupReport, Observer};
+use crate::gate::{CommitScope, Disposition, GroupEnd, GroupReport, Observer, ReadBack};
 use crate::labelled::labelled;
 use crate::outcome::{DuplicateCause, Layer, Outcome};
 use crate::prefilter::{FallbackCause, Settled, Step};
@@ -78,6 +78,7 @@ pub struct Metrics {
     group_commits: IntCounterVec,
     group_retries: IntCounterVec,
     transient_retries: IntCounterVec,
+    ambiguous_commits: IntCounterVec,
     group_wait_seconds: HistogramVec,
     group_queue_full: IntCounterVec,
     group_deferred: IntCounterVec,
@@ -314,6 +315,11 @@ impl Metrics {
                 "Time a delivery waited in the group-commit queue before its group started: grows when the database is the bottleneck.",
                 &["consumer_group"],
             ),
+            ambiguous_commits: counter(
+                "idemgate_ambiguous_commits_total",
+                "COMMITs whose answer was lost with their connection (the database may have committed or not), by scope (delivery: one delivery's transaction; group: a whole group's) and by what reading back on a fresh connection said (the claim of the delivery, the log rows of the group): committed (answered as applied), not_committed (retried as after any failure), unread (the database out of reach in time: the next attempt settles it, logging a duplicate with cause ambiguous_commit when it finds the claim as its own).",
+                &["consumer_group", "scope", "read_back"],
+            ),
             group_fallbacks: counter(
                 "idemgate_group_fallbacks_total",
                 "Groups whose handler batch form failed (group_commit.batch): the group went back to just after its claims and ran again one delivery at a time, each in a savepoint of its own. By the handler whose batch failed.",
@@ -464,6 +470,11 @@ impl Metrics {
         self.group_retries.with_label_values(&[g]);
         for cause in TransientCause::ALL {
             self.transient_retries.with_label_values(&[g, cause.as_str()]);
+        }
+        for scope in CommitScope::ALL {
+            for read_back in ReadBack::ALL {
+                self.ambiguous_commits.with_label_values(&[g, scope.as_str(), read_back.as_str()]);
+            }
         }
         self.group_size.with_label_values(&[g]);
         self.group_wait_seconds.with_label_values(&[g]);
@@ -690,6 +701,12 @@ impl Observer for Metrics {
     /// Counts a group that fell back from `handler`'s batch form to one delivery at a time.
     fn group_fallback(&self, handler: &str) {
         self.group_fallbacks.with_label_values(&[self.group.as_str(), handler]).inc();
+    }
+
+    fn ambiguous_commit(&self, scope: CommitScope, read_back: ReadBack) {
+        self.ambiguous_commits
+            .with_label_values(&[self.group.as_str(), scope.as_str(), read_back.as_str()])
+            .inc();
     }
 
     /// Records how long one delivery waited for its group.

@@ -19,7 +19,7 @@ use super::ambiguous::Unsettled;
 use super::claim::Claimant;
 use super::disposition::{Disposition, Phases, committed_disposition, rejection_disposition, replay_cause};
 use super::guard;
-use super::observer::Observer;
+use super::observer::{CommitScope, Observer, ReadBack};
 use super::settings::{Identity, Policy, RETRY_BASE_MS};
 use crate::clock::{Stopwatch, micros, now_ms};
 use crate::delivery::Delivery;
@@ -249,6 +249,14 @@ impl Core {
             until(span.due + ANSWER_GRACE, read).await.unwrap_or_else(|| (Err(sqlx::Error::PoolTimedOut), 0));
         phases.transient_retries += retries;
         phases.lookup_us += micros(lookup_started.elapsed());
+        let read_back = match &claim {
+            Ok(Some(claim)) if claim.msg_id == d.msg_id => ReadBack::Committed,
+            Ok(_) => ReadBack::NotCommitted,
+            Err(_) => ReadBack::Unread,
+        };
+        if let Some(observer) = &self.observer {
+            observer.ambiguous_commit(CommitScope::Delivery, read_back);
+        }
         match claim {
             Ok(Some(claim)) if claim.msg_id == d.msg_id => {
                 tracing::info!(

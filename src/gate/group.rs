@@ -62,7 +62,7 @@ use sqlx::{AssertSqlSafe, Executor};
 use super::claim::{ClaimPath, Member, claim_many, find_many};
 use super::core::{Core, until};
 use super::disposition::{Disposition, Phases, committed_disposition, rejection_disposition};
-use super::observer::{GroupEnd, GroupReport};
+use super::observer::{CommitScope, GroupEnd, GroupReport, ReadBack};
 use crate::clock::{Stopwatch, micros, now_ms};
 use crate::delivery::Delivery;
 use crate::delivery_log::{self, Entry};
@@ -320,6 +320,14 @@ impl Core {
             delivery_log::is_logged(&mut conn, backend, &entry).await
         });
         let read = until(due + super::core::ANSWER_GRACE, read).await.map(|(read, _)| read);
+        if let Some(observer) = &self.observer {
+            let read_back = match &read {
+                Some(Ok(true)) => ReadBack::Committed,
+                Some(Ok(false)) => ReadBack::NotCommitted,
+                Some(Err(_)) | None => ReadBack::Unread,
+            };
+            observer.ambiguous_commit(CommitScope::Group, read_back);
+        }
         match read {
             Some(Ok(committed)) => {
                 tracing::info!(

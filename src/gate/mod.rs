@@ -40,7 +40,7 @@ pub use committer::{Committer, GroupRunner};
 pub(crate) use core::ANSWER_GRACE;
 pub use disposition::Disposition;
 pub use disposition::Phases;
-pub use observer::{GroupEnd, GroupReport, Observer};
+pub use observer::{CommitScope, GroupEnd, GroupReport, Observer, ReadBack};
 pub(crate) use settings::ConsumerSettings;
 pub use settings::MAX_BATCH;
 pub(crate) use settings::MAX_DELIVERY_TIMEOUT_MS;

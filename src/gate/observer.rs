@@ -26,6 +26,53 @@ pub trait Observer: Send + Sync {
     /// A handler's batch form failed in a group: the group was rolled back to just after its
     /// claims and ran again one delivery at a time.
     fn group_fallback(&self, _handler: &str) {}
+    /// A COMMIT lost its answer with its connection, and reading back on a fresh connection
+    /// (the claim of one delivery, the log rows of a group) said this.
+    fn ambiguous_commit(&self, _scope: CommitScope, _read_back: ReadBack) {}
+}
+
+/// Whose COMMIT lost its answer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CommitScope {
+    /// One delivery's transaction.
+    Delivery,
+    /// A whole group's (group commit).
+    Group,
+}
+
+impl CommitScope {
+    pub const ALL: [CommitScope; 2] = [CommitScope::Delivery, CommitScope::Group];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Delivery => "delivery",
+            Self::Group => "group",
+        }
+    }
+}
+
+/// What the read-back after an ambiguous COMMIT said.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ReadBack {
+    /// It committed: the delivery (or the group) is answered as applied.
+    Committed,
+    /// It did not: the delivery is retried as after any failure.
+    NotCommitted,
+    /// The database could not be read in time: the next attempt settles it, and logs a
+    /// `duplicate` with cause `ambiguous_commit` when it finds the claim as its own.
+    Unread,
+}
+
+impl ReadBack {
+    pub const ALL: [ReadBack; 3] = [ReadBack::Committed, ReadBack::NotCommitted, ReadBack::Unread];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Committed => "committed",
+            Self::NotCommitted => "not_committed",
+            Self::Unread => "unread",
+        }
+    }
 }
 
 /// How a group ended, for the metrics.

@@ -504,6 +504,7 @@ fn the_panels_cover_every_metric_of_the_service() {
         "idemgate_consumer_lag_reads_total",
         "idemgate_consumer_buffered_messages",
         "idemgate_transient_retries_total",
+        "idemgate_ambiguous_commits_total",
     ] {
         assert!(all.contains(metric), "no panel shows {metric}");
     }

@@ -164,14 +164,15 @@ async fn scenario_with_retries(
     (app, proxy, checked)
 }
 
-/// The sum of `idemgate_conflicts_total`'s samples whose labels hold `label`.
-async fn conflicts(app: &TestApp, label: &str) -> f64 {
+/// The sum of `name`'s samples whose labels hold every one of `labels`.
+async fn metric(app: &TestApp, name: &str, labels: &[&str]) -> f64 {
     let reply = idemgate_testkit::http::request(&app.addr, "GET", "/metrics", &[], b"").await;
     assert_eq!(reply.status, 200, "{}", reply.body);
     reply
         .body
         .lines()
-        .filter(|l| l.starts_with("idemgate_conflicts_total{") && l.contains(label))
+        .filter(|l| l.strip_prefix(name).is_some_and(|rest| rest.starts_with('{')))
+        .filter(|l| labels.iter().all(|label| l.contains(label)))
         .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
         .sum()
 }
@@ -189,7 +190,7 @@ async fn ambiguous_commits_alone(b: Backend) {
     // Each retry found its own claim: logged as such, never as a broker's redelivery.
     assert!(count(&checked, "duplicate/ambiguous_commit") >= faults * 9 / 10, "{checked}");
     assert_eq!(count(&checked, "duplicate/redelivery"), 0, "{checked}");
-    let counted = conflicts(&app, "cause=\"ambiguous_commit\"").await;
+    let counted = metric(&app, "idemgate_conflicts_total", &["cause=\"ambiguous_commit\""]).await;
     assert_eq!(counted as usize, count(&checked, "duplicate/ambiguous_commit"), "counted in the metrics");
     // The trace page names the gate's own retry for what it is.
     let noted: String =
@@ -219,6 +220,18 @@ async fn ambiguous_commits_with_no_retry_left(b: Backend) {
     assert_eq!(checked.attempts, Some(checked.sent), "no delivery was answered retry: {checked}");
     assert_eq!(count(&checked, "processed"), checked.sent, "{checked}");
     assert_eq!(count(&checked, "failed") + count(&checked, "duplicate/redelivery"), 0, "{checked}");
+    // Each was counted by what its read-back said.
+    let ambiguous = |read_back: &'static str| {
+        let labels = ["scope=\"delivery\"".to_owned(), format!("read_back=\"{read_back}\"")];
+        let app = &app;
+        async move {
+            let labels: Vec<&str> = labels.iter().map(String::as_str).collect();
+            metric(app, "idemgate_ambiguous_commits_total", &labels).await
+        }
+    };
+    let committed = ambiguous("committed").await;
+    assert!(committed as u32 >= limit * 9 / 10, "{committed} read back as committed, of {}", proxy.report());
+    assert_eq!(ambiguous("not_committed").await + ambiguous("unread").await, 0.0);
     app.stop().await;
 }
 
@@ -228,6 +241,12 @@ async fn ambiguous_commits_of_groups(b: Backend) {
     let (app, proxy, checked) = scenario(b, true, plan, scale(600), "ambiguous-group").await;
     assert!(proxy.count(FaultKind::AmbiguousCommit) as u32 >= limit * 9 / 10, "{}", proxy.report());
     assert_eq!(count(&checked, "duplicate/redelivery"), 0, "{checked}");
+    // The groups' COMMITs that lost their answer, counted by what their rows read back said.
+    let groups = metric(&app, "idemgate_ambiguous_commits_total", &["scope=\"group\""]).await;
+    let committed =
+        metric(&app, "idemgate_ambiguous_commits_total", &["scope=\"group\"", "read_back=\"committed\""])
+            .await;
+    assert!(groups > 0.0 && committed > 0.0, "groups {groups}, committed {committed}: {}", proxy.report());
     app.stop().await;
 }
 
