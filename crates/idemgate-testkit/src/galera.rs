@@ -261,6 +261,53 @@ impl LocalGalera {
         Ok(StateTransfer::from_joiner_log(&since_start))
     }
 
+    /// SIGKILLs every node, `gap` apart: the whole cluster down at once, as when its machines
+    /// lose power together, or as an operator's restart of every node would leave it.
+    pub fn kill_all(&mut self, gap: Duration) {
+        for (i, node) in self.nodes.iter_mut().enumerate() {
+            if i > 0 {
+                std::thread::sleep(gap);
+            }
+            node.stop();
+        }
+        self.record(format!("all {NODES} nodes SIGKILLed, {} ms apart", gap.as_millis()));
+    }
+
+    /// Starts the cluster again after every node went down. Each node's position is recovered
+    /// from InnoDB (`mariadbd --wsrep-recover`); the most advanced one is marked safe to
+    /// bootstrap in its `grastate.dat` and starts a new primary component with its position;
+    /// the others join it with theirs, catching up by IST. Waits until all three are `Synced`,
+    /// and returns each node's recovered position (`<uuid>:<seqno>`).
+    pub async fn restart_all(&mut self) -> anyhow::Result<Vec<Option<String>>> {
+        let mariadbd = program("mariadbd")?;
+        let address = self.cluster_address();
+        let mut positions = Vec::with_capacity(NODES);
+        for node in &self.nodes {
+            positions.push(node.recover_position(&mariadbd, &address).await?);
+        }
+        let seqno = |p: &Option<String>| p.as_deref().and_then(|p| p.rsplit_once(':')?.1.parse::<i64>().ok());
+        let first = (0..NODES).max_by_key(|i| seqno(&positions[*i]).unwrap_or(-1)).unwrap_or(0);
+        let state = self.nodes[first].data.join("grastate.dat");
+        let text = std::fs::read_to_string(&state).with_context(|| format!("reading {}", state.display()))?;
+        std::fs::write(&state, text.replace("safe_to_bootstrap: 0", "safe_to_bootstrap: 1"))
+            .with_context(|| format!("writing {}", state.display()))?;
+        let start_at =
+            |p: &Option<String>| p.iter().map(|p| format!("--wsrep-start-position={p}")).collect::<Vec<_>>();
+        let mut extra = start_at(&positions[first]);
+        extra.push("--wsrep-new-cluster".to_owned());
+        self.nodes[first].start(&mariadbd, &address, &extra)?;
+        self.wait_synced(first, 1).await?;
+        for index in (0..NODES).filter(|i| *i != first) {
+            let extra = start_at(&positions[index]);
+            self.nodes[index].start(&mariadbd, &address, &extra)?;
+        }
+        for index in 0..NODES {
+            self.wait_synced(index, NODES as u32).await?;
+        }
+        self.record(format!("all {NODES} nodes started again, node {} first, from {positions:?}", first + 1));
+        Ok(positions)
+    }
+
     /// `gcomm://` with every node's group-communication address.
     fn cluster_address(&self) -> String {
         let members: Vec<String> = self.nodes.iter().map(|n| format!("{}:{}", n.address, n.gcomm)).collect();
