@@ -317,7 +317,7 @@ impl Metrics {
             ),
             ambiguous_commits: counter(
                 "idemgate_ambiguous_commits_total",
-                "COMMITs whose answer was lost with their connection (the database may have committed or not), by scope (delivery: one delivery's transaction; group: a whole group's) and by what reading back on a fresh connection said (the claim of the delivery, the log rows of the group): committed (answered as applied), not_committed (retried as after any failure), unread (the database out of reach in time: the next attempt settles it, logging a duplicate with cause ambiguous_commit when it finds the claim as its own).",
+                "COMMITs whose answer was lost with their connection (the database may have committed or not) and whose outcome was read back on a fresh connection: a group's always (its log rows), one delivery's when its retries ran out (its claim; with retries left its next attempt settles it instead, counted in idemgate_conflicts_total with cause ambiguous_commit). By scope (delivery, group) and by what the read-back said: committed (answered as applied), not_committed (retried as after any failure), unread (the database out of reach in time: a later attempt settles it).",
                 &["consumer_group", "scope", "read_back"],
             ),
             group_fallbacks: counter(

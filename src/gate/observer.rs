@@ -27,7 +27,8 @@ pub trait Observer: Send + Sync {
     /// claims and ran again one delivery at a time.
     fn group_fallback(&self, _handler: &str) {}
     /// A COMMIT lost its answer with its connection, and reading back on a fresh connection
-    /// (the claim of one delivery, the log rows of a group) said this.
+    /// (a group's log rows, always; one delivery's claim, once its retries ran out: before, its
+    /// next attempt settles it) said this.
     fn ambiguous_commit(&self, _scope: CommitScope, _read_back: ReadBack) {}
 }
 
