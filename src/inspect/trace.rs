@@ -499,7 +499,7 @@ macro_rules! trace_rows {
         concat!(
             "(SELECT ",
             log_columns!(),
-            " FROM delivery_log WHERE trace_id = ? AND trace_id IS NOT NULL LIMIT 10001) t"
+            " FROM delivery_log WHERE trace_id = ? AND trace_id IS NOT NULL LIMIT 5001) t"
         )
     };
 }
