@@ -52,8 +52,10 @@ impl Default for DemoOptions {
 #[derive(Debug, Default)]
 pub struct Counters {
     pub deliveries: AtomicU64,
-    pub outcomes: [AtomicU64; 5],
-    pub causes: [AtomicU64; 4],
+    /// By [`Outcome::index`]: one counter for each outcome there is.
+    pub outcomes: [AtomicU64; Outcome::ALL.len()],
+    /// By [`DuplicateCause::index`]: one counter for each cause there is.
+    pub causes: [AtomicU64; DuplicateCause::ALL.len()],
     /// Deliveries with a reconsume count above 0.
     pub redeliveries: AtomicU64,
     /// Messages the stand-in broker moved to its dead-letter queue.
@@ -91,7 +93,11 @@ impl Counters {
             self.outcome(Outcome::Duplicate),
             self.cause(DuplicateCause::Redelivery),
             self.cause(DuplicateCause::ProducerResend),
-            self.cause(DuplicateCause::Unknown) + self.cause(DuplicateCause::Replay),
+            DuplicateCause::ALL
+                .iter()
+                .filter(|c| !matches!(c, DuplicateCause::Redelivery | DuplicateCause::ProducerResend))
+                .map(|c| self.cause(*c))
+                .sum::<u64>(),
             self.redeliveries.load(Ordering::Relaxed),
             self.outcome(Outcome::DeadLettered),
             self.outcome(Outcome::Invalid),
@@ -195,4 +201,43 @@ pub async fn run(
 /// A broker-style message id: 32 hex digits.
 fn msg_id() -> String {
     format!("{:032X}", rand::random::<u128>())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Every outcome and every cause has its counter, and the status line reads them all.
+    #[test]
+    fn every_outcome_and_cause_is_counted_and_shown() {
+        let counters = Counters::default();
+        for cause in DuplicateCause::ALL {
+            let r = Disposition {
+                outcome: Outcome::Duplicate,
+                verdict: Verdict::Ack,
+                key: None,
+                cause: Some(*cause),
+                layer: None,
+                payload_match: None,
+                error: None,
+                latency: Duration::ZERO,
+                logged: true,
+                phases: Default::default(),
+                prefilter: None,
+            };
+            counters.count(&Delivery::default(), &r);
+        }
+        for cause in DuplicateCause::ALL {
+            assert_eq!(counters.cause(*cause), 1, "{cause:?}");
+        }
+        let line = counters.status(Duration::from_secs(1), 5, Duration::from_secs(1));
+        let total = DuplicateCause::ALL.len();
+        assert!(
+            line.contains(&format!(
+                "duplicates {total} (redelivery 1, producer_resend 1, other {})",
+                total - 2
+            )),
+            "{line}"
+        );
+    }
 }

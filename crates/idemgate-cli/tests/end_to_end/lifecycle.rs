@@ -101,7 +101,7 @@ async fn a_listener_call_that_panics_stops_the_service_with_the_consumer_named()
 }
 
 /// What `serve` logs once when a subscribed topic has no route yet.
-const NO_ROUTE_YET: &str = "the topic has no route yet";
+const NO_ROUTE_YET: &str = "the topic has no route yet (its first send creates it)";
 /// The longest a first send to a new topic may wait for its delivery: at the client's own pace
 /// (routes looked up every 30 s, rebalances every 20 s) it waited 20 s and more.
 const FIRST_SEND_WITHIN: Duration = Duration::from_secs(10);
