@@ -7,7 +7,7 @@
 //! nothing.
 //!
 //! The README's test command cuts once per scenario; `IDEMGATE_FAULTS_LONG=1` cuts three times,
-//! with 15 s of healed traffic between the cuts. Each scenario prints its figures (faults,
+//! with 30 s of healed traffic between the cuts. Each scenario prints its figures (faults,
 //! deliveries, duplicates by cause, time to recover after the heal, the checker's verdict);
 //! docs/testing.md keeps them. A namespace or an nftables rule that cannot be made fails the
 //! test: nothing here is skipped.
@@ -33,8 +33,10 @@ use support::*;
 
 /// How long each partition lasts.
 const PARTITION: Duration = Duration::from_secs(30);
-/// Healed traffic between two partitions of the long form.
-const BETWEEN: Duration = Duration::from_secs(15);
+/// Healed traffic between two partitions of the long form: long enough for a healed instance
+/// to heartbeat the broker again (every 10 s here) and take its half of the queues back before
+/// the next cut (at 15 s, the third cut from the broker found it holding none).
+const BETWEEN: Duration = Duration::from_secs(30);
 /// The producer's sends per second.
 const RATE: u64 = 100;
 /// How long the broker keeps a consumer it has not heard from; every instance here heartbeats
