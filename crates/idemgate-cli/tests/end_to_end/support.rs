@@ -683,6 +683,18 @@ async fn unlogged_sends(store: &Store, group: &str, sends: &[SendLine]) -> (Vec<
     (never, late)
 }
 
+/// The attempts `services` counted unlogged (`idemgate_unlogged_deliveries_total`), summed.
+#[allow(dead_code)] // The partition and Galera scenarios'.
+pub fn unlogged_attempts(services: &[&Service]) -> f64 {
+    services
+        .iter()
+        .map(|s| {
+            let (_, text) = http_get(&service_addr(s), "/metrics").expect("/metrics answers");
+            sample(&text, "idemgate_unlogged_deliveries_total", &[]).unwrap_or(0.0)
+        })
+        .sum()
+}
+
 /// Every send has a delivery-log row of some attempt, and no more sends lack a row of their
 /// first attempt than the services counted unlogged (`unlogged`: attempts made while the log's
 /// database refused them, answered `ReconsumeLater`, and logged at a later attempt).

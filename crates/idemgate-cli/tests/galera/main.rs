@@ -483,6 +483,50 @@ async fn a_node_killed_mid_stream_and_back_twenty_seconds_later_leaves_exact_boo
     db.drop_now().await;
 }
 
+/// What a fault scenario left, read by [`after_the_fault`].
+struct AfterTheFault {
+    /// When the books were read equal to the manifest.
+    books_exact_at: Instant,
+    unlogged: f64,
+    causes: std::collections::BTreeMap<String, i64>,
+    checked: idemgate_testkit::history::Checked,
+}
+
+/// Once `sent` (the producer's report and manifest of `run`) is in: the books of `group` equal
+/// it within `limit`, every send is logged or its missing first attempt counted unlogged by
+/// `services`, a reconcile run through `reconcile_url` finds nothing lost or applied twice; with
+/// the duplicates by cause and the history checker's verdict over the log since `since_ms`.
+async fn after_the_fault(
+    store: &Store,
+    cluster: &LocalGalera,
+    reconcile_url: &str,
+    (run, group, since_ms): (&str, &str, i64),
+    sent: &(idemgate_shop::produce::ProduceReport, Vec<SendLine>),
+    services: &[&Service],
+    limit: Duration,
+) -> AfterTheFault {
+    let expected = expected_books(&sent.0);
+    let books = wait_for_books(store, run, group, &expected, limit).await;
+    let books_exact_at = Instant::now();
+    assert_eq!(
+        books,
+        expected,
+        "troubled deliveries:\n{}\n{}",
+        trouble(store, group).await,
+        cluster.faults()
+    );
+    let unlogged = unlogged_attempts(services);
+    assert_every_send_is_logged_or_counted(store, group, &sent.1, unlogged).await;
+    let (code, text) = reconcile(reconcile_url, group);
+    assert!(text.contains("lost 0") && text.contains("double_applied 0"), "reconcile ({code:?}):\n{text}");
+    AfterTheFault {
+        books_exact_at,
+        unlogged,
+        causes: duplicates_by_cause(store, group).await,
+        checked: check_history(store, group, run, &sent.1, since_ms).await,
+    }
+}
+
 /// What a node tells of itself while cut off: its state, the size of its component, and whether
 /// that component is the primary one.
 async fn wait_for_view(
@@ -556,24 +600,20 @@ async fn a_node_cut_off_from_the_other_two_refuses_writes_and_nothing_committed_
     let rejoined = healed.elapsed();
     let sent = tokio::task::block_in_place(|| producer.join()).expect("the producer");
     let books_store = store_on(&cluster, 0, &db).await;
-    let expected = expected_books(&sent.0);
-    let books = wait_for_books(&books_store, &run, &group, &expected, Duration::from_secs(240)).await;
-    let recovered = healed.elapsed();
-    assert_eq!(books, expected, "troubled deliveries:\n{}", trouble(&books_store, &group).await);
     // The instance on node 3 could not log its attempts while the node refused writes: each
     // was counted unlogged and answered for a retry, which is logged.
-    let unlogged = [&minority, &majority]
-        .iter()
-        .map(|s| {
-            let (_, text) = http_get(&service_addr(s), "/metrics").expect("/metrics answers");
-            sample(&text, "idemgate_unlogged_deliveries_total", &[]).unwrap_or(0.0)
-        })
-        .sum::<f64>();
-    assert_every_send_is_logged_or_counted(&books_store, &group, &sent.1, unlogged).await;
-    let (code, text) = reconcile(&cluster.url(0, db.name()), &group);
-    assert!(text.contains("lost 0") && text.contains("double_applied 0"), "reconcile ({code:?}):\n{text}");
-    let causes = duplicates_by_cause(&books_store, &group).await;
-    let checked = check_history(&books_store, &group, &run, &sent.1, since_ms).await;
+    let after = after_the_fault(
+        &books_store,
+        &cluster,
+        &cluster.url(0, db.name()),
+        (&run, &group, since_ms),
+        &sent,
+        &[&minority, &majority],
+        Duration::from_secs(240),
+    )
+    .await;
+    let (recovered, unlogged, causes, checked) =
+        (after.books_exact_at - healed, after.unlogged, after.causes, after.checked);
     let (_, metrics) = http_get(&service_addr(&minority), "/metrics").expect("/metrics answers");
     let failed_on_minority =
         series(&metrics, "idemgate_deliveries_total", &[("outcome", "failed")]).iter().sum::<f64>()
@@ -649,28 +689,18 @@ async fn every_node_killed_within_a_second_and_the_cluster_started_again_loses_n
     let down = killed.elapsed();
     let sent = tokio::task::block_in_place(|| producer.join()).expect("the producer");
     let books_store = store_on(&cluster, 0, &db).await;
-    let expected = expected_books(&sent.0);
-    let books = wait_for_books(&books_store, &run, &group, &expected, Duration::from_secs(300)).await;
-    let recovered = killed.elapsed();
-    assert_eq!(
-        books,
-        expected,
-        "troubled deliveries:\n{}\n{}",
-        trouble(&books_store, &group).await,
-        cluster.faults()
-    );
-    let unlogged = services
-        .iter()
-        .map(|s| {
-            let (_, text) = http_get(&service_addr(s), "/metrics").expect("/metrics answers");
-            sample(&text, "idemgate_unlogged_deliveries_total", &[]).unwrap_or(0.0)
-        })
-        .sum::<f64>();
-    assert_every_send_is_logged_or_counted(&books_store, &group, &sent.1, unlogged).await;
-    let (code, text) = reconcile(&url, &group);
-    assert!(text.contains("lost 0") && text.contains("double_applied 0"), "reconcile ({code:?}):\n{text}");
-    let checked = check_history(&books_store, &group, &run, &sent.1, since_ms).await;
-    let causes = duplicates_by_cause(&books_store, &group).await;
+    let after = after_the_fault(
+        &books_store,
+        &cluster,
+        &url,
+        (&run, &group, since_ms),
+        &sent,
+        &services.iter().collect::<Vec<_>>(),
+        Duration::from_secs(300),
+    )
+    .await;
+    let (recovered, unlogged, causes, checked) =
+        (after.books_exact_at - killed, after.unlogged, after.causes, after.checked);
     println!(
         "galera crash: all three nodes SIGKILLed 300 ms apart 8.0 s into the stream, started again from \
          positions {positions:?}, all Synced {:.1} s after the first kill; books exact {:.1} s after it; {} sends by \

@@ -274,8 +274,7 @@ impl Scenario {
             self.name,
             trouble(store, &self.group).await
         );
-        let unlogged = metric(&self.a, "idemgate_unlogged_deliveries_total", "")
-            + metric(&self.b, "idemgate_unlogged_deliveries_total", "");
+        let unlogged = unlogged_attempts(&[&self.a, &self.b]);
         if logs_complete {
             assert_every_send_is_logged(store, &self.group, &sends).await;
         } else {
