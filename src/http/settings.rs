@@ -33,7 +33,7 @@ pub struct HttpSettings {
     /// `IDEMGATE_HTTP__ROCKETMQ_DASHBOARD_URL`: the RocketMQ dashboard, for the trace page's
     /// link from each delivery to the message's trace there (with `broker.message_trace` on,
     /// the consumption is in it). Either the dashboard's base URL, such as
-    /// `https://rocketmq-dashboard.example`, linked as `<base>/#/messageTrace?msgId=<id>`, or a
+    /// `https://rocketmq-dashboard.example`, linked as `<base>/#/messageTrace?messageId=<id>`, or a
     /// template with `{msg_id}` where the message's id goes. An absolute `http` or `https` URL
     /// without credentials. Empty: no links.
     pub rocketmq_dashboard_url: String,
@@ -234,7 +234,7 @@ impl HttpSettings {
         if url.contains(MSG_ID_PLACEHOLDER) {
             return Some(url.clone());
         }
-        Some(format!("{}/#/messageTrace?msgId={MSG_ID_PLACEHOLDER}", url.trim_end_matches('/')))
+        Some(format!("{}/#/messageTrace?messageId={MSG_ID_PLACEHOLDER}", url.trim_end_matches('/')))
     }
 
     /// True when the server listens on every address (`0.0.0.0`, `[::]`): then it is reached
@@ -422,7 +422,7 @@ mod tests {
         assert_eq!(base.validate(), Ok(()));
         assert_eq!(
             base.rocketmq_dashboard_template().as_deref(),
-            Some("https://mq.example/#/messageTrace?msgId={msg_id}")
+            Some("https://mq.example/#/messageTrace?messageId={msg_id}")
         );
         let template = with(|h| h.rocketmq_dashboard_url = "https://mq.example/trace?id={msg_id}".to_owned());
         assert_eq!(template.validate(), Ok(()));

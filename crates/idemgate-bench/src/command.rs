@@ -3,7 +3,7 @@
 
 use super::{
     archive, broker, driver, galera, gate, layers, metrics, reconcile, soak, sql_handler, state_machine,
-    trace, ui_flood,
+    trace, ui_flood, volume,
 };
 
 /// `idemgate-bench <benchmark>`.
@@ -50,6 +50,10 @@ pub enum BenchCommand {
     /// What the metrics cost: one observe call, the gate with and without metrics, one scrape
     /// of 10 biz_types × 5 outcomes × 4 causes.
     Metrics(metrics::Options),
+    /// The gate, the trace lookup, a reconcile pass, archiving and the log's retention as
+    /// the tables fill to production size (1M, 10M, 50M claims with two log rows each), with
+    /// the bytes of every table part, per backend.
+    Volume(volume::Options),
 }
 
 impl BenchCommand {
@@ -70,6 +74,7 @@ impl BenchCommand {
             Self::Driver(options) => driver::command(options).await,
             Self::Soak(options) => soak::command(options).await,
             Self::Galera(options) => galera::command(options).await,
+            Self::Volume(options) => volume::command(options).await,
         }
     }
 }

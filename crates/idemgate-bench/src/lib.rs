@@ -22,6 +22,7 @@ mod sql_handler;
 mod state_machine;
 pub mod trace;
 mod ui_flood;
+mod volume;
 
 use std::time::Duration;
 

@@ -834,7 +834,7 @@ async fn http_rocketmq_dashboard_url(b: Backend) {
     assert_eq!(page.status, 200);
     // The default has no such link; the base address leads to the dashboard's Message Trace page
     // of the message's id as the dashboard knows it (the UNIQ_KEY the producer gave).
-    let link = format!("href=\"https://rmq-dashboard.example/#/messageTrace?msgId={}\"", d.uniq_key);
+    let link = format!("href=\"https://rmq-dashboard.example/#/messageTrace?messageId={}\"", d.uniq_key);
     assert!(page.body.contains(&link), "no {link} in:\n{}", page.body);
     app.stop().await;
 }

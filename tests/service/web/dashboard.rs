@@ -41,9 +41,9 @@ mod cases {
         assert_eq!(
             links,
             [
-                "https://mq.example/#/messageTrace?msgId=U-DB1",
-                "https://mq.example/#/messageTrace?msgId=U-DB1",
-                "https://mq.example/#/messageTrace?msgId=U%3C%26%22%3E+DB3",
+                "https://mq.example/#/messageTrace?messageId=U-DB1",
+                "https://mq.example/#/messageTrace?messageId=U-DB1",
+                "https://mq.example/#/messageTrace?messageId=U%3C%26%22%3E+DB3",
             ]
             .map(|l| l.replace('&', "&#38;")),
             "{html}"

@@ -1,0 +1,887 @@
+//! `idemgate-bench volume`: what the gate, the trace page, the reconciler, the archive and the
+//! log's retention cost as the tables grow to production size.
+//!
+//! On a scratch database per backend (PostgreSQL, MySQL/MariaDB) the gate is first measured on
+//! the empty tables. Then the claim table is filled to each of `--sizes` in turn, with two
+//! delivery-log rows per claim, all spread over the 90 days of the dedup retention. The rows are
+//! made by the server, a million per statement, and never pass through the gate. Their shape is
+//! production's:
+//! - bizIds that grow with time, as snowflake or sequence ids do;
+//! - RocketMQ msgIds and UNIQ_KEYs (32 hex digits), SHA-256-long payload hashes;
+//! - a W3C trace id on one delivery in four;
+//! - each key's second row a producer resend (every other key) or a failed first attempt.
+//!
+//! After each fill the tables are vacuumed and analyzed (`VACUUM ANALYZE`, `ANALYZE TABLE`), as
+//! the server's own maintenance would leave them, and the step measures:
+//! - bytes per claim and per log row, the heap and each index;
+//! - the gate: group commit on its batch path with `--duplicates` of the stream repeated, msg/s
+//!   and p99, and the ratio to the empty tables' run. New keys sort after the loaded ones, as
+//!   new orders' ids do. Beside it, the naive select-then-insert pattern over the same kind of
+//!   stream, and its own ratio;
+//! - the trace page's lookup of random keys of the step, p50 and p99;
+//! - a reconcile pass over one day;
+//! - archiving the oldest day of claims, alone: rows/s and the WAL (redo log) it writes;
+//! - archiving the next day while the gate runs beside it: the gate's p99 against its run at
+//!   this size with no archive;
+//! - the log's retention of the oldest day: rows/s, the WAL, and the table's size after.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+
+use rand::Rng;
+use sqlx::{AssertSqlSafe, Row};
+
+use super::gate::{self, GROUP};
+use super::{Percentiles, cores, create_digits, share};
+use idemgate::archive::{ArchiveOptions, ArchiveSettings, PassReport, StartedBy, archive_once};
+use idemgate::delivery::Delivery;
+use idemgate::gate::{Gate, GroupSettings, Identity, Policy};
+use idemgate::inspect::Limits;
+use idemgate::inspect::trace::{self, Answer, SearchBy, TraceContext, TraceQuery};
+use idemgate::outcome::Outcome;
+use idemgate::reconcile::{ReconcileOptions, reconcile_once};
+use idemgate::route::Routes;
+use idemgate::store::{Backend, Sql, Store, StoreOptions, query_built};
+use idemgate_shop as shop;
+use idemgate_testkit::scratch::ScratchDb;
+
+const DAY_MS: i64 = 86_400_000;
+/// The span the loaded claims and log rows cover: the default dedup retention.
+const SPAN_DAYS: i64 = 90;
+/// Rows made by one statement of the fill.
+const CHUNK: u64 = 1_000_000;
+/// The most claims a step may fill to.
+const MAX_SIZE: u64 = 500_000_000;
+/// The first number of the gate's own keys: every key the gate claims sorts after the loaded
+/// ones (`D` and 18 digits), as a new order's id sorts after the old ones.
+const GATE_KEYS_FROM: u64 = 900_000_000_000_000_000;
+/// Messages per chunk of the gate's stream while an archive pass runs beside it.
+const BESIDE_CHUNK: usize = 2_000;
+
+/// What to measure: the flags of `idemgate-bench volume`.
+#[derive(Debug, Clone, clap::Args)]
+pub struct Options {
+    /// Backends to measure: postgres, mysql (SQLite is an embedded default, not a production
+    /// store of this size).
+    #[arg(long, value_delimiter = ',', default_value = "postgres,mysql")]
+    pub backends: Vec<Backend>,
+    /// Claims the tables are filled to, one step each, ascending; the log gets two rows per
+    /// claim. Mind the disk: about 1 KB per claim with its log rows on PostgreSQL.
+    #[arg(long, value_delimiter = ',', default_value = "1000000,10000000,50000000")]
+    pub sizes: Vec<u64>,
+    /// Messages through the gate per measurement.
+    #[arg(long, default_value_t = 20_000)]
+    pub messages: usize,
+    /// The share of the gate's stream that repeats an earlier message.
+    #[arg(long, default_value_t = 0.3)]
+    pub duplicates: f64,
+    /// Deliveries in flight through the gate.
+    #[arg(long, default_value_t = 8)]
+    pub concurrency: usize,
+    /// Timed trace lookups per step.
+    #[arg(long, default_value_t = 500)]
+    pub lookups: usize,
+    /// Leave each backend's filled database in place and print its URL, to study its plans and
+    /// sizes. Drop the database by hand afterwards.
+    #[arg(long)]
+    pub keep_database: bool,
+}
+
+impl Options {
+    fn check(&self) -> anyhow::Result<()> {
+        share("duplicates", self.duplicates, 0.9)?;
+        anyhow::ensure!(!self.backends.is_empty(), "--backends names none");
+        if let Some(b) = self.backends.iter().find(|b| **b == Backend::Sqlite) {
+            anyhow::bail!("--backends: {b} is not measured at volume; choose postgres, mysql");
+        }
+        anyhow::ensure!(!self.sizes.is_empty(), "--sizes names none");
+        anyhow::ensure!(
+            self.sizes.windows(2).all(|w| w[0] < w[1]),
+            "--sizes must ascend, each larger than the one before: {:?}",
+            self.sizes
+        );
+        anyhow::ensure!(
+            self.sizes.iter().all(|s| (SPAN_DAYS as u64 * 100..=MAX_SIZE).contains(s)),
+            "--sizes must each be from {} (a hundred claims a day) to {MAX_SIZE}: {:?}",
+            SPAN_DAYS * 100,
+            self.sizes
+        );
+        anyhow::ensure!(self.messages >= 100, "--messages must be at least 100, not {}", self.messages);
+        anyhow::ensure!(
+            (1..=64).contains(&self.concurrency),
+            "--concurrency must be from 1 to 64, not {}",
+            self.concurrency
+        );
+        anyhow::ensure!(self.lookups > 0, "--lookups must be at least 1");
+        Ok(())
+    }
+}
+
+/// `idemgate-bench volume`: prints the setting, fills and measures every backend step by step,
+/// and prints the tables.
+pub(crate) async fn command(options: Options) -> anyhow::Result<()> {
+    options.check()?;
+    println!(
+        "bench volume: sizes {:?} claims (two log rows each, over {SPAN_DAYS} days), gate: {} stock.deduct \
+         messages, {:.0}% duplicates, {} in flight, group commit (batch path); {} trace lookups; {} cores",
+        options.sizes,
+        options.messages,
+        options.duplicates * 100.0,
+        options.concurrency,
+        options.lookups,
+        cores()
+    );
+    let mut reports = Vec::new();
+    for &backend in &options.backends {
+        let store_options =
+            StoreOptions { max_connections: options.concurrency as u32 + 6, ..Default::default() };
+        let db = ScratchDb::create(backend, &store_options).await?;
+        let result = measure(&db.store, &options, &mut reports).await;
+        if options.keep_database {
+            println!("bench volume: the {backend} database is kept at {}", db.keep().await);
+        } else {
+            db.drop_now().await;
+        }
+        result?;
+    }
+    println!("\n{}", table(&reports));
+    println!(
+        "Bytes per row, each part (heap is the table itself; on MySQL/MariaDB the clustered PRIMARY):\n"
+    );
+    println!("{}", bytes_table(&reports));
+    if let Some(last) = reports.iter().rfind(|s| !s.claim_columns.is_empty()) {
+        println!(
+            "The claim's columns on PostgreSQL at {} claims, mean stored bytes (pg_stats.avg_width):\n",
+            last.claims
+        );
+        println!("{}", columns_table(&last.claim_columns));
+    }
+    Ok(())
+}
+
+/// One step of one backend.
+#[derive(Debug, Clone)]
+pub(crate) struct Step {
+    pub backend: Backend,
+    /// Claims in the live table when measured (the gate's own included).
+    pub claims: i64,
+    pub log_rows: i64,
+    pub fill: Duration,
+    pub claim_parts: Vec<(String, i64)>,
+    pub log_parts: Vec<(String, i64)>,
+    /// PostgreSQL: the claim's columns and their mean stored width in bytes.
+    pub claim_columns: Vec<(String, i64)>,
+    pub gate: GateRun,
+    /// msg/s against the empty tables' run.
+    pub gate_ratio: f64,
+    /// The naive select-then-insert pattern over the same stream, and its ratio to its own run
+    /// on the empty tables.
+    pub naive: GateRun,
+    pub naive_ratio: f64,
+    pub trace: Percentiles,
+    pub reconcile: Duration,
+    pub reconciled_deliveries: i64,
+    pub archive: Pass,
+    pub beside_archive: GateRun,
+    /// The gate's p99 at this size with no archive running.
+    pub idle_p99_us: u64,
+    pub retention: Pass,
+    /// The log's heap and indexes before and after the retention pass.
+    pub log_bytes_before: i64,
+    pub log_bytes_after: i64,
+}
+
+/// A timed pass of the archive job.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct Pass {
+    pub rows: u64,
+    pub elapsed: Duration,
+    pub wal_bytes: i64,
+}
+
+impl Pass {
+    fn of(report: &PassReport, wal_bytes: i64) -> Self {
+        Self { rows: report.rows, elapsed: report.elapsed, wal_bytes }
+    }
+
+    fn rate(&self) -> f64 {
+        super::rate(self.rows as usize, self.elapsed)
+    }
+}
+
+/// The gate's run over one stream (or several, beside an archive pass).
+#[derive(Debug, Clone, Default)]
+pub(crate) struct GateRun {
+    pub messages: usize,
+    pub elapsed: Duration,
+    pub latency: Percentiles,
+}
+
+impl GateRun {
+    fn rate(&self) -> f64 {
+        super::rate(self.messages, self.elapsed)
+    }
+}
+
+async fn measure(store: &Store, options: &Options, reports: &mut Vec<Step>) -> anyhow::Result<()> {
+    let backend = store.backend();
+    gate::seed(store).await?;
+    create_digits(store).await?;
+    let gate = Arc::new(the_gate(store)?);
+    let keys = AtomicUsize::new(0);
+    let empty = gate_run(&gate, store, options, &keys).await?;
+    let naive_empty = naive_run(store, options, &keys).await?;
+    eprintln!(
+        "  {backend} empty tables: gate {:.0} msg/s, p99 {:.1} ms; naive {:.0} msg/s",
+        empty.rate(),
+        ms(empty.latency.p99_us),
+        naive_empty.rate()
+    );
+    let ctx = trace_context()?;
+    let mut loaded = 0u64;
+    for &size in &options.sizes {
+        let started = Instant::now();
+        fill(store, loaded, size).await?;
+        maintain(store).await?;
+        let fill = started.elapsed();
+        let from = loaded;
+        loaded = size;
+        let claims = count(store, "idempotent_record").await?;
+        let log_rows = count(store, "delivery_log").await?;
+        eprintln!("  {backend} {claims} claims, {log_rows} log rows: filled in {:.0} s", fill.as_secs_f64());
+        let claim_parts = parts(store, "idempotent_record").await?;
+        let log_parts = parts(store, "delivery_log").await?;
+        let claim_columns = columns(store, "idempotent_record").await?;
+
+        let run = gate_run(&gate, store, options, &keys).await?;
+        let naive = naive_run(store, options, &keys).await?;
+        let trace = lookups(store, &ctx, from, size, options.lookups).await?;
+        let (reconcile, reconciled_deliveries) = reconcile_day(store).await?;
+
+        // The oldest day alone, then the next one with the gate beside it.
+        let now = idemgate::clock::now_ms();
+        let archive = pass(store, archive_options((SPAN_DAYS - 1) * DAY_MS, None), now).await?;
+        let stop = Arc::new(AtomicBool::new(false));
+        let beside = {
+            let (gate, store, options, stop) = (gate.clone(), store.clone(), options.clone(), stop.clone());
+            let from = keys.fetch_add(1 << 20, Ordering::Relaxed);
+            tokio::spawn(async move { gate_beside(&gate, &store, &options, from, &stop).await })
+        };
+        let second = pass(store, archive_options((SPAN_DAYS - 2) * DAY_MS, None), now).await;
+        stop.store(true, Ordering::Relaxed);
+        let beside_archive = beside.await??;
+        second?;
+
+        let log_bytes_before = total(&parts(store, "delivery_log").await?);
+        let retention =
+            pass(store, archive_options(i64::MAX / 4, Some((SPAN_DAYS - 1) * DAY_MS)), now).await?;
+        let log_bytes_after = total(&parts(store, "delivery_log").await?);
+
+        let idle_p99_us = run.latency.p99_us;
+        let step = Step {
+            backend,
+            claims,
+            log_rows,
+            fill,
+            claim_parts,
+            log_parts,
+            claim_columns,
+            gate_ratio: run.rate() / empty.rate(),
+            gate: run,
+            naive_ratio: naive.rate() / naive_empty.rate(),
+            naive,
+            trace,
+            reconcile,
+            reconciled_deliveries,
+            archive,
+            beside_archive,
+            idle_p99_us,
+            retention,
+            log_bytes_before,
+            log_bytes_after,
+        };
+        eprintln!("{}", table(std::slice::from_ref(&step)).lines().last().unwrap_or_default());
+        reports.push(step);
+    }
+    Ok(())
+}
+
+/// The gate of `stock.deduct` with group commit on its batch path, as a production consumer at
+/// volume runs it.
+fn the_gate(store: &Store) -> anyhow::Result<Gate> {
+    Ok(Gate::new(
+        store.clone(),
+        Routes::new(&shop::routes(shop::TOPIC))?,
+        shop::handlers(),
+        Identity { consumer_group: GROUP.to_owned(), instance_id: "bench".to_owned() },
+        Policy { duplicate_warnings_per_second: 0, ..Policy::default() },
+    )?
+    .with_group_commit(GroupSettings::on()))
+}
+
+/// `messages` deliveries with `duplicates` repeated, their keys numbered from `from` on (after
+/// every loaded key). Returns the stream and its distinct keys.
+fn stream(messages: usize, duplicates: f64, from: usize) -> (Vec<Delivery>, usize) {
+    let (mut stream, distinct) = gate::stream(messages, duplicates, from as u64);
+    for d in &mut stream {
+        let i: u64 = d.keys[0].trim_start_matches("DEDUCT-").parse().unwrap_or(0);
+        d.keys = vec![format!("D{}", GATE_KEYS_FROM + from as u64 + i)];
+        d.msg_id = format!("{}-{from}", d.msg_id);
+    }
+    (stream, distinct)
+}
+
+/// One measured run of the gate over a fresh stream; the books are checked and cleared after.
+async fn gate_run(
+    gate: &Arc<Gate>,
+    store: &Store,
+    options: &Options,
+    keys: &AtomicUsize,
+) -> anyhow::Result<GateRun> {
+    let from = keys.fetch_add(1 << 20, Ordering::Relaxed);
+    let (stream, distinct) = stream(options.messages, options.duplicates, from);
+    let started = Instant::now();
+    let mut latencies = process(gate, Arc::new(stream), options.concurrency).await?;
+    let elapsed = started.elapsed();
+    books(store, distinct).await?;
+    Ok(GateRun { messages: latencies.len(), elapsed, latency: Percentiles::of(&mut latencies) })
+}
+
+/// The naive per-message pattern (select the claim, insert it, apply, commit) over a fresh
+/// stream with the same deliveries in flight. Its races end in errors the broker would
+/// redeliver, and it may apply a key twice: both are its nature, not checked here.
+async fn naive_run(store: &Store, options: &Options, keys: &AtomicUsize) -> anyhow::Result<GateRun> {
+    let from = keys.fetch_add(1 << 20, Ordering::Relaxed);
+    let (stream, _) = stream(options.messages, options.duplicates, from);
+    let (stream, next) = (Arc::new(stream), Arc::new(AtomicUsize::new(0)));
+    let started = Instant::now();
+    let mut workers = Vec::new();
+    for _ in 0..options.concurrency {
+        let (store, stream, next) = (store.clone(), stream.clone(), next.clone());
+        workers.push(tokio::spawn(async move {
+            let mut latencies = Vec::new();
+            while let Some(d) = stream.get(next.fetch_add(1, Ordering::Relaxed)) {
+                let t = Instant::now();
+                let _ = gate::naive(&store, d).await;
+                latencies.push(t.elapsed().as_micros() as u64);
+            }
+            latencies
+        }));
+    }
+    let mut latencies = Vec::with_capacity(stream.len());
+    for w in workers {
+        latencies.extend(w.await?);
+    }
+    let elapsed = started.elapsed();
+    store.query(&CLEAR_LEDGER).execute(store.pool()).await?;
+    Ok(GateRun { messages: latencies.len(), elapsed, latency: Percentiles::of(&mut latencies) })
+}
+
+/// The gate over stream after stream until `stop`, at least one.
+async fn gate_beside(
+    gate: &Arc<Gate>,
+    store: &Store,
+    options: &Options,
+    from: usize,
+    stop: &AtomicBool,
+) -> anyhow::Result<GateRun> {
+    let started = Instant::now();
+    let (mut latencies, mut distinct) = (Vec::new(), 0);
+    for chunk in 0.. {
+        let (stream, keys) = stream(BESIDE_CHUNK, options.duplicates, from + chunk * BESIDE_CHUNK);
+        latencies.extend(process(gate, Arc::new(stream), options.concurrency).await?);
+        distinct += keys;
+        if stop.load(Ordering::Relaxed) {
+            break;
+        }
+    }
+    let elapsed = started.elapsed();
+    books(store, distinct).await?;
+    Ok(GateRun { messages: latencies.len(), elapsed, latency: Percentiles::of(&mut latencies) })
+}
+
+/// Runs `stream` through the gate with `concurrency` deliveries in flight; the latency of each
+/// in microseconds. A delivery the gate did not settle fails the run.
+async fn process(
+    gate: &Arc<Gate>,
+    stream: Arc<Vec<Delivery>>,
+    concurrency: usize,
+) -> anyhow::Result<Vec<u64>> {
+    let next = Arc::new(AtomicUsize::new(0));
+    let mut workers = Vec::new();
+    for _ in 0..concurrency {
+        let (gate, stream, next) = (gate.clone(), stream.clone(), next.clone());
+        workers.push(tokio::spawn(async move {
+            let mut latencies = Vec::new();
+            while let Some(d) = stream.get(next.fetch_add(1, Ordering::Relaxed)) {
+                let t = Instant::now();
+                let r = gate.process(d).await;
+                anyhow::ensure!(
+                    matches!(r.outcome, Outcome::Processed | Outcome::Duplicate),
+                    "the gate answered {:?} for {}",
+                    r.outcome,
+                    d.msg_id
+                );
+                latencies.push(t.elapsed().as_micros() as u64);
+            }
+            Ok(latencies)
+        }));
+    }
+    let mut all = Vec::with_capacity(stream.len());
+    for w in workers {
+        all.extend(w.await??);
+    }
+    Ok(all)
+}
+
+static CLEAR_LEDGER: Sql = Sql::new("DELETE FROM shop_stock_ledger");
+
+/// Every distinct key of the run applied once, none twice; the ledger is cleared for the next.
+async fn books(store: &Store, distinct: usize) -> anyhow::Result<()> {
+    let (applied, twice) = gate::books(store).await?;
+    anyhow::ensure!(
+        applied == distinct as i64 && twice == 0,
+        "the gate applied {applied} effects for {distinct} keys ({twice} twice) on {}",
+        store.backend()
+    );
+    store.query(&CLEAR_LEDGER).execute(store.pool()).await?;
+    Ok(())
+}
+
+fn trace_context() -> anyhow::Result<TraceContext> {
+    Ok(TraceContext {
+        limits: Limits { timeout: Duration::from_secs(30) },
+        retention: Some(idemgate::archive::LogRetention::days(SPAN_DAYS as u32)),
+        grafana_url: None,
+        trace_url_template: None,
+        dashboard_url_template: None,
+        describers: shop::handlers().by_biz_type(&Routes::new(&shop::routes(shop::TOPIC))?),
+    })
+}
+
+/// The trace page's lookup by bizId of `lookups` random keys loaded by this step (older ones may
+/// be archived by now), each answer checked: the claim and both deliveries.
+async fn lookups(
+    store: &Store,
+    ctx: &TraceContext,
+    from: u64,
+    to: u64,
+    lookups: usize,
+) -> anyhow::Result<Percentiles> {
+    let mut rng = rand::rng();
+    let one = async |n: u64| -> anyhow::Result<u64> {
+        let biz_id = format!("D{n:018}");
+        let query = TraceQuery::new(&biz_id, SearchBy::BizId, None, None, None)?;
+        let t = Instant::now();
+        let answer = trace::trace(store, ctx, &query).await?;
+        let took = t.elapsed().as_micros() as u64;
+        match answer {
+            Answer::Story { story, .. } if story.deliveries.len() == 2 && story.claim.is_some() => Ok(took),
+            other => anyhow::bail!("trace of {biz_id}: unexpected answer {other:?}"),
+        }
+    };
+    // Warm the caches the way a page opened a few times would.
+    for _ in 0..20 {
+        one(rng.random_range(from..to)).await?;
+    }
+    let mut samples = Vec::with_capacity(lookups);
+    for _ in 0..lookups {
+        samples.push(one(rng.random_range(from..to)).await?);
+    }
+    Ok(Percentiles::of(&mut samples))
+}
+
+/// A reconcile pass over one day in the middle of the span, which must find nothing: every
+/// loaded key has its processed delivery.
+async fn reconcile_day(store: &Store) -> anyhow::Result<(Duration, i64)> {
+    let now = idemgate::clock::now_ms();
+    let since = now - SPAN_DAYS / 2 * DAY_MS;
+    let options = ReconcileOptions {
+        consumer_group: GROUP.to_owned(),
+        biz_type: None,
+        since_ms: since,
+        until_ms: since + DAY_MS,
+        stuck_after_ms: DAY_MS / 48,
+        log_retention_ms: SPAN_DAYS * DAY_MS,
+        max_per_kind: 1_000,
+        instance_id: "bench".to_owned(),
+        started_by: "command".to_owned(),
+    };
+    let in_window: i64 = store
+        .query(&COUNT_LOG_BETWEEN)
+        .bind(since)
+        .bind(since + DAY_MS)
+        .fetch_one(store.pool())
+        .await?
+        .try_get(0)?;
+    let started = Instant::now();
+    let report = reconcile_once(store, &options, &[], now).await?;
+    let took = started.elapsed();
+    anyhow::ensure!(report.is_clean(), "reconcile over one day found anomalies: {:?}", report.counts);
+    Ok((took, in_window))
+}
+
+static COUNT_LOG_BETWEEN: Sql =
+    Sql::new("SELECT COUNT(*) FROM delivery_log WHERE logged_at_ms >= ? AND logged_at_ms < ?");
+
+/// The shipped archive settings (batch size, pause) with these retentions, no time budget.
+fn archive_options(dedup_retention_ms: i64, log_retention_ms: Option<i64>) -> ArchiveOptions {
+    ArchiveOptions {
+        dedup_retention_ms,
+        log_retention_ms,
+        time_budget: Duration::from_secs(24 * 3600),
+        ..ArchiveSettings::default().options("bench", StartedBy::Command)
+    }
+}
+
+/// One archive run: its claim pass (or, with a log retention, its log pass) and the WAL it wrote.
+async fn pass(store: &Store, options: ArchiveOptions, now: i64) -> anyhow::Result<Pass> {
+    let before = wal_position(store).await?;
+    let report = archive_once(store, &options, now).await?;
+    let wal = wal_since(store, &before).await?;
+    // The pass must leave nothing past its cutoff.
+    let (left, sql) = match options.log_retention_ms {
+        Some(retention) => (now - retention, &LOG_BEFORE),
+        None => (now - options.dedup_retention_ms, &CLAIMS_BEFORE),
+    };
+    let left: i64 = store.query(sql).bind(left).fetch_one(store.pool()).await?.try_get(0)?;
+    anyhow::ensure!(left == 0, "the archive run left {left} rows past its cutoff");
+    Ok(Pass::of(report.log.as_ref().unwrap_or(&report.dedup), wal))
+}
+
+static LOG_BEFORE: Sql = Sql::new("SELECT COUNT(*) FROM delivery_log WHERE logged_at_ms < ?");
+static CLAIMS_BEFORE: Sql = Sql::new("SELECT COUNT(*) FROM idempotent_record WHERE claimed_at_ms < ?");
+
+static PG_WAL: Sql = Sql::new("SELECT CAST(pg_current_wal_lsn() AS TEXT)");
+static PG_WAL_SINCE: Sql =
+    Sql::new("SELECT CAST(pg_wal_lsn_diff(pg_current_wal_lsn(), CAST(? AS pg_lsn)) AS BIGINT)");
+static MYSQL_LSN: Sql = Sql::new(
+    "SELECT CAST(VARIABLE_VALUE AS CHAR) FROM information_schema.GLOBAL_STATUS WHERE VARIABLE_NAME = 'INNODB_LSN_CURRENT'",
+);
+
+/// Where the server's write-ahead (redo) log stands: PostgreSQL's LSN, InnoDB's log sequence
+/// number. Both count bytes; the server's other databases write to the same log.
+async fn wal_position(store: &Store) -> anyhow::Result<String> {
+    let sql = if store.backend() == Backend::Postgres { &PG_WAL } else { &MYSQL_LSN };
+    Ok(store.query(sql).fetch_one(store.pool()).await?.try_get(0)?)
+}
+
+async fn wal_since(store: &Store, before: &str) -> anyhow::Result<i64> {
+    if store.backend() == Backend::Postgres {
+        return Ok(store.query(&PG_WAL_SINCE).bind(before).fetch_one(store.pool()).await?.try_get(0)?);
+    }
+    let now: i64 = wal_position(store).await?.parse()?;
+    Ok(now - before.parse::<i64>()?)
+}
+
+async fn count(store: &Store, table: &str) -> anyhow::Result<i64> {
+    let sql = format!("SELECT COUNT(*) FROM {table}");
+    Ok(sqlx::query(AssertSqlSafe(sql)).fetch_one(store.pool()).await?.try_get(0)?)
+}
+
+/// The vacuum and statistics the server's own maintenance would leave after a bulk load.
+async fn maintain(store: &Store) -> anyhow::Result<()> {
+    let statements: &[&str] = match store.backend() {
+        Backend::Postgres => &["VACUUM (ANALYZE) idempotent_record", "VACUUM (ANALYZE) delivery_log"],
+        _ => &["ANALYZE TABLE idempotent_record", "ANALYZE TABLE delivery_log"],
+    };
+    for s in statements {
+        sqlx::query(AssertSqlSafe(*s)).fetch_all(store.pool()).await?;
+    }
+    Ok(())
+}
+
+static PG_PARTS: Sql = Sql::new(
+    "SELECT 'heap', CAST(pg_table_size(CAST(? AS regclass)) AS BIGINT) \
+     UNION ALL \
+     SELECT CAST(i.relname AS TEXT), CAST(pg_relation_size(i.oid) AS BIGINT) \
+     FROM pg_index x JOIN pg_class i ON i.oid = x.indexrelid \
+     WHERE x.indrelid = CAST(? AS regclass) AND NOT x.indisprimary",
+);
+static PG_PRIMARY: Sql = Sql::new(
+    "SELECT CAST(i.relname AS TEXT), CAST(pg_relation_size(i.oid) AS BIGINT) \
+     FROM pg_index x JOIN pg_class i ON i.oid = x.indexrelid \
+     WHERE x.indrelid = CAST(? AS regclass) AND x.indisprimary",
+);
+static MYSQL_PARTS: Sql = Sql::new(
+    "SELECT CAST(index_name AS CHAR), CAST(stat_value * @@innodb_page_size AS SIGNED) \
+     FROM mysql.innodb_index_stats \
+     WHERE database_name = DATABASE() AND table_name = ? AND stat_name = 'size' \
+     ORDER BY index_name = 'PRIMARY' DESC, index_name",
+);
+
+/// The bytes of `table`'s parts: its heap first (with TOAST on PostgreSQL; the clustered
+/// PRIMARY on MySQL/MariaDB), then each index.
+async fn parts(store: &Store, table: &str) -> anyhow::Result<Vec<(String, i64)>> {
+    let rows = if store.backend() == Backend::Postgres {
+        let mut rows = store.query(&PG_PARTS).bind(table).bind(table).fetch_all(store.pool()).await?;
+        let mut primary = store.query(&PG_PRIMARY).bind(table).fetch_all(store.pool()).await?;
+        rows.splice(1..1, primary.drain(..));
+        rows
+    } else {
+        sqlx::query(AssertSqlSafe(format!("ANALYZE TABLE {table}"))).fetch_all(store.pool()).await?;
+        store.query(&MYSQL_PARTS).bind(table).fetch_all(store.pool()).await?
+    };
+    rows.iter()
+        .map(|r| Ok((r.try_get::<String, _>(0)?, r.try_get::<i64, _>(1)?)))
+        .collect::<Result<_, sqlx::Error>>()
+        .map_err(Into::into)
+}
+
+static PG_COLUMNS: Sql = Sql::new(
+    "SELECT CAST(s.attname AS TEXT), CAST(s.avg_width AS BIGINT) FROM pg_stats s \
+     JOIN pg_attribute a ON a.attrelid = CAST(? AS regclass) AND a.attname = s.attname \
+     WHERE s.schemaname = current_schema() AND s.tablename = ? ORDER BY a.attnum",
+);
+
+/// PostgreSQL: each column of `table` with its mean stored width from the statistics (the
+/// last ANALYZE's sample); nothing on the other backends.
+async fn columns(store: &Store, table: &str) -> anyhow::Result<Vec<(String, i64)>> {
+    if store.backend() != Backend::Postgres {
+        return Ok(Vec::new());
+    }
+    let rows = store.query(&PG_COLUMNS).bind(table).bind(table).fetch_all(store.pool()).await?;
+    rows.iter()
+        .map(|r| Ok((r.try_get::<String, _>(0)?, r.try_get::<i64, _>(1)?)))
+        .collect::<Result<_, sqlx::Error>>()
+        .map_err(Into::into)
+}
+
+fn total(parts: &[(String, i64)]) -> i64 {
+    parts.iter().map(|(_, b)| b).sum()
+}
+
+// The fill. Claim n: bizId `D` and n in 18 digits, claimed at `start + (n - from) * step`; its
+// processed delivery logged then, and a second row: a producer resend a minute later (even n)
+// or a failed first attempt a second earlier (odd n). Numbers come from a thousand digits
+// crossed with themselves, `?` rows from `?` on.
+const NUMBERS: &str = "(SELECT a.n * 1000 + b.n + ? AS n FROM bench_digits a CROSS JOIN bench_digits b WHERE a.n * 1000 + b.n < ?) d";
+
+/// The two statements of one chunk on `backend`: the claims, and their deliveries in the order
+/// of their time, so that the log's ids grow with time as the gate's appends make them.
+fn fill_statements(backend: Backend) -> [String; 2] {
+    // How each backend spells a number in 18 digits, in hex of 16, MD5 and concatenation.
+    let (digits, hex, md5, cat): (
+        fn(&str) -> String,
+        fn(&str) -> String,
+        fn(&str) -> String,
+        fn(&[&str]) -> String,
+    ) = match backend {
+        Backend::MySql => (
+            |e| format!("LPAD({e}, 18, '0')"),
+            |e| format!("LPAD(HEX({e}), 16, '0')"),
+            |e| format!("MD5({e})"),
+            |parts| format!("CONCAT({})", parts.join(", ")),
+        ),
+        _ => (
+            |e| format!("lpad(CAST({e} AS TEXT), 18, '0')"),
+            |e| format!("lpad(upper(to_hex({e})), 16, '0')"),
+            |e| format!("md5(CAST({e} AS TEXT))"),
+            |parts| parts.join(" || "),
+        ),
+    };
+    let biz_id = cat(&["'D'", &digits("d.n")]);
+    let msg_id = |offset: &str| cat(&["'C0A8010A00002A9F'", &hex(&format!("d.n * 512 + {offset}"))]);
+    let uniq_key = |pid: &str| cat(&[&format!("'7F000001{pid}2F1D'"), &hex("d.n")]);
+    let payload_hash = cat(&[&md5("d.n"), &md5("d.n + 1")]);
+    let instance = "'shop-consumer-7f9c4d5b8-xk2lp@10.42.3.17'";
+    let claims = format!(
+        "INSERT INTO idempotent_record (consumer_group, biz_type, biz_id, execute_time, msg_id, uniq_key, \
+         payload_hash, instance_id, claimed_at_ms) \
+         SELECT ?, ?, {biz_id}, 0, {}, {}, {payload_hash}, {instance}, ? + (d.n - ?) * ? FROM {NUMBERS} \
+         ORDER BY d.n",
+        msg_id("0"),
+        uniq_key("3039")
+    );
+    let columns = "logged_at_ms, instance_id, consumer_group, msg_id, uniq_key, topic, tags, queue_id, \
+                   queue_offset, reconsume_times, biz_type, biz_id, execute_time, outcome, cause, layer, \
+                   payload_match, payload_hash, error, latency_us, trace_id";
+    let trace_id = format!("CASE WHEN d.n % 4 = 0 THEN {} END", md5("d.n * 7"));
+    // Row k of key n: k = 0 its processed delivery, k = 1 the second row: a producer resend a
+    // minute later (even n) or a failed first attempt a second earlier (odd n).
+    let row = |processed: &str, resend: &str, failed: &str| {
+        format!("CASE WHEN r.k = 0 THEN {processed} WHEN d.n % 2 = 0 THEN {resend} ELSE {failed} END")
+    };
+    let log = format!(
+        "INSERT INTO delivery_log ({columns}) \
+         SELECT ? + (d.n - ?) * ? + {}, {instance}, ?, {}, {}, 'shop_orders', 'stock_deduct', d.n % 8, \
+         d.n * 2 + r.k, 0, ?, {biz_id}, 0, {}, {}, {}, {}, {payload_hash}, {}, {}, {trace_id} \
+         FROM {NUMBERS} CROSS JOIN (SELECT 0 AS k UNION ALL SELECT 1) r ORDER BY 1",
+        row("0", "60000", "-1000"),
+        row(&msg_id("0"), &msg_id("256"), &msg_id("0")),
+        row(&uniq_key("3039"), &uniq_key("303A"), &uniq_key("3039")),
+        row("'processed'", "'duplicate'", "'failed'"),
+        row("NULL", "'producer_resend'", "NULL"),
+        row("NULL", "'db'", "NULL"),
+        row("NULL", "1", "NULL"),
+        row("NULL", "NULL", "'handler stock.deduct: inventory service did not answer within 3000 ms'"),
+        row("900 + d.n % 5000", "1200", "3000000"),
+    );
+    [claims, log]
+}
+
+/// Fills the tables from `from` claims to `to`, their log rows with them, a million per
+/// statement, spread evenly over the span before now.
+async fn fill(store: &Store, from: u64, to: u64) -> anyhow::Result<()> {
+    let [claims, log] = fill_statements(store.backend());
+    let start = idemgate::clock::now_ms() - SPAN_DAYS * DAY_MS;
+    let step = SPAN_DAYS * DAY_MS / (to - from) as i64;
+    let (from_i, group, biz_type) = (from as i64, GROUP, shop::STOCK_DEDUCT);
+    let mut at = from;
+    while at < to {
+        let rows = (to - at).min(CHUNK) as i64;
+        let at_i = at as i64;
+        query_built(store.backend(), claims.clone())
+            .bind(group)
+            .bind(biz_type)
+            .bind(start)
+            .bind(from_i)
+            .bind(step)
+            .bind(at_i)
+            .bind(rows)
+            .execute(store.pool())
+            .await?;
+        query_built(store.backend(), log.clone())
+            .bind(start)
+            .bind(from_i)
+            .bind(step)
+            .bind(group)
+            .bind(biz_type)
+            .bind(at_i)
+            .bind(rows)
+            .execute(store.pool())
+            .await?;
+        at += rows as u64;
+        eprint!("\r  {} filled {at} of {to} claims", store.backend());
+    }
+    eprintln!();
+    Ok(())
+}
+
+fn ms(us: u64) -> f64 {
+    us as f64 / 1000.0
+}
+
+fn per_row(bytes: i64, rows: i64) -> f64 {
+    bytes as f64 / rows.max(1) as f64
+}
+
+/// The steps as a Markdown table.
+pub(crate) fn table(steps: &[Step]) -> String {
+    let mut out = String::from(
+        "| backend | claims | log rows | fill s | B/claim | B/log row | gate msg/s | × empty | gate p99 ms | naive msg/s | × empty | trace p50 / p99 ms | reconcile 1 day s (log rows) | archive 1 day rows/s | archive WAL B/row | gate p99 beside archive ms (× idle) | log retention 1 day rows | s | rows/s | log MB before → after |\n\
+         |---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n",
+    );
+    for s in steps {
+        out.push_str(&format!(
+            "| {} | {} | {} | {:.0} | {:.0} | {:.0} | {:.0} | {:.2} | {:.1} | {:.0} | {:.2} | {:.1} / {:.1} | {:.2} ({}) | {:.0} | {:.0} | {:.1} ({:.2}) | {} | {:.2} | {:.0} | {:.0} → {:.0} |\n",
+            s.backend,
+            s.claims,
+            s.log_rows,
+            s.fill.as_secs_f64(),
+            per_row(total(&s.claim_parts), s.claims),
+            per_row(total(&s.log_parts), s.log_rows),
+            s.gate.rate(),
+            s.gate_ratio,
+            ms(s.gate.latency.p99_us),
+            s.naive.rate(),
+            s.naive_ratio,
+            ms(s.trace.p50_us),
+            ms(s.trace.p99_us),
+            s.reconcile.as_secs_f64(),
+            s.reconciled_deliveries,
+            s.archive.rate(),
+            per_row(s.archive.wal_bytes, s.archive.rows as i64),
+            ms(s.beside_archive.latency.p99_us),
+            s.beside_archive.latency.p99_us as f64 / s.idle_p99_us.max(1) as f64,
+            s.retention.rows,
+            s.retention.elapsed.as_secs_f64(),
+            s.retention.rate(),
+            s.log_bytes_before as f64 / 1e6,
+            s.log_bytes_after as f64 / 1e6,
+        ));
+    }
+    out
+}
+
+/// Bytes per row of each part of both tables, at each step.
+pub(crate) fn bytes_table(steps: &[Step]) -> String {
+    let mut out =
+        String::from("| backend | claims | table | part | bytes | B/row |\n|---|---|---|---|---|---|\n");
+    for s in steps {
+        for (table, parts, rows) in
+            [("idempotent_record", &s.claim_parts, s.claims), ("delivery_log", &s.log_parts, s.log_rows)]
+        {
+            for (part, bytes) in parts {
+                out.push_str(&format!(
+                    "| {} | {} | {table} | {part} | {bytes} | {:.1} |\n",
+                    s.backend,
+                    s.claims,
+                    per_row(*bytes, rows)
+                ));
+            }
+        }
+    }
+    out
+}
+
+/// The claim's columns and their widths, with the row's fixed costs.
+pub(crate) fn columns_table(columns: &[(String, i64)]) -> String {
+    let mut out = String::from("| column | mean bytes |\n|---|---|\n");
+    for (column, width) in columns {
+        out.push_str(&format!("| {column} | {width} |\n"));
+    }
+    out.push_str(&format!(
+        "| (the columns' sum; a heap tuple adds a 24-byte header, a 4-byte line pointer and alignment) | {} |\n",
+        total(columns)
+    ));
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn options() -> Options {
+        Options {
+            backends: vec![Backend::Postgres],
+            sizes: vec![1_000_000, 10_000_000],
+            messages: 1000,
+            duplicates: 0.3,
+            concurrency: 8,
+            lookups: 10,
+            keep_database: false,
+        }
+    }
+
+    #[test]
+    fn sizes_must_ascend_within_bounds_and_sqlite_is_refused() {
+        assert!(options().check().is_ok());
+        let refused = |o: Options| o.check().unwrap_err().to_string();
+        assert!(refused(Options { sizes: vec![10_000_000, 1_000_000], ..options() }).contains("ascend"));
+        assert!(refused(Options { sizes: vec![10], ..options() }).contains("from 9000"));
+        assert!(refused(Options { backends: vec![Backend::Sqlite], ..options() }).contains("sqlite"));
+        assert!(refused(Options { duplicates: 0.95, ..options() }).contains("--duplicates"));
+    }
+
+    #[test]
+    fn the_gates_keys_sort_after_every_loaded_key_and_keep_their_duplicates() {
+        let (s, distinct) = stream(1000, 0.3, 5 << 20);
+        let loaded_last = format!("D{:018}", MAX_SIZE - 1);
+        assert!(s.iter().all(|d| d.keys[0] > loaded_last && d.keys[0].len() == 19));
+        let keys: std::collections::HashSet<_> = s.iter().map(|d| d.keys[0].clone()).collect();
+        assert_eq!(keys.len(), distinct);
+        let ids: std::collections::HashSet<_> = s.iter().map(|d| d.msg_id.clone()).collect();
+        assert_eq!(ids.len(), s.len(), "every delivery has its own msgId");
+    }
+
+    #[test]
+    fn each_fill_statement_binds_what_the_fill_gives_it() {
+        for backend in [Backend::Postgres, Backend::MySql] {
+            let [claims, log] = fill_statements(backend);
+            assert_eq!(claims.matches('?').count(), 7, "{backend}: {claims}");
+            assert_eq!(log.matches('?').count(), 7, "{backend}: {log}");
+        }
+    }
+}
