@@ -73,6 +73,16 @@
     // few scheduled runs.
     archiveFailingWindow: '6h',
 
+    // IdemgateLogPartitionsBehind: the partitioned delivery log's newest day partition ends
+    // less than logPartitionsAheadSeconds from now (the archive job keeps 3 to 4 days), for
+    // logPartitionsBehindFor.
+    logPartitionsAheadSeconds: 86400,
+    logPartitionsBehindFor: '1h',
+
+    // IdemgateLogOverflowRows: rows in the partitioned delivery log's overflow partition, for
+    // logOverflowFor.
+    logOverflowFor: '1h',
+
     // IdemgateNoTraffic: the deliveries/s the group must see on a topic for an instance's 0 to
     // mean something.
     noTrafficMinGroupPerSecond: 0.5,

@@ -8,6 +8,8 @@
 //! absent ([`append_once`]), so that an insert that committed and lost its answer leaves one
 //! row, not two. It must not decide outcomes; the gate does.
 
+pub mod partitions;
+
 use crate::delivery::Delivery;
 use crate::outcome::{DuplicateCause, Layer, Outcome};
 use crate::route::{
@@ -59,16 +61,20 @@ static APPEND: Sql = Sql::new(
      VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
 );
 /// [`APPEND`] with the attempt's id, skipped when the table already holds a row of that
-/// attempt. The unique index keeps only the rows that carry an id (PostgreSQL and SQLite: a
-/// partial index; MySQL/MariaDB, whose unique index takes NULL as often as it comes, index every
-/// row), so a `processed` row, written in the gate's transaction without one, costs nothing more.
+/// attempt. The unique index is on `(attempt_id, logged_at_ms)` (a partitioned table's unique
+/// index must hold its partition key; a retried write repeats its row's time), and keeps only
+/// the rows that carry an id (PostgreSQL and SQLite: a partial index; MySQL/MariaDB, whose
+/// unique index takes NULL as often as it comes, index every row), so a `processed` row, written
+/// in the gate's transaction without one, costs nothing more. The conflict names no target: the
+/// statement is the same on the plain log, during its move and on the partitioned one, whose
+/// unique indexes differ ([`partitions`]).
 static APPEND_ONCE: InsertIfAbsent = crate::insert_if_absent!(
     "INSERT INTO delivery_log (logged_at_ms, instance_id, consumer_group, msg_id, uniq_key, \
      topic, tags, queue_id, queue_offset, reconsume_times, biz_type, biz_id, execute_time, \
      outcome, cause, layer, payload_match, payload_hash, error, latency_us, payload, payload_truncated, \
      kept_headers, trace_id, attempt_id) \
      VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-    conflict = "(attempt_id) WHERE attempt_id IS NOT NULL",
+    conflict = "",
     index = "delivery_log_attempt"
 );
 

@@ -69,6 +69,8 @@ pub struct Metrics {
     archive_rows_moved: IntCounterVec,
     archive_last_success: GaugeVec,
     archive_last_duration: GaugeVec,
+    log_partitions_ahead: GaugeVec,
+    log_overflow_rows: IntGaugeVec,
     reconcile_anomalies: IntGaugeVec,
     reconcile_last_run: GaugeVec,
     prefilter: IntCounterVec,
@@ -113,6 +115,8 @@ struct FromDatabase {
     /// The group's latest successful reconcile run: when it finished (Unix seconds) and its
     /// anomalies by kind.
     reconcile: Option<(f64, BTreeMap<AnomalyKind, i64>)>,
+    /// A partitioned delivery log's partitions: how far ahead they reach, what the overflow holds.
+    partitions: Option<crate::delivery_log::partitions::Health>,
 }
 
 labelled! {
@@ -250,6 +254,16 @@ impl Metrics {
             archive_last_success: gauge(
                 "idemgate_archive_last_success_timestamp_seconds",
                 "When the last successful archive pass over the dedup table finished, whichever instance ran it (Unix time), from archive_run: every instance on the database reports the same; take the max.",
+                &["consumer_group"],
+            ),
+            log_partitions_ahead: gauge(
+                "idemgate_delivery_log_partitions_ahead_seconds",
+                "A partitioned delivery log: from now to the end of its newest day partition (the archive job makes them 3 days ahead; below a day, it has not run). Absent on a plain log.",
+                &["consumer_group"],
+            ),
+            log_overflow_rows: int_gauge(
+                "idemgate_delivery_log_overflow_rows",
+                "A partitioned delivery log: rows in its overflow partition, which takes rows no day partition takes (counted up to 100000). Above zero, the partitions fell behind or a clock is off. Absent on a plain log.",
                 &["consumer_group"],
             ),
             archive_last_duration: gauge(
@@ -618,6 +632,10 @@ impl Metrics {
         if let Some(d) = read.last_duration_s {
             self.archive_last_duration.with_label_values(&[g]).set(d);
         }
+        if let Some(p) = read.partitions {
+            self.log_partitions_ahead.with_label_values(&[g]).set(p.ahead_ms as f64 / 1e3);
+            self.log_overflow_rows.with_label_values(&[g]).set(p.overflow_rows);
+        }
         if let Some((finished_s, counts)) = &read.reconcile {
             self.reconcile_last_run.with_label_values(&[&self.group]).set(*finished_s);
             for (kind, n) in counts {
@@ -825,6 +843,7 @@ async fn read_database(
             read.last_success_s = Some(finished as f64 / 1e3);
         }
     }
+    read.partitions = crate::delivery_log::partitions::health(store, now_ms()).await?;
     if let Some(run) = crate::reconcile::runs::last_success(store, group).await? {
         let counts = crate::reconcile::runs::counts(store, run.id).await?;
         read.reconcile = Some((run.finished_at_ms.unwrap_or(run.started_at_ms) as f64 / 1e3, counts));

@@ -275,6 +275,54 @@ local text = import '../lib/text.libsonnet';
           ),
 
           alert(
+            'IdemgateLogPartitionsBehind',
+            'warning',
+            'max by (%s) (%s) < %s' % [
+              group,
+              sel('idemgate_delivery_log_partitions_ahead_seconds'),
+              text.number(c.logPartitionsAheadSeconds),
+            ],
+            'Delivery log partitions run out in under %s ({{ $labels.consumer_group }})' % text.seconds(c.logPartitionsAheadSeconds),
+            '{{ if gt $value 0.0 }}The newest day partition of the delivery log of consumer group '
+            + '{{ $labels.consumer_group }} ends in {{ $value | humanizeDuration }}, less than '
+            + text.seconds(c.logPartitionsAheadSeconds) + ' ahead{{ else }}Every day partition of the '
+            + 'delivery log of consumer group {{ $labels.consumer_group }} has ended: new rows go to the '
+            + 'overflow partition{{ end }}. The archive job, which makes them 3 days ahead at each run, '
+            + 'did not: it has not run, failed, or could not take its locks. The archive page lists its '
+            + 'runs; idemgate archive makes them by hand.',
+            ui('consumer_group', '/archive'),
+            |||
+              The partitioned delivery log (PostgreSQL, MariaDB/MySQL) is close to the end of its
+              newest day partition: the archive job, which makes them 3 to 4 days ahead, has not made
+              any for days. Past the end, rows land in the overflow partition (IdemgateLogOverflowRows).
+              The value is the time left (negative: already past). A plain log reports nothing.
+            |||,
+            ['logPartitionsAheadSeconds', 'logPartitionsBehindFor'],
+            c.logPartitionsBehindFor,
+          ),
+
+          alert(
+            'IdemgateLogOverflowRows',
+            'warning',
+            'max by (%s) (%s) > 0' % [group, sel('idemgate_delivery_log_overflow_rows')],
+            'Delivery log rows in the overflow partition ({{ $labels.consumer_group }})',
+            'The overflow partition of the delivery log of consumer group {{ $labels.consumer_group }} '
+            + 'holds {{ printf "%.0f" $value }}{{ if ge $value 100000.0 }} or more{{ end }} rows that no '
+            + 'day partition takes: the partitions fell behind, or the clock of an instance is far off. '
+            + 'They are kept and read, but retention deletes them row by row instead of dropping their '
+            + 'day. Check the clocks, then run idemgate archive: it moves the rows of the days it makes '
+            + 'into their partitions.',
+            ui('consumer_group', '/archive'),
+            |||
+              Rows of the partitioned delivery log fell into its overflow partition (DEFAULT on
+              PostgreSQL, MAXVALUE on MariaDB/MySQL): their time has no day partition. Counted up to
+              100000 at each scrape. A plain log reports nothing.
+            |||,
+            ['logOverflowFor'],
+            c.logOverflowFor,
+          ),
+
+          alert(
             'IdemgateNoTraffic',
             'warning',
             |||

@@ -561,7 +561,7 @@ local text = import '../lib/text.libsonnet';
           links=[link('Anomalies', '/anomalies')],
           dataLinks=[link('Anomalies of kind ${__field.labels.kind}', '/anomalies?kind=${__field.labels.kind:percentencode}')],
           defaults={ decimals: 0 },
-        ) + at(0, 52, 10, 8),
+        ) + at(0, 52, 8, 8),
         stat(
           26,
           'Last reconcile run',
@@ -572,7 +572,7 @@ local text = import '../lib/text.libsonnet';
           ],
           links=[link('Anomalies', '/anomalies')],
           steps=[{ color: 'green', value: null }],
-        ) + at(10, 52, 4, 8),
+        ) + at(8, 52, 4, 8),
         timeseries(
           27,
           'Dedup table rows',
@@ -583,7 +583,21 @@ local text = import '../lib/text.libsonnet';
           ],
           links=[link('Archive', '/archive')],
           defaults={ decimals: 0 },
-        ) + at(14, 52, 10, 8),
+        ) + at(12, 52, 6, 8),
+        timeseries(
+          44,
+          'Delivery log partitions: time ahead and overflow rows',
+          's',
+          'A delivery log partitioned by day (PostgreSQL, MariaDB/MySQL; empty on a plain log): the time from now to the end of its newest day partition (left axis, idemgate_delivery_log_partitions_ahead_seconds), which the archive job keeps 3 to 4 days ahead; below %s IdemgateLogPartitionsBehind fires, past 0 new rows have no partition. Right axis: rows in the overflow partition, which takes rows no day partition takes (idemgate_delivery_log_overflow_rows, counted up to 100000; IdemgateLogOverflowRows fires above 0): normally 0. Every instance on the database reports the same, so the highest is shown.' % text.seconds(c.logPartitionsAheadSeconds),
+          [
+            ['max by (consumer_group) (%s)' % m('idemgate_delivery_log_partitions_ahead_seconds', groupInstance), '{{consumer_group}} ahead'],
+            ['max by (consumer_group) (%s)' % m('idemgate_delivery_log_overflow_rows', groupInstance), '{{consumer_group}} overflow rows'],
+          ],
+          links=[link('Archive', '/archive')],
+          style={ thresholdsStyle: { mode: 'line' } },
+          defaults={ thresholds: { mode: 'absolute', steps: [{ color: 'red', value: null }, { color: 'green', value: c.logPartitionsAheadSeconds }] } },
+          overrides=[{ matcher: { id: 'byFrameRefID', options: 'B' }, properties: [{ id: 'unit', value: 'short' }, { id: 'decimals', value: 0 }, { id: 'custom.axisPlacement', value: 'right' }, { id: 'custom.axisLabel', value: 'overflow rows' }, { id: 'custom.thresholdsStyle', value: { mode: 'off' } }] }],
+        ) + at(18, 52, 6, 8),
         timeseries(
           28,
           'State machines: illegal moves and moves already made',

@@ -19,6 +19,13 @@
     local count = std.parseInt(duration[0:n - 1]);
     '%d %s%s' % [count, units[unit], if count == 1 then '' else 's'],
 
+  // A number of seconds in the largest unit that divides it: 86400 → '1 day', 5400 → '90 minutes'.
+  seconds(n)::
+    if n % 86400 == 0 then self.words('%dd' % (n / 86400))
+    else if n % 3600 == 0 then self.words('%dh' % (n / 3600))
+    else if n % 60 == 0 then self.words('%dm' % (n / 60))
+    else self.words('%ds' % n),
+
   // 0.25 → '25', to one decimal at most (0.125 → '12.5').
   percent(share)::
     local tenths = std.floor(share * 1000 + 0.5);  // jsonnet 0.18 has no std.round

@@ -82,6 +82,18 @@ impl Application {
         }
         let shown = redact_url(&settings.database.url);
         let store = open_store(&settings).await?;
+        // A log whose partitions cannot be made now (a lock held past its bound, a right
+        // missing) still takes every row (the overflow partition, or the plain table); the
+        // archive job tries again and the alerts on the partitions say so.
+        let now = crate::clock::now_ms();
+        if let Err(e) =
+            crate::archive::prepare_log(&store, &settings.archive, &settings.consumer.instance, now).await
+        {
+            tracing::warn!(
+                error = %e,
+                "could not prepare the delivery log's partitions at start; the archive job tries again"
+            );
+        }
         // The gate first: it refuses a route to no handler before anything else is made.
         let gate_store = gate_store(&settings, &store)
             .await

@@ -105,7 +105,14 @@ impl Target {
 /// The tables a pass of `kind` walks, in order.
 pub(crate) async fn targets(store: &Store, kind: RunKind) -> Result<Vec<&'static Target>, sqlx::Error> {
     Ok(match kind {
-        RunKind::Log => vec![Target::of(kind, "delivery_log")],
+        // A partitioned log's days are dropped whole; only its `before` and overflow partitions
+        // are deleted row by row.
+        RunKind::Log => crate::delivery_log::partitions::shape(store)
+            .await?
+            .row_wise_tables(store.backend())
+            .iter()
+            .map(|t| Target::of(kind, t))
+            .collect(),
         RunKind::Dedup => {
             crate::layout::current(store).await?.tables().iter().map(|t| Target::of(kind, t)).collect()
         }

@@ -36,6 +36,7 @@ pub use runs::{RunKind, RunStatus, StartedBy};
 pub use schedule::ArchiveScheduler;
 pub use settings::ArchiveSettings;
 
+use crate::delivery_log::partitions::{self, Step};
 use crate::store::Store;
 use batch::{Interrupt, Walk};
 
@@ -58,6 +59,10 @@ pub struct ArchiveOptions {
     /// This process, in the lease and the run rows.
     pub instance_id: String,
     pub started_by: StartedBy,
+    /// Move a plain delivery log to partitions by day (PostgreSQL, MySQL/MariaDB;
+    /// [`crate::delivery_log::partitions`]). A partitioned log gets its partitions ahead and its
+    /// retention by partition either way.
+    pub partition_log: bool,
     /// Stop short to show what a crash leaves; [`Fault::None`] outside tests.
     pub fault: Fault,
 }
@@ -80,8 +85,13 @@ pub enum Fault {
 pub struct PassReport {
     pub run_id: Option<i64>,
     pub cutoff_ms: i64,
-    /// Rows moved to the archive (claims) or deleted (log rows).
+    /// Rows moved to the archive (claims) or deleted one by one (log rows).
     pub rows: u64,
+    /// Log only: the day partitions dropped whole, and the rows the catalog estimated they held.
+    pub dropped_partitions: Vec<String>,
+    pub dropped_rows_estimate: u64,
+    /// Log only: what this run did to move a plain log to partitions, step by step.
+    pub partition_steps: Vec<String>,
     pub batches: u64,
     /// Claims already in the archive, kept once.
     pub already_archived: u64,
@@ -199,6 +209,13 @@ pub async fn archive_observed(
     let dedup = run.pass(RunKind::Dedup, dedup_cutoff, observe).await;
     let log = match (&dedup, log_cutoff) {
         (Ok(_), Some(cutoff)) => Some(run.pass(RunKind::Log, cutoff, observe).await),
+        (Ok(_), None) => {
+            // The log is kept whole, but a partitioned one still needs its days ahead.
+            if let Err(e) = run.log_partitions(None, &mut PassReport::default()).await {
+                tracing::warn!(error = %e, "could not make the delivery log's partitions ahead");
+            }
+            None
+        }
         _ => None,
     };
     if matches!(dedup, Err(ArchiveError::Crashed)) {
@@ -208,6 +225,76 @@ pub async fn archive_observed(
         tracing::warn!(error = %e, "could not release the archive lease; it will expire");
     }
     Ok(ArchiveReport { outcome: ArchiveOutcome::Done, dedup: dedup?, log: log.transpose()? })
+}
+
+/// A plain log with fewer rows than this is moved to partitions when the service starts; a
+/// bigger one by the archive job, a step at a time.
+pub const MOVE_AT_START_ROWS: i64 = 100_000;
+
+/// At start, on PostgreSQL and MySQL/MariaDB, holding the archive lease: a plain log of fewer
+/// than [`MOVE_AT_START_ROWS`] rows is moved to partitions by day (with `partition_log`), and a
+/// partitioned one gets its days ahead. Nothing when another instance holds the lease (it does
+/// the same, or its archive run does).
+pub async fn prepare_log(
+    store: &Store,
+    settings: &ArchiveSettings,
+    instance_id: &str,
+    now_ms: i64,
+) -> Result<(), ArchiveError> {
+    if store.backend() == crate::store::Backend::Sqlite {
+        return Ok(());
+    }
+    let db = |source| ArchiveError::Database { kind: RunKind::Log, source };
+    let mut options = settings.options(instance_id, StartedBy::Command);
+    if options.partition_log && partitions::shape(store).await.map_err(db)? == partitions::Shape::Plain {
+        let rows = partitions::rows_up_to(store, MOVE_AT_START_ROWS).await.map_err(db)?;
+        if rows >= MOVE_AT_START_ROWS {
+            tracing::warn!(
+                rows_at_least = rows,
+                "the delivery log is plain and large: the archive job moves it to partitions by day, a step per run, \
+                 while consumers write (docs/operations.md, The partitioned log)"
+            );
+            options.partition_log = false;
+        }
+    }
+    let holder = format!("{instance_id}/start/{:08x}", rand::random::<u32>());
+    let ttl_ms = i64::try_from(options.lease_ttl.as_millis()).unwrap_or(i64::MAX / 4);
+    let Ok(lease) =
+        Lease::acquire(store, ARCHIVE_LEASE, &holder, now_ms, ttl_ms, i64::MAX).await.map_err(db)?
+    else {
+        return Ok(());
+    };
+    let clock = Clock { start_ms: now_ms, started: Instant::now() };
+    let run = Run { store, options: &options, clock: &clock, lease: &lease, ttl_ms, started: Instant::now() };
+    let mut report = PassReport::default();
+    let done = run.log_partitions(None, &mut report).await;
+    if let Err(e) = lease.release(store).await {
+        tracing::warn!(error = %e, "could not release the archive lease; it will expire");
+    }
+    if !report.partition_steps.is_empty() {
+        tracing::info!(steps = ?report.partition_steps, "moved the delivery log to partitions by day");
+    }
+    done
+}
+
+/// What a finished pass's row says besides its counts: the log's partitions dropped and moved,
+/// and whether the time budget left work for the next run.
+fn pass_note(report: &PassReport) -> Option<String> {
+    let mut parts = Vec::new();
+    if !report.dropped_partitions.is_empty() {
+        parts.push(format!(
+            "dropped the log partitions {} (about {} rows, the catalog's estimate, counted in the rows)",
+            report.dropped_partitions.join(", "),
+            report.dropped_rows_estimate
+        ));
+    }
+    if !report.partition_steps.is_empty() {
+        parts.push(format!("moving the log to partitions by day: {}", report.partition_steps.join("; ")));
+    }
+    if report.budget_exhausted {
+        parts.push("stopped at archive.max_run_seconds with work left; the next run continues".to_owned());
+    }
+    (!parts.is_empty()).then(|| parts.join(". "))
 }
 
 /// Another instance holds the lease: record the passes as skipped.
@@ -294,16 +381,31 @@ impl Run<'_> {
         .map_err(db)?;
         let mut report = PassReport { run_id: Some(id), cutoff_ms, ..Default::default() };
         let pass_started = Instant::now();
-        let result = self.batches(kind, cutoff_ms, &mut report, observe).await;
+        let mut result = Ok(());
+        if kind == RunKind::Log {
+            result = self.log_partitions(Some(cutoff_ms), &mut report).await;
+        }
+        if result.is_ok() {
+            result = self.batches(kind, cutoff_ms, &mut report, observe).await;
+        }
         report.elapsed = pass_started.elapsed();
-        let (rows, batches) = (report.rows as i64, report.batches as i64);
+        let rows = (report.rows + report.dropped_rows_estimate) as i64;
+        let batches = report.batches as i64;
         let finished = match &result {
             Err(ArchiveError::Crashed) => return Err(ArchiveError::Crashed),
             Ok(()) => {
-                let note = report
-                    .budget_exhausted
-                    .then_some("stopped at archive.max_run_seconds with rows left; the next run continues");
-                runs::finish(store, id, RunStatus::Success, self.clock.now(), rows, batches, None, note).await
+                let note = pass_note(&report);
+                runs::finish(
+                    store,
+                    id,
+                    RunStatus::Success,
+                    self.clock.now(),
+                    rows,
+                    batches,
+                    None,
+                    note.as_deref(),
+                )
+                .await
             }
             Err(e) => {
                 let error = e.to_string();
@@ -323,6 +425,82 @@ impl Run<'_> {
         result?;
         finished.map_err(db)?;
         Ok(report)
+    }
+
+    /// The log's partitions: a plain log moved a step at a time (within the time budget, when
+    /// `partition_log` is on), the days ahead made, and with a `cutoff_ms` the expired days
+    /// dropped. What it did goes into `report`.
+    async fn log_partitions(
+        &self,
+        cutoff_ms: Option<i64>,
+        report: &mut PassReport,
+    ) -> Result<(), ArchiveError> {
+        let (store, o) = (self.store, self.options);
+        let db = |source| ArchiveError::Database { kind: RunKind::Log, source };
+        if store.backend() == crate::store::Backend::Sqlite {
+            return Ok(());
+        }
+        if o.partition_log {
+            loop {
+                if self.started.elapsed() >= o.time_budget {
+                    report.budget_exhausted = true;
+                    return Ok(());
+                }
+                self.renew().await?;
+                let step = self.keeping_lease(partitions::convert_step(store, self.clock.now())).await?;
+                match step.map_err(db)? {
+                    Step::Done => break,
+                    Step::More(what) => {
+                        tracing::info!(step = %what, "moving the delivery log to partitions by day");
+                        report.partition_steps.push(what);
+                    }
+                    Step::Waiting(what) => {
+                        tracing::info!(waiting = %what, "the delivery log's move to partitions waits");
+                        report.partition_steps.push(what);
+                        report.budget_exhausted = true;
+                        return Ok(());
+                    }
+                }
+            }
+        }
+        let made = partitions::ensure_ahead(store, self.clock.now()).await.map_err(db)?;
+        if !made.is_empty() {
+            tracing::info!(partitions = ?made, "made the delivery log's partitions ahead");
+        }
+        if let Some(cutoff_ms) = cutoff_ms {
+            self.renew().await?;
+            let dropped = partitions::drop_expired(store, cutoff_ms).await.map_err(db)?;
+            report.dropped_rows_estimate = u64::try_from(dropped.estimated_rows).unwrap_or(0);
+            report.dropped_partitions = dropped.partitions;
+        }
+        Ok(())
+    }
+
+    /// Renews the lease, or says who took it.
+    async fn renew(&self) -> Result<(), ArchiveError> {
+        let store = self.store;
+        let db = |source| ArchiveError::Database { kind: RunKind::Log, source };
+        if self.lease.renew(store, self.clock.now(), self.ttl_ms).await.map_err(db)? {
+            return Ok(());
+        }
+        let holder = match lease::holder(store, ARCHIVE_LEASE).await {
+            Ok(Some(held)) => held.holder,
+            _ => String::new(),
+        };
+        Err(ArchiveError::LeaseLost { holder })
+    }
+
+    /// Runs `work` (one long statement: an index built, a table validated), renewing the lease
+    /// every third of its time meanwhile.
+    async fn keeping_lease<T>(&self, work: impl std::future::Future<Output = T>) -> Result<T, ArchiveError> {
+        let every = Duration::from_millis(u64::try_from(self.ttl_ms / 3).unwrap_or(1_000).max(1_000));
+        tokio::pin!(work);
+        loop {
+            tokio::select! {
+                done = &mut work => return Ok(done),
+                () = tokio::time::sleep(every) => self.renew().await?,
+            }
+        }
     }
 
     async fn batches(
@@ -446,6 +624,23 @@ pub async fn dry_run(store: &Store, options: &ArchiveOptions, now_ms: i64) -> Re
                 statements = batch::explain(store, target, cutoff_ms, explained, options.batch_size)
                     .await
                     .map_err(db)?;
+            }
+        }
+        if kind == RunKind::Log {
+            // A partitioned log drops its expired days whole: no row is read.
+            let shape = partitions::shape(store).await.map_err(db)?;
+            for p in shape.partitions().iter().filter(|p| p.to_ms().is_some_and(|to| to <= cutoff_ms)) {
+                let drop = match store.backend() {
+                    crate::store::Backend::MySql => {
+                        format!("ALTER TABLE delivery_log DROP PARTITION {}", p.name)
+                    }
+                    _ => format!("DROP TABLE {}", p.name),
+                };
+                rows += p.estimated_rows;
+                statements.push((
+                    drop,
+                    vec![format!("the whole partition, about {} rows by the catalog", p.estimated_rows)],
+                ));
             }
         }
         passes.push(PassPlan { kind, cutoff_ms, rows, ids, statements, tables: targets.len() });

@@ -46,6 +46,10 @@ pub struct ArchiveSettings {
     /// `IDEMGATE_ARCHIVE__LATE_DUPLICATE_GUARD`: on every fresh claim, also look the key up in
     /// the archive; a hit is skipped as a `late_duplicate`.
     pub late_duplicate_guard: bool,
+    /// `IDEMGATE_ARCHIVE__PARTITION_LOG`: on PostgreSQL and MariaDB/MySQL, move a plain
+    /// delivery log to partitions by day (while consumers write), so that retention drops a day
+    /// at a time. Off, a plain log stays plain; a partitioned one is kept partitioned either way.
+    pub partition_log: bool,
 }
 
 /// Daily at 03:00 UTC.
@@ -69,6 +73,7 @@ impl Default for ArchiveSettings {
             // commit log, so %DLQ%, 72 hours (fileReservedTime).
             replay_horizon_hours: 72,
             late_duplicate_guard: false,
+            partition_log: true,
         }
     }
 }
@@ -123,6 +128,7 @@ impl ArchiveSettings {
             lease_ttl: Duration::from_secs(self.lease_seconds),
             instance_id: instance_id.to_owned(),
             started_by,
+            partition_log: self.partition_log,
             fault: Fault::None,
         }
     }

@@ -683,17 +683,61 @@ impl TallyKind {
 struct Branch {
     kind: TallyKind,
     label: &'static str,
+    /// The rows it picks, for counting a few rows read at once ([`Tallies::read`]).
+    pick: Pick,
     condition: String,
     order: &'static str,
     limit: i64,
 }
 
+/// Which rows a [`Branch`] picks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Pick {
+    Every,
+    Outcome(Outcome),
+    Cause(DuplicateCause),
+    /// The duplicates of a cause whose body differs from the claim's.
+    Collision(DuplicateCause),
+}
+
+impl Pick {
+    fn picks(self, row: &Sampled) -> bool {
+        let duplicate_of = |c: DuplicateCause| {
+            row.outcome == Outcome::Duplicate.as_str() && row.cause.as_deref() == Some(c.as_str())
+        };
+        match self {
+            Self::Every => true,
+            Self::Outcome(o) => row.outcome == o.as_str(),
+            Self::Cause(c) => duplicate_of(c),
+            Self::Collision(c) => duplicate_of(c) && row.payload_match == Some(0),
+        }
+    }
+}
+
+/// A delivery of the scope as [`Tallies::read`] counts it.
+struct Sampled {
+    outcome: String,
+    cause: Option<String>,
+    payload_match: Option<i16>,
+    logged_at_ms: i64,
+}
+
+/// The most deliveries of a scope counted from the rows themselves; a scope with more is counted
+/// branch by branch.
+const SAMPLED: usize = 200;
+
 /// One statement of counts over a scope's deliveries: a `UNION ALL` of [`Branch`]es, each a
 /// range of one index read up to its limit, so that the statement costs at most its branches
 /// times [`COUNT_LIMIT`] index entries, whatever the key's size. Each row names its branch.
+///
+/// Most scopes hold a few deliveries: [`Tallies::read`] first reads up to [`SAMPLED`] of them in
+/// one range (`sample`) and counts them here. On the log partitioned by day, every branch is a
+/// read of every day's index, and planning the branches of every day costs more than reading a
+/// few rows; only a scope with more deliveries than that (a hot key) runs the branches.
 struct Tallies {
     branches: Vec<Branch>,
     sql: Sql,
+    sample: Sql,
 }
 
 /// One row of a [`Tallies`] statement.
@@ -711,11 +755,19 @@ impl Tallies {
     /// and the oldest and newest delivery.
     fn summary(source: &'static str, scope: &'static str) -> Self {
         let counted = i64::try_from(COUNT_LIMIT + 1).unwrap_or(i64::MAX);
-        let branch =
-            |kind, label, condition: String| Branch { kind, label, condition, order: "", limit: counted };
+        let branch = |kind, label, pick, condition: String| Branch {
+            kind,
+            label,
+            pick,
+            condition,
+            order: "",
+            limit: counted,
+        };
         let mut branches: Vec<Branch> = Outcome::ALL
             .iter()
-            .map(|o| branch(TallyKind::Outcome, o.as_str(), format!(" AND outcome = '{o}'")))
+            .map(|o| {
+                branch(TallyKind::Outcome, o.as_str(), Pick::Outcome(*o), format!(" AND outcome = '{o}'"))
+            })
             .collect();
         // No branch asks for a cause IS NULL: the gate names a cause for every duplicate, and
         // a planner without statistics may read such a branch by delivery_log_key, filtering
@@ -724,10 +776,11 @@ impl Tallies {
         let duplicate = Outcome::Duplicate.as_str();
         for cause in DuplicateCause::ALL {
             let is = format!(" AND outcome = '{duplicate}' AND cause = '{cause}'");
-            branches.push(branch(TallyKind::Cause, cause.as_str(), is.clone()));
+            branches.push(branch(TallyKind::Cause, cause.as_str(), Pick::Cause(*cause), is.clone()));
             branches.push(branch(
                 TallyKind::Collision,
                 cause.as_str(),
+                Pick::Collision(*cause),
                 format!("{is} AND payload_match = 0"),
             ));
         }
@@ -738,13 +791,26 @@ impl Tallies {
     /// A candidate key's figures: its deliveries, the oldest and the newest.
     fn figures(source: &'static str, scope: &'static str) -> Self {
         let counted = i64::try_from(COUNT_LIMIT + 1).unwrap_or(i64::MAX);
-        let all =
-            Branch { kind: TallyKind::All, label: "", condition: String::new(), order: "", limit: counted };
+        let all = Branch {
+            kind: TallyKind::All,
+            label: "",
+            pick: Pick::Every,
+            condition: String::new(),
+            order: "",
+            limit: counted,
+        };
         Self::new(source, scope, std::iter::once(all).chain(Self::ends()).collect())
     }
 
     fn ends() -> [Branch; 2] {
-        let end = |kind, order| Branch { kind, label: "", condition: String::new(), order, limit: 1 };
+        let end = |kind, order| Branch {
+            kind,
+            label: "",
+            pick: Pick::Every,
+            condition: String::new(),
+            order,
+            limit: 1,
+        };
         [
             end(TallyKind::First, " ORDER BY logged_at_ms, id"),
             end(TallyKind::Last, " ORDER BY logged_at_ms DESC, id DESC"),
@@ -767,7 +833,37 @@ impl Tallies {
             })
             .collect::<Vec<_>>()
             .join(" UNION ALL ");
-        Self { branches, sql: Sql::new(Box::leak(text.into_boxed_str())) }
+        let sample =
+            format!("SELECT outcome, cause, payload_match, logged_at_ms FROM {source} WHERE {scope} LIMIT ?");
+        Self {
+            branches,
+            sql: Sql::new(Box::leak(text.into_boxed_str())),
+            sample: Sql::new(Box::leak(sample.into_boxed_str())),
+        }
+    }
+
+    /// The statement that reads up to [`SAMPLED`] deliveries of `scope`, and one more.
+    fn sample_statement(&'static self, name: &'static str, scope: Scope<'_>) -> Bound {
+        let mut args = scope.args();
+        args.push(Arg::Int(i64::try_from(SAMPLED + 1).unwrap_or(i64::MAX)));
+        Bound::new(name, &self.sample, args)
+    }
+
+    /// The tallies of `rows`, one per branch, as the branches' statement would give them.
+    fn count(&self, rows: &[Sampled]) -> Vec<Tally> {
+        self.branches
+            .iter()
+            .map(|b| {
+                let times = rows.iter().filter(|r| b.pick.picks(r)).map(|r| r.logged_at_ms);
+                let (first, last) = (times.clone().min(), times.clone().max());
+                let (count, first_ms, last_ms) = match b.kind {
+                    TallyKind::First => (usize::from(first.is_some()), first, first),
+                    TallyKind::Last => (usize::from(last.is_some()), last, last),
+                    _ => (times.count(), first, last),
+                };
+                Tally { kind: b.kind, label: b.label.to_owned(), count, first_ms, last_ms }
+            })
+            .collect()
     }
 
     /// The statement with its values for `scope`.
@@ -778,6 +874,21 @@ impl Tallies {
     }
 
     async fn read(&'static self, store: &Store, scope: Scope<'_>) -> Result<Vec<Tally>, sqlx::Error> {
+        let sampled = self.sample_statement("sample", scope).query(store).fetch_all(store.pool()).await?;
+        if sampled.len() <= SAMPLED {
+            let rows = sampled
+                .iter()
+                .map(|r| {
+                    Ok(Sampled {
+                        outcome: r.try_get(0)?,
+                        cause: r.try_get(1)?,
+                        payload_match: r.try_get(2)?,
+                        logged_at_ms: r.try_get(3)?,
+                    })
+                })
+                .collect::<Result<Vec<_>, sqlx::Error>>()?;
+            return Ok(self.count(&rows));
+        }
         let rows = self.statement("tallies", scope).query(store).fetch_all(store.pool()).await?;
         rows.iter()
             .map(|r| {
@@ -974,6 +1085,7 @@ pub fn statements(key: &KeyRef, around_ms: i64) -> Vec<Bound> {
     vec![
         first_key(&key.biz_id),
         next_key(key),
+        OF_KEY.tallies.sample_statement("summary of a few", scope),
         OF_KEY.tallies.statement("summary", scope),
         OF_KEY.figures.statement("figures", scope),
         scope.page(PageAt::Oldest),
@@ -994,6 +1106,7 @@ pub fn statements_by_trace_id(trace_id: &str, keyless: &KeyRef) -> Vec<Bound> {
             &LOG_KEYS_BY_TRACE_ID,
             vec![Arg::Text(trace_id.to_owned()), Arg::Int(read)],
         ),
+        OF_TRACE_ID.tallies.sample_statement("summary of a few", scope),
         OF_TRACE_ID.tallies.statement("summary", scope),
         scope.page(PageAt::Oldest),
     ]
@@ -1386,6 +1499,41 @@ mod tests {
         add(TallyKind::First, "", &all);
         add(TallyKind::Last, "", &all);
         out
+    }
+
+    #[test]
+    fn a_few_rows_counted_here_give_the_tallies_the_branches_would() {
+        use DuplicateCause::{ProducerResend, Redelivery};
+        let row = |outcome: Outcome, cause: Option<DuplicateCause>, matched: Option<i16>, at| Sampled {
+            outcome: outcome.as_str().to_owned(),
+            cause: cause.map(|c| c.as_str().to_owned()),
+            payload_match: matched,
+            logged_at_ms: at,
+        };
+        let rows = [
+            row(Outcome::Failed, None, None, 5),
+            row(Outcome::Processed, None, None, 7),
+            row(Outcome::Duplicate, Some(Redelivery), Some(1), 9),
+            row(Outcome::Duplicate, Some(ProducerResend), Some(0), 3),
+        ];
+        let summary = Tallies::summary("delivery_log", of_key!());
+        let counted = summary.count(&rows);
+        assert_eq!(counted.len(), summary.branches.len(), "one tally per branch, as the statement gives");
+        let find = |kind, label: &str| counted.iter().find(|t| t.kind == kind && t.label == label).unwrap();
+        let failed = find(TallyKind::Outcome, "failed");
+        assert_eq!((failed.count, failed.first_ms, failed.last_ms), (1, Some(5), Some(5)));
+        let duplicates = find(TallyKind::Outcome, "duplicate");
+        assert_eq!((duplicates.count, duplicates.first_ms, duplicates.last_ms), (2, Some(3), Some(9)));
+        assert_eq!(find(TallyKind::Cause, "redelivery").count, 1);
+        assert_eq!(find(TallyKind::Collision, "redelivery").count, 0);
+        let collision = find(TallyKind::Collision, "producer_resend");
+        assert_eq!((collision.count, collision.first_ms), (1, Some(3)));
+        assert_eq!(find(TallyKind::Outcome, "dead_lettered").first_ms, None, "none: no time");
+        let (first, last) = (find(TallyKind::First, ""), find(TallyKind::Last, ""));
+        assert_eq!((first.count, first.first_ms, last.count, last.last_ms), (1, Some(3), 1, Some(9)));
+        let figures = Tallies::figures("delivery_log", of_key!()).count(&rows);
+        assert_eq!(figures[0].count, 4);
+        assert!(Tallies::figures("delivery_log", of_key!()).count(&[]).iter().all(|t| t.count == 0));
     }
 
     #[test]

@@ -493,6 +493,8 @@ fn the_panels_cover_every_metric_of_the_service() {
         "idemgate_archive_rows_moved_total",
         "idemgate_archive_last_success_timestamp_seconds",
         "idemgate_archive_last_run_duration_seconds",
+        "idemgate_delivery_log_partitions_ahead_seconds",
+        "idemgate_delivery_log_overflow_rows",
         "idemgate_reconcile_anomalies",
         "idemgate_reconcile_last_run_timestamp_seconds",
         "idemgate_duplicate_ratio",

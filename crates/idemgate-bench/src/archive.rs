@@ -159,6 +159,8 @@ pub(crate) async fn run(options: &Options, mut progress: impl FnMut(&str)) -> an
             lease_ttl: Duration::from_secs(600),
             instance_id: "bench".to_owned(),
             started_by: StartedBy::Command,
+            // Claims only: the log keeps its shape.
+            partition_log: false,
             fault: Fault::None,
         };
 

@@ -2,10 +2,11 @@
 //! log's retention cost as the tables grow to production size.
 //!
 //! On a scratch database per backend (PostgreSQL, MySQL/MariaDB) the gate is first measured on
-//! the empty tables. Then the claim table is filled to each of `--sizes` in turn, with two
-//! delivery-log rows per claim, all spread over the 90 days of the dedup retention. The rows are
-//! made by the server, a million per statement, and never pass through the gate. Their shape is
-//! production's:
+//! the empty tables. Then the claim table is filled to each of `--sizes` in turn, spread over
+//! the 90 days of the dedup retention; the claims of the last `--log-days` (the log's retention,
+//! 14 by default) get two delivery-log rows each, at their time, in the log partitioned by day
+//! as the service keeps it. The rows are made by the server, a million per statement, and never
+//! pass through the gate. Their shape is production's:
 //! - bizIds that grow with time, as snowflake or sequence ids do;
 //! - RocketMQ msgIds and UNIQ_KEYs (32 hex digits), SHA-256-long payload hashes;
 //! - a W3C trace id on one delivery in four;
@@ -19,11 +20,18 @@
 //!   new orders' ids do. Beside it, the naive select-then-insert pattern over the same kind of
 //!   stream, and its own ratio;
 //! - the trace page's lookup of random keys of the step, p50 and p99;
-//! - a reconcile pass over one day;
+//! - a reconcile pass over one day of the log;
 //! - archiving the oldest day of claims, alone: rows/s and the WAL (redo log) it writes;
 //! - archiving the next day while the gate runs beside it: the gate's p99 against its run at
 //!   this size with no archive;
-//! - the log's retention of the oldest day: rows/s, the WAL, and the table's size after.
+//! - the log's retention, on the log partitioned by day as the service keeps it: the oldest day
+//!   deleted row by row as on a plain log (`DELETE … LIMIT 5000` until none is left: rows/s, the
+//!   WAL, the bytes it leaves), then the next day dropped as the archive job drops it (its time,
+//!   its WAL, the bytes after).
+//!
+//! The log is partitioned before anything is written, with a day partition for each day of its
+//! retention, made day by day as the archive job makes them; each fill after the first gives log
+//! rows to the days still there.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
@@ -34,8 +42,9 @@ use sqlx::{AssertSqlSafe, Row};
 
 use super::gate::{self, GROUP};
 use super::{Percentiles, cores, create_digits, share};
-use idemgate::archive::{ArchiveOptions, ArchiveSettings, PassReport, StartedBy, archive_once};
+use idemgate::archive::{ArchiveOptions, ArchiveSettings, PassReport, StartedBy, archive_once, prepare_log};
 use idemgate::delivery::Delivery;
+use idemgate::delivery_log::partitions::{self, Bound, Partition};
 use idemgate::gate::{Gate, GroupSettings, Identity, Policy};
 use idemgate::inspect::Limits;
 use idemgate::inspect::trace::{self, Answer, SearchBy, TraceContext, TraceQuery};
@@ -79,6 +88,10 @@ pub struct Options {
     /// Timed trace lookups per step.
     #[arg(long, default_value_t = 500)]
     pub lookups: usize,
+    /// The days the delivery log keeps (the shipped `archive.log_retention_days`): the claims of
+    /// the last this many days have their two log rows, one day partition each.
+    #[arg(long, default_value_t = 14)]
+    pub log_days: i64,
     /// Leave each backend's filled database in place and print its URL, to study its plans and
     /// sizes. Drop the database by hand afterwards.
     #[arg(long)]
@@ -111,6 +124,11 @@ impl Options {
             self.concurrency
         );
         anyhow::ensure!(self.lookups > 0, "--lookups must be at least 1");
+        anyhow::ensure!(
+            (4..=SPAN_DAYS).contains(&self.log_days),
+            "--log-days must be from 4 to {SPAN_DAYS}, not {}",
+            self.log_days
+        );
         Ok(())
     }
 }
@@ -120,9 +138,10 @@ impl Options {
 pub(crate) async fn command(options: Options) -> anyhow::Result<()> {
     options.check()?;
     println!(
-        "bench volume: sizes {:?} claims (two log rows each, over {SPAN_DAYS} days), gate: {} stock.deduct \
+        "bench volume: sizes {:?} claims over {SPAN_DAYS} days (two log rows each for the last {} days), gate: {} stock.deduct \
          messages, {:.0}% duplicates, {} in flight, group commit (batch path); {} trace lookups; {} cores",
         options.sizes,
+        options.log_days,
         options.messages,
         options.duplicates * 100.0,
         options.concurrency,
@@ -147,6 +166,8 @@ pub(crate) async fn command(options: Options) -> anyhow::Result<()> {
         "Bytes per row, each part (heap is the table itself; on MySQL/MariaDB the clustered PRIMARY):\n"
     );
     println!("{}", bytes_table(&reports));
+    println!("The reads of the log, as planned at the last step:\n");
+    println!("{}", plans_table(&reports));
     if let Some(last) = reports.iter().rfind(|s| !s.claim_columns.is_empty()) {
         println!(
             "The claim's columns on PostgreSQL at {} claims, mean stored bytes (pg_stats.avg_width):\n",
@@ -183,10 +204,30 @@ pub(crate) struct Step {
     pub beside_archive: GateRun,
     /// The gate's p99 at this size with no archive running.
     pub idle_p99_us: u64,
+    /// The oldest day deleted row by row, as on a plain log.
+    pub row_wise: Pass,
+    /// The next day dropped whole, by the archive job.
     pub retention: Pass,
-    /// The log's heap and indexes before and after the retention pass.
+    /// The log's heap and indexes before the retention, after the row-wise delete and after
+    /// the drop.
     pub log_bytes_before: i64,
+    pub log_bytes_row_wise: i64,
     pub log_bytes_after: i64,
+    /// How each read of the log is planned at this size: its statement, the partitions it
+    /// reads, their indexes, and the partitions it scans whole.
+    pub plans: Vec<PlanSummary>,
+}
+
+/// One statement's reads of the partitioned log.
+#[derive(Debug, Clone)]
+pub(crate) struct PlanSummary {
+    pub statement: String,
+    /// Partitions of the log read (holding rows, and empty).
+    pub partitions: usize,
+    pub empty: usize,
+    pub indexes: Vec<String>,
+    /// Reads of a partition holding rows that scan it whole or walk a whole index.
+    pub whole: Vec<String>,
 }
 
 /// A timed pass of the archive job.
@@ -223,6 +264,14 @@ impl GateRun {
 
 async fn measure(store: &Store, options: &Options, reports: &mut Vec<Step>) -> anyhow::Result<()> {
     let backend = store.backend();
+    // The log as the service keeps it: a partition a day, made over the whole span.
+    let now = idemgate::clock::now_ms();
+    let made = now - (options.log_days + 2) * DAY_MS;
+    prepare_log(store, &ArchiveSettings::default(), "bench", made).await?;
+    // Day by day, as the daily job makes them: one partition each.
+    for day in 1..=options.log_days + 2 {
+        partitions::ensure_ahead(store, made + day * DAY_MS).await?;
+    }
     gate::seed(store).await?;
     create_digits(store).await?;
     let gate = Arc::new(the_gate(store)?);
@@ -247,13 +296,13 @@ async fn measure(store: &Store, options: &Options, reports: &mut Vec<Step>) -> a
         ms(empty.latency.p99_us),
         naive_empty.rate()
     );
-    let ctx = trace_context()?;
+    let ctx = trace_context(options.log_days)?;
     let mut loaded = 0u64;
     for &size in &options.sizes {
         let started = Instant::now();
         let from = keys.fetch_add((size - loaded) as usize, Ordering::Relaxed) as u64;
         let to = from + size - loaded;
-        fill(store, from, to).await?;
+        let logged_from = fill(store, from, to, log_start(store, options.log_days).await?).await?;
         maintain(store).await?;
         let fill = started.elapsed();
         loaded = size;
@@ -266,8 +315,8 @@ async fn measure(store: &Store, options: &Options, reports: &mut Vec<Step>) -> a
 
         let run = gate_run(&gate, store, options, &keys).await?;
         let naive = naive_run(store, options, &keys).await?;
-        let trace = lookups(store, &ctx, from, to, options.lookups).await?;
-        let (reconcile, reconciled_deliveries) = reconcile_day(store).await?;
+        let trace = lookups(store, &ctx, logged_from, to, options.lookups).await?;
+        let (reconcile, reconciled_deliveries) = reconcile_day(store, options.log_days).await?;
 
         // The oldest day alone, then the next one with the gate beside it.
         let now = idemgate::clock::now_ms();
@@ -284,10 +333,13 @@ async fn measure(store: &Store, options: &Options, reports: &mut Vec<Step>) -> a
         second?;
 
         let log_bytes_before = total(&parts(store, "delivery_log").await?);
-        let retention =
-            pass(store, archive_options(i64::MAX / 4, Some((SPAN_DAYS - 1) * DAY_MS)), now).await?;
+        let (oldest, next) = oldest_days(store).await?;
+        let row_wise = delete_row_wise(store, &oldest).await?;
+        let log_bytes_row_wise = total(&parts(store, "delivery_log").await?);
+        let retention = drop_day(store, &next, now).await?;
         let log_bytes_after = total(&parts(store, "delivery_log").await?);
 
+        let plans = log_plans(store, logged_from, options.log_days).await?;
         let idle_p99_us = run.latency.p99_us;
         let step = Step {
             backend,
@@ -307,9 +359,12 @@ async fn measure(store: &Store, options: &Options, reports: &mut Vec<Step>) -> a
             archive,
             beside_archive,
             idle_p99_us,
+            row_wise,
             retention,
             log_bytes_before,
+            log_bytes_row_wise,
             log_bytes_after,
+            plans,
         };
         eprintln!("{}", table(std::slice::from_ref(&step)).lines().last().unwrap_or_default());
         reports.push(step);
@@ -460,10 +515,10 @@ async fn books(store: &Store, distinct: usize) -> anyhow::Result<()> {
     Ok(())
 }
 
-fn trace_context() -> anyhow::Result<TraceContext> {
+fn trace_context(log_days: i64) -> anyhow::Result<TraceContext> {
     Ok(TraceContext {
         limits: Limits { timeout: Duration::from_secs(30) },
-        retention: Some(idemgate::archive::LogRetention::days(SPAN_DAYS as u32)),
+        retention: Some(idemgate::archive::LogRetention::days(log_days as u32)),
         grafana_url: None,
         trace_url_template: None,
         dashboard_url_template: None,
@@ -503,22 +558,28 @@ async fn lookups(
     Ok(Percentiles::of(&mut samples))
 }
 
-/// A reconcile pass over one day in the middle of the span, which must find nothing: every
-/// loaded key has its processed delivery.
-async fn reconcile_day(store: &Store) -> anyhow::Result<(Duration, i64)> {
-    let now = idemgate::clock::now_ms();
-    let since = now - SPAN_DAYS / 2 * DAY_MS;
-    let options = ReconcileOptions {
+/// A reconcile over the day in the middle of the log's days.
+fn one_day(now: i64, log_days: i64) -> ReconcileOptions {
+    let since = now - log_days / 2 * DAY_MS;
+    ReconcileOptions {
         consumer_group: GROUP.to_owned(),
         biz_type: None,
         since_ms: since,
         until_ms: since + DAY_MS,
         stuck_after_ms: DAY_MS / 48,
-        log_retention_ms: SPAN_DAYS * DAY_MS,
+        log_retention_ms: log_days * DAY_MS,
         max_per_kind: 1_000,
         instance_id: "bench".to_owned(),
         started_by: "command".to_owned(),
-    };
+    }
+}
+
+/// A reconcile pass over one day in the middle of the log's days, which must find nothing: every
+/// loaded key has its processed delivery.
+async fn reconcile_day(store: &Store, log_days: i64) -> anyhow::Result<(Duration, i64)> {
+    let now = idemgate::clock::now_ms();
+    let options = one_day(now, log_days);
+    let since = options.since_ms;
     let in_window: i64 = store
         .query(&COUNT_LOG_BETWEEN)
         .bind(since)
@@ -559,6 +620,145 @@ async fn pass(store: &Store, options: ArchiveOptions, now: i64) -> anyhow::Resul
     let left: i64 = store.query(sql).bind(left).fetch_one(store.pool()).await?.try_get(0)?;
     anyhow::ensure!(left == 0, "the archive run left {left} rows past its cutoff");
     Ok(Pass::of(report.log.as_ref().unwrap_or(&report.dedup), wal))
+}
+
+/// The plans of every read of the log the trace page (for the key numbered `n`), the overview
+/// and a reconcile over one day make, now.
+async fn log_plans(store: &Store, n: u64, log_days: i64) -> anyhow::Result<Vec<PlanSummary>> {
+    let now = idemgate::clock::now_ms();
+    let key = idemgate::inspect::trace::KeyRef {
+        consumer_group: GROUP.to_owned(),
+        biz_type: shop::STOCK_DEDUCT.to_owned(),
+        biz_id: format!("D{n:018}"),
+        execute_time: 0,
+    };
+    let mut statements: Vec<(&str, idemgate::store::Bound)> =
+        trace::statements(&key, now).into_iter().map(|b| ("trace", b)).collect();
+    statements.extend(idemgate::inspect::overview::statements(now).into_iter().map(|b| ("overview", b)));
+    let reconcile = one_day(now, log_days);
+    let checks: [idemgate::reconcile::Check; 0] = [];
+    for b in idemgate::reconcile::statements(store, &reconcile, &checks, now).await? {
+        statements.push(("reconcile", b));
+    }
+    let mut out = Vec::new();
+    for (page, statement) in statements {
+        let reads = idemgate_testkit::plan::reads(store, &statement).await?;
+        let log: Vec<_> = reads.iter().filter(|r| r.table == "delivery_log").collect();
+        if log.is_empty() {
+            continue;
+        }
+        let mut indexes: Vec<String> = log.iter().filter_map(|r| r.index.clone()).collect();
+        indexes.sort();
+        indexes.dedup();
+        let whole =
+            log.iter().filter(|r| !r.empty_partition && r.fixed.is_empty()).map(|r| r.to_string()).collect();
+        out.push(PlanSummary {
+            statement: format!("{page}: {}", statement.name),
+            partitions: log.len(),
+            empty: log.iter().filter(|r| r.empty_partition).count(),
+            indexes,
+            whole,
+        });
+    }
+    Ok(out)
+}
+
+/// The plans of the last step of each backend, as a Markdown table.
+pub(crate) fn plans_table(steps: &[Step]) -> String {
+    let mut out = String::from(
+        "| backend | claims | statement | log partitions read (empty) | indexes | whole reads of a partition with rows |\n\
+         |---|---|---|---|---|---|\n",
+    );
+    for backend in [Backend::Postgres, Backend::MySql] {
+        let Some(s) = steps.iter().rfind(|s| s.backend == backend) else { continue };
+        for p in &s.plans {
+            out.push_str(&format!(
+                "| {} | {} | {} | {} ({}) | {} | {} |\n",
+                s.backend,
+                s.claims,
+                p.statement,
+                p.partitions,
+                p.empty,
+                p.indexes.join(", "),
+                if p.whole.is_empty() { "none".to_owned() } else { p.whole.join("; ").replace('|', "/") },
+            ));
+        }
+    }
+    out
+}
+
+/// Where the next fill's log rows start: the midnight `log_days` before now (the first day
+/// partition's start, so that it holds a whole day), or the oldest day partition left by the
+/// retention of the steps before, whichever is later.
+async fn log_start(store: &Store, log_days: i64) -> anyhow::Result<i64> {
+    let span_start = partitions::day_start(idemgate::clock::now_ms() - log_days * DAY_MS);
+    let shape = partitions::shape(store).await?;
+    let oldest = shape.partitions().iter().find_map(|p| match p.bound {
+        Bound::Day { from_ms, .. } => Some(from_ms),
+        _ => None,
+    });
+    Ok(oldest.map_or(span_start, |from| from.max(span_start)))
+}
+
+/// The two oldest day partitions.
+async fn oldest_days(store: &Store) -> anyhow::Result<(Partition, Partition)> {
+    let shape = partitions::shape(store).await?;
+    let mut days = shape.partitions().iter().filter(|p| matches!(p.bound, Bound::Day { .. })).cloned();
+    match (days.next(), days.next()) {
+        (Some(a), Some(b)) => Ok((a, b)),
+        _ => anyhow::bail!("the log has fewer than two day partitions: {shape:?}"),
+    }
+}
+
+/// How one partition is named in a statement.
+fn partition_table(backend: Backend, p: &Partition) -> String {
+    match backend {
+        Backend::MySql => format!("delivery_log PARTITION ({})", p.name),
+        Backend::Postgres | Backend::Sqlite => p.name.clone(),
+    }
+}
+
+/// The rows of `day` deleted as a plain log's retention is usually written: a bounded DELETE of
+/// the oldest rows, again until none is left (MySQL/MariaDB: `DELETE … WHERE logged_at_ms < ?
+/// LIMIT 5000`; PostgreSQL, which has no DELETE … LIMIT: the same through the rows' ctids).
+async fn delete_row_wise(store: &Store, day: &Partition) -> anyhow::Result<Pass> {
+    let backend = store.backend();
+    let cutoff = day.to_ms().unwrap_or(i64::MIN);
+    let statement = match backend {
+        Backend::MySql => format!("DELETE FROM delivery_log WHERE logged_at_ms < {cutoff} LIMIT 5000"),
+        Backend::Postgres | Backend::Sqlite => format!(
+            "DELETE FROM {0} WHERE ctid IN (SELECT ctid FROM {0} WHERE logged_at_ms < {cutoff} LIMIT 5000)",
+            day.name
+        ),
+    };
+    let before = wal_position(store).await?;
+    let started = Instant::now();
+    let mut rows = 0;
+    loop {
+        let deleted =
+            sqlx::query(AssertSqlSafe(statement.clone())).execute(store.pool()).await?.rows_affected();
+        if deleted == 0 {
+            break;
+        }
+        rows += deleted;
+    }
+    let elapsed = started.elapsed();
+    Ok(Pass { rows, elapsed, wal_bytes: wal_since(store, &before).await? })
+}
+
+/// `day` dropped by an archive run whose log cutoff is its end (the row-wise deleted day before
+/// it goes too, and the empty `before` partition): the run's log pass, timed.
+async fn drop_day(store: &Store, day: &Partition, now: i64) -> anyhow::Result<Pass> {
+    let rows = count(store, &partition_table(store.backend(), day)).await?;
+    let cutoff = day.to_ms().unwrap_or(i64::MIN);
+    let before = wal_position(store).await?;
+    let report = archive_once(store, &archive_options(i64::MAX / 4, Some(now - cutoff)), now).await?;
+    let wal_bytes = wal_since(store, &before).await?;
+    let log = report.log.ok_or_else(|| anyhow::anyhow!("the archive run had no log pass"))?;
+    anyhow::ensure!(log.dropped_partitions.contains(&day.name), "{} was not dropped: {log:?}", day.name);
+    let left: i64 = store.query(&LOG_BEFORE).bind(cutoff).fetch_one(store.pool()).await?.try_get(0)?;
+    anyhow::ensure!(left == 0, "the retention left {left} rows past its cutoff");
+    Ok(Pass { rows: u64::try_from(rows).unwrap_or(0) + log.rows, elapsed: log.elapsed, wal_bytes })
 }
 
 static LOG_BEFORE: Sql = Sql::new("SELECT COUNT(*) FROM delivery_log WHERE logged_at_ms < ?");
@@ -603,10 +803,14 @@ async fn maintain(store: &Store) -> anyhow::Result<()> {
     Ok(())
 }
 
+// A partitioned table's (and index's) bytes are its partitions': pg_partition_tree lists them
+// (with the parent, of no bytes of its own), and nothing for a plain table.
 static PG_PARTS: Sql = Sql::new(
-    "SELECT 'heap', CAST(pg_table_size(CAST(? AS regclass)) AS BIGINT) \
+    "SELECT 'heap', CAST(pg_table_size(CAST(? AS regclass)) + COALESCE((SELECT SUM(pg_table_size(t.relid)) \
+     FROM pg_partition_tree(CAST(? AS regclass)) t), 0) AS BIGINT) \
      UNION ALL \
-     SELECT CAST(i.relname AS TEXT), CAST(pg_relation_size(i.oid) AS BIGINT) \
+     SELECT CAST(i.relname AS TEXT), CAST(pg_relation_size(i.oid) + COALESCE((SELECT SUM(pg_relation_size(t.relid)) \
+     FROM pg_partition_tree(i.oid) t), 0) AS BIGINT) \
      FROM pg_index x JOIN pg_class i ON i.oid = x.indexrelid \
      WHERE x.indrelid = CAST(? AS regclass) AND NOT x.indisprimary",
 );
@@ -615,24 +819,26 @@ static PG_PRIMARY: Sql = Sql::new(
      FROM pg_index x JOIN pg_class i ON i.oid = x.indexrelid \
      WHERE x.indrelid = CAST(? AS regclass) AND x.indisprimary",
 );
+// A partitioned table's statistics are its partitions', as `table#P#partition`.
 static MYSQL_PARTS: Sql = Sql::new(
-    "SELECT CAST(index_name AS CHAR), CAST(stat_value * @@innodb_page_size AS SIGNED) \
+    "SELECT CAST(index_name AS CHAR), CAST(SUM(stat_value) * @@innodb_page_size AS SIGNED) \
      FROM mysql.innodb_index_stats \
-     WHERE database_name = DATABASE() AND table_name = ? AND stat_name = 'size' \
-     ORDER BY index_name = 'PRIMARY' DESC, index_name",
+     WHERE database_name = DATABASE() AND (table_name = ? OR table_name LIKE ?) AND stat_name = 'size' \
+     GROUP BY index_name ORDER BY index_name = 'PRIMARY' DESC, index_name",
 );
 
 /// The bytes of `table`'s parts: its heap first (with TOAST on PostgreSQL; the clustered
 /// PRIMARY on MySQL/MariaDB), then each index.
 async fn parts(store: &Store, table: &str) -> anyhow::Result<Vec<(String, i64)>> {
     let rows = if store.backend() == Backend::Postgres {
-        let mut rows = store.query(&PG_PARTS).bind(table).bind(table).fetch_all(store.pool()).await?;
+        let mut rows =
+            store.query(&PG_PARTS).bind(table).bind(table).bind(table).fetch_all(store.pool()).await?;
         let mut primary = store.query(&PG_PRIMARY).bind(table).fetch_all(store.pool()).await?;
         rows.splice(1..1, primary.drain(..));
         rows
     } else {
         sqlx::query(AssertSqlSafe(format!("ANALYZE TABLE {table}"))).fetch_all(store.pool()).await?;
-        store.query(&MYSQL_PARTS).bind(table).fetch_all(store.pool()).await?
+        store.query(&MYSQL_PARTS).bind(table).bind(format!("{table}#P#%")).fetch_all(store.pool()).await?
     };
     rows.iter()
         .map(|r| Ok((r.try_get::<String, _>(0)?, r.try_get::<i64, _>(1)?)))
@@ -741,12 +947,16 @@ fn fill_statements(backend: Backend) -> [String; 2] {
     [claims, log]
 }
 
-/// Fills the tables from `from` claims to `to`, their log rows with them, a million per
-/// statement, spread evenly over the span before now.
-async fn fill(store: &Store, from: u64, to: u64) -> anyhow::Result<()> {
+/// Fills the tables from `from` claims to `to`, a million per statement, spread evenly over the
+/// span before now; the claims from `log_start` on get their log rows. The first claim with log
+/// rows.
+async fn fill(store: &Store, from: u64, to: u64, log_start: i64) -> anyhow::Result<u64> {
     let [claims, log] = fill_statements(store.backend());
     let start = idemgate::clock::now_ms() - SPAN_DAYS * DAY_MS;
     let step = SPAN_DAYS * DAY_MS / (to - from) as i64;
+    // The first claim whose rows are in the log's days (a failed first attempt is logged a
+    // second before its claim).
+    let logged_from = from + u64::try_from((log_start + 1_000 - start + step - 1) / step).unwrap_or(0);
     let (from_i, group, biz_type) = (from as i64, GROUP, shop::STOCK_DEDUCT);
     let mut at = from;
     while at < to {
@@ -762,21 +972,24 @@ async fn fill(store: &Store, from: u64, to: u64) -> anyhow::Result<()> {
             .bind(rows)
             .execute(store.pool())
             .await?;
-        query_built(store.backend(), log.clone())
-            .bind(start)
-            .bind(from_i)
-            .bind(step)
-            .bind(group)
-            .bind(biz_type)
-            .bind(at_i)
-            .bind(rows)
-            .execute(store.pool())
-            .await?;
+        let log_at = at.max(logged_from);
+        if log_at < at + rows as u64 {
+            query_built(store.backend(), log.clone())
+                .bind(start)
+                .bind(from_i)
+                .bind(step)
+                .bind(group)
+                .bind(biz_type)
+                .bind(log_at as i64)
+                .bind((at + rows as u64 - log_at) as i64)
+                .execute(store.pool())
+                .await?;
+        }
         at += rows as u64;
         eprint!("\r  {} filled {} of {} claims", store.backend(), at - from, to - from);
     }
     eprintln!();
-    Ok(())
+    Ok(logged_from.min(to - 1))
 }
 
 fn ms(us: u64) -> f64 {
@@ -790,12 +1003,12 @@ fn per_row(bytes: i64, rows: i64) -> f64 {
 /// The steps as a Markdown table.
 pub(crate) fn table(steps: &[Step]) -> String {
     let mut out = String::from(
-        "| backend | claims | log rows | fill s | B/claim | B/log row | gate msg/s | × empty | gate p99 ms | naive msg/s | × empty | trace p50 / p99 ms | reconcile 1 day s (log rows) | archive 1 day rows/s | archive WAL B/row | gate p99 beside archive ms (× idle) | log retention 1 day rows | s | rows/s | log MB before → after |\n\
-         |---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n",
+        "| backend | claims | log rows | fill s | B/claim | B/log row | gate msg/s | × empty | gate p99 ms | naive msg/s | × empty | trace p50 / p99 ms | reconcile 1 day s (log rows) | archive 1 day rows/s | archive WAL B/row | gate p99 beside archive ms (× idle) | row-wise 1 day: rows | s | rows/s | WAL B/row | partition drop 1 day: rows | s | WAL bytes | log MB before → row-wise → drop |\n\
+         |---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n",
     );
     for s in steps {
         out.push_str(&format!(
-            "| {} | {} | {} | {:.0} | {:.0} | {:.0} | {:.0} | {:.2} | {:.1} | {:.0} | {:.2} | {:.1} / {:.1} | {:.2} ({}) | {:.0} | {:.0} | {:.1} ({:.2}) | {} | {:.2} | {:.0} | {:.0} → {:.0} |\n",
+            "| {} | {} | {} | {:.0} | {:.0} | {:.0} | {:.0} | {:.2} | {:.1} | {:.0} | {:.2} | {:.1} / {:.1} | {:.2} ({}) | {:.0} | {:.0} | {:.1} ({:.2}) | {} | {:.2} | {:.0} | {:.0} | {} | {:.3} | {} | {:.0} → {:.0} → {:.0} |\n",
             s.backend,
             s.claims,
             s.log_rows,
@@ -815,10 +1028,15 @@ pub(crate) fn table(steps: &[Step]) -> String {
             per_row(s.archive.wal_bytes, s.archive.rows as i64),
             ms(s.beside_archive.latency.p99_us),
             s.beside_archive.latency.p99_us as f64 / s.idle_p99_us.max(1) as f64,
+            s.row_wise.rows,
+            s.row_wise.elapsed.as_secs_f64(),
+            s.row_wise.rate(),
+            per_row(s.row_wise.wal_bytes, s.row_wise.rows as i64),
             s.retention.rows,
             s.retention.elapsed.as_secs_f64(),
-            s.retention.rate(),
+            s.retention.wal_bytes,
             s.log_bytes_before as f64 / 1e6,
+            s.log_bytes_row_wise as f64 / 1e6,
             s.log_bytes_after as f64 / 1e6,
         ));
     }
@@ -871,6 +1089,7 @@ mod tests {
             duplicates: 0.3,
             concurrency: 8,
             lookups: 10,
+            log_days: 14,
             keep_database: false,
         }
     }

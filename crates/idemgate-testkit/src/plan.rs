@@ -37,6 +37,9 @@ pub struct Read {
     pub per_row: bool,
     /// The plan's own words for the read, for people.
     pub detail: String,
+    /// A read of a partition that holds no row (a day of the partitioned delivery log not yet
+    /// come): the planner picks whatever costs least on nothing, and it costs nothing.
+    pub empty_partition: bool,
 }
 
 impl Read {
@@ -101,11 +104,44 @@ pub async fn reads(store: &Store, statement: &Bound) -> Result<Vec<Read>, PlanEr
             let mut columns = IndexColumns::default();
             for read in &mut reads {
                 read.fixed = columns.fixed(store, read).await?;
+                partition_root(store, read).await?;
             }
             Ok(reads)
         }
         _ => mysql_reads(&text),
     }
+}
+
+/// A read of a partition (a day of the partitioned delivery log) named as a read of its table,
+/// by the table's own index: the partition is kept in `detail`. PostgreSQL plans each partition
+/// as a table of its own, with indexes named after it.
+async fn partition_root(store: &Store, read: &mut Read) -> Result<(), PlanError> {
+    let root = |name: String| async move {
+        let row = query_built(
+            Backend::Postgres,
+            "SELECT CAST(pg_partition_root(to_regclass(?)) AS TEXT)".to_owned(),
+        )
+        .bind(name)
+        .fetch_one(store.pool())
+        .await?;
+        row.try_get::<Option<String>, _>(0)
+    };
+    let Some(table) = root(read.table.clone()).await?.filter(|t| *t != read.table) else { return Ok(()) };
+    if let Some(index) = read.index.clone() {
+        read.index = Some(root(index.clone()).await?.unwrap_or(index));
+    }
+    // The partition's name is the plan's own (a table this process just read from the catalog).
+    let holds: i64 = sqlx::query(sqlx::AssertSqlSafe(format!(
+        "SELECT COUNT(*) FROM (SELECT 1 FROM \"{}\" LIMIT 1) t",
+        read.table.replace('"', "\"\"")
+    )))
+    .fetch_one(store.pool())
+    .await?
+    .try_get(0)?;
+    read.empty_partition = holds == 0;
+    read.detail = format!("{}: {}", read.table, read.detail);
+    read.table = table;
+    Ok(())
 }
 
 /// A PostgreSQL read before its fixed columns are known: the index condition is kept in
@@ -137,6 +173,7 @@ fn postgres_reads(yaml: &str) -> Result<Vec<Read>, PlanError> {
             fixed: Vec::new(),
             per_row: repeated(&nodes, i),
             detail: if condition.is_empty() { kind.to_owned() } else { format!("{kind}: {condition}") },
+            empty_partition: false,
         });
     }
     Ok(reads)
@@ -300,6 +337,7 @@ fn sqlite_reads(lines: &[(i64, i64, String)]) -> Result<Vec<Read>, PlanError> {
             fixed,
             per_row: correlated(*id) || read_under.contains(parent),
             detail: detail.clone(),
+            empty_partition: false,
         });
         read_under.push(*parent);
     }
@@ -387,6 +425,7 @@ fn mysql_read(table: &serde_json::Value, per_row: bool) -> Option<Read> {
         fixed: if whole { Vec::new() } else { parts },
         per_row,
         detail: if refs.is_empty() { access.to_owned() } else { format!("{access} on {}", refs.join(", ")) },
+        empty_partition: false,
     })
 }
 
@@ -448,6 +487,7 @@ mod tests {
             fixed: fixed.iter().map(|c| (*c).to_owned()).collect(),
             per_row,
             detail: String::new(),
+            empty_partition: false,
         };
         assert!(read(&["consumer_group", "biz_type", "biz_id"], true).is_bounded(&BOUNDS));
         assert!(read(&["outcome", "logged_at_ms"], false).is_bounded(&BOUNDS));

@@ -67,6 +67,7 @@ settings_table! {
         "archive.lease_seconds" => archive_lease_seconds,
         "archive.replay_horizon_hours" => archive_replay_horizon_hours,
         "archive.late_duplicate_guard" => archive_late_duplicate_guard,
+        "archive.partition_log" => archive_partition_log,
         "redis.url" => redis_url,
         "redis.biz_types" => redis_biz_types,
         "redis.ttl_seconds" => redis_ttl_seconds,
@@ -329,6 +330,39 @@ async fn archive_replay_horizon_hours(b: Backend) {
         text.contains("plus archive.replay_horizon_hours 4 d 4 h"),
         "the retention warning names the horizon:\n{text}"
     );
+    app.stop().await;
+}
+
+/// Partitions of the delivery log: how many the catalog lists (none on a plain log).
+async fn log_partitions(app: &TestApp, b: Backend) -> i64 {
+    match b {
+        Backend::Postgres => {
+            app.scalar("SELECT COUNT(*) FROM pg_inherits WHERE inhparent = to_regclass('delivery_log')", &[])
+                .await
+        }
+        Backend::MySql => {
+            app.scalar(
+                "SELECT COUNT(*) FROM information_schema.PARTITIONS WHERE TABLE_SCHEMA = DATABASE() \
+                 AND TABLE_NAME = 'delivery_log' AND PARTITION_NAME IS NOT NULL",
+                &[],
+            )
+            .await
+        }
+        Backend::Sqlite => 0,
+    }
+}
+
+async fn archive_partition_log(b: Backend) {
+    // On: the new database's log is partitioned by day when the service starts (SQLite keeps
+    // the plain table): the `before` partition (through tomorrow), the two days after it and
+    // the overflow.
+    let app = spawn_app(b, |_| {}).await;
+    let expected = if b == Backend::Sqlite { 0 } else { 4 };
+    assert_eq!(log_partitions(&app, b).await, expected, "the log is partitioned on {b}");
+    app.stop().await;
+    // Off: it stays plain.
+    let app = spawn_app(b, |s| s.archive.partition_log = false).await;
+    assert_eq!(log_partitions(&app, b).await, 0, "the log stays plain on {b}");
     app.stop().await;
 }
 

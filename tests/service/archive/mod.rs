@@ -2,6 +2,8 @@
 //! clock, imitated crashes, consumers running beside a run, and two instances racing for one
 //! schedule tick.
 
+mod partitions;
+
 use crate::conformance::support;
 
 use std::collections::BTreeSet;
@@ -64,6 +66,7 @@ fn options(instance: &str, batch_size: u32) -> ArchiveOptions {
         lease_ttl: Duration::from_secs(60),
         instance_id: instance.to_owned(),
         started_by: StartedBy::Command,
+        partition_log: true,
         fault: Fault::None,
     }
 }

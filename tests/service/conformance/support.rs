@@ -61,6 +61,19 @@ impl TestDb {
     }
 }
 
+/// The trace page's context with no links and a 10-second bound: what a test of the trace reads
+/// its answers with.
+pub fn trace_context() -> idemgate::inspect::trace::TraceContext {
+    idemgate::inspect::trace::TraceContext {
+        limits: idemgate::inspect::Limits { timeout: std::time::Duration::from_secs(10) },
+        retention: None,
+        grafana_url: None,
+        trace_url_template: None,
+        dashboard_url_template: None,
+        describers: Default::default(),
+    }
+}
+
 pub fn identity(group: &str, instance: &str) -> Identity {
     Identity { consumer_group: group.to_owned(), instance_id: instance.to_owned() }
 }

@@ -293,7 +293,7 @@ mod cases {
 
     pub async fn trace_archive_and_reconcile_cover_every_shard(backend: Backend) {
         use idemgate::archive::{ArchiveOptions, Fault, StartedBy, archive_once};
-        use idemgate::inspect::trace::{Answer, SearchBy, TraceContext, TraceQuery, trace};
+        use idemgate::inspect::trace::{Answer, SearchBy, TraceQuery, trace};
         let db = TestDb::new(backend).await;
         layout::ensure(&db.store, 4, "test").await.unwrap();
         shop::seed_stock(&db.store, "SKU-SH", 1_000).await.unwrap();
@@ -306,14 +306,7 @@ mod cases {
         assert_eq!(db.scalar(&CLAIMS_IN_VIEW, &["SH-%"]).await, 40);
 
         // Trace: the claim and all three deliveries of a key, wherever its shard.
-        let ctx = TraceContext {
-            limits: idemgate::inspect::Limits { timeout: Duration::from_secs(10) },
-            retention: None,
-            grafana_url: None,
-            trace_url_template: None,
-            dashboard_url_template: None,
-            describers: Default::default(),
-        };
+        let ctx = support::trace_context();
         for id in ["SH-0", "SH-17", "SH-39"] {
             let q = TraceQuery::new(id, SearchBy::BizId, None, None, None).unwrap();
             let Answer::Story { story, .. } = trace(&db.store, &ctx, &q).await.unwrap() else {
@@ -374,6 +367,7 @@ mod cases {
             lease_ttl: Duration::from_secs(60),
             instance_id: "a".to_owned(),
             started_by: StartedBy::Command,
+            partition_log: true,
             fault: Fault::None,
         };
         let run = archive_once(&db.store, &options, later).await.unwrap();

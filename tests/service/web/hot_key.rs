@@ -173,7 +173,10 @@ mod cases {
         let counts = Outcome::ALL.len() + 2 * idemgate::outcome::DuplicateCause::ALL.len();
         for statement in statements(&key, now + 10_000) {
             let reads = plan::reads(store, &statement).await.expect("plan");
-            let log: Vec<_> = reads.iter().filter(|r| r.table == "delivery_log").collect();
+            // A day partition still to come holds nothing; its plan is whatever costs least on
+            // nothing.
+            let log: Vec<_> =
+                reads.iter().filter(|r| r.table == "delivery_log" && !r.empty_partition).collect();
             assert!(!log.is_empty(), "{}: no read of the log in {reads:#?}", statement.name);
             for read in &log {
                 let index = read.index.as_deref().unwrap_or("");

@@ -224,7 +224,10 @@ mod cases {
         let trace_id = format!("{:032x}", 3_001);
         for statement in statements_by_trace_id(&trace_id, &keyless) {
             let reads = plan::reads(store, &statement).await.expect("plan");
-            let log: Vec<_> = reads.iter().filter(|r| r.table == "delivery_log").collect();
+            // A day partition still to come holds nothing; its plan is whatever costs least on
+            // nothing.
+            let log: Vec<_> =
+                reads.iter().filter(|r| r.table == "delivery_log" && !r.empty_partition).collect();
             assert!(!log.is_empty(), "{}: no read of the log in {reads:#?}", statement.name);
             for read in &log {
                 assert_eq!(
