@@ -61,6 +61,9 @@ pub struct Application {
     checks: Vec<Check>,
 }
 
+/// The longest the start waits for the delivery log's partitions ([`crate::archive::prepare_log`]).
+const PREPARE_LOG_LIMIT: Duration = Duration::from_secs(30);
+
 impl Application {
     /// Builds the service `settings` describe, with the configured handlers.
     pub async fn build(settings: &Settings, feed: Feed) -> anyhow::Result<Self> {
@@ -83,16 +86,26 @@ impl Application {
         let shown = redact_url(&settings.database.url);
         let store = open_store(&settings).await?;
         // A log whose partitions cannot be made now (a lock held past its bound, a right
-        // missing) still takes every row (the overflow partition, or the plain table); the
-        // archive job tries again and the alerts on the partitions say so.
+        // missing, a concurrent index build waiting behind a long transaction) still takes every
+        // row (the overflow partition, or the plain table): the start waits for it at most
+        // PREPARE_LOG_LIMIT, then goes on; the archive job tries again and the alerts on the
+        // partitions say so.
         let now = crate::clock::now_ms();
-        if let Err(e) =
-            crate::archive::prepare_log(&store, &settings.archive, &settings.consumer.instance, now).await
-        {
-            tracing::warn!(
+        let prepared = tokio::time::timeout(
+            PREPARE_LOG_LIMIT,
+            crate::archive::prepare_log(&store, &settings.archive, &settings.consumer.instance, now),
+        )
+        .await;
+        match prepared {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => tracing::warn!(
                 error = %e,
                 "could not prepare the delivery log's partitions at start; the archive job tries again"
-            );
+            ),
+            Err(_) => tracing::warn!(
+                limit_s = PREPARE_LOG_LIMIT.as_secs(),
+                "could not prepare the delivery log's partitions at start within its limit; the archive job tries again"
+            ),
         }
         // The gate first: it refuses a route to no handler before anything else is made.
         let gate_store = gate_store(&settings, &store)

@@ -61,9 +61,10 @@ pub const SERVICE_TABLES: [&str; 9] = [
     "reconcile_run",
 ];
 
+// A partitioned table once: its partitions (the delivery log's days) are part of it.
 static TABLES_POSTGRES: Sql = Sql::new(
-    "SELECT CAST(table_name AS TEXT) FROM information_schema.tables \
-     WHERE table_schema = current_schema() AND table_type = 'BASE TABLE'",
+    "SELECT CAST(relname AS TEXT) FROM pg_class \
+     WHERE relnamespace = CAST(current_schema() AS regnamespace) AND relkind IN ('r', 'p') AND NOT relispartition",
 );
 static TABLES_MYSQL: Sql = Sql::new(
     "SELECT CAST(table_name AS CHAR) FROM information_schema.tables \
@@ -160,7 +161,7 @@ impl ScratchDb {
         Store::connect(&self.url, options).await
     }
 
-    /// The names of the database's tables, sorted.
+    /// The names of the database's tables, sorted; a partitioned table once, by its own name.
     pub async fn tables(&self) -> Result<Vec<String>, sqlx::Error> {
         let sql = match self.backend {
             Backend::Postgres => &TABLES_POSTGRES,
