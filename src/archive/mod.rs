@@ -446,7 +446,7 @@ impl Run<'_> {
                     report.budget_exhausted = true;
                     return Ok(());
                 }
-                self.renew().await?;
+                self.renew(RunKind::Log).await?;
                 let step = self.keeping_lease(partitions::convert_step(store, self.clock.now())).await?;
                 match step.map_err(db)? {
                     Step::Done => break,
@@ -468,7 +468,7 @@ impl Run<'_> {
             tracing::info!(partitions = ?made, "made the delivery log's partitions ahead");
         }
         if let Some(cutoff_ms) = cutoff_ms {
-            self.renew().await?;
+            self.renew(RunKind::Log).await?;
             let dropped = partitions::drop_expired(store, cutoff_ms).await.map_err(db)?;
             report.dropped_rows_estimate = u64::try_from(dropped.estimated_rows).unwrap_or(0);
             report.dropped_partitions = dropped.partitions;
@@ -476,10 +476,10 @@ impl Run<'_> {
         Ok(())
     }
 
-    /// Renews the lease, or says who took it.
-    async fn renew(&self) -> Result<(), ArchiveError> {
+    /// Renews the lease, or says who took it; a database error is the `kind` pass's.
+    async fn renew(&self, kind: RunKind) -> Result<(), ArchiveError> {
         let store = self.store;
-        let db = |source| ArchiveError::Database { kind: RunKind::Log, source };
+        let db = |source| ArchiveError::Database { kind, source };
         if self.lease.renew(store, self.clock.now(), self.ttl_ms).await.map_err(db)? {
             return Ok(());
         }
@@ -498,7 +498,7 @@ impl Run<'_> {
         loop {
             tokio::select! {
                 done = &mut work => return Ok(done),
-                () = tokio::time::sleep(every) => self.renew().await?,
+                () = tokio::time::sleep(every) => self.renew(RunKind::Log).await?,
             }
         }
     }
@@ -541,13 +541,7 @@ impl Run<'_> {
             if report.batches > 0 && !o.pause.is_zero() {
                 tokio::time::sleep(o.pause).await;
             }
-            if !self.lease.renew(store, self.clock.now(), self.ttl_ms).await.map_err(db)? {
-                let holder = match lease::holder(store, ARCHIVE_LEASE).await {
-                    Ok(Some(held)) => held.holder,
-                    _ => String::new(),
-                };
-                return Err(ArchiveError::LeaseLost { holder });
-            }
+            self.renew(kind).await?;
             let next = report.batches + 1;
             let interrupt = match o.fault {
                 Fault::DieInsideBatch(n) if kind == RunKind::Dedup && n == next => Interrupt::AfterCopy,
@@ -630,15 +624,9 @@ pub async fn dry_run(store: &Store, options: &ArchiveOptions, now_ms: i64) -> Re
             // A partitioned log drops its expired days whole: no row is read.
             let shape = partitions::shape(store).await.map_err(db)?;
             for p in shape.partitions().iter().filter(|p| p.to_ms().is_some_and(|to| to <= cutoff_ms)) {
-                let drop = match store.backend() {
-                    crate::store::Backend::MySql => {
-                        format!("ALTER TABLE delivery_log DROP PARTITION {}", p.name)
-                    }
-                    _ => format!("DROP TABLE {}", p.name),
-                };
                 rows += p.estimated_rows;
                 statements.push((
-                    drop,
+                    p.drop_statement(store.backend()),
                     vec![format!("the whole partition, about {} rows by the catalog", p.estimated_rows)],
                 ));
             }

@@ -87,6 +87,20 @@ pub struct Partition {
 }
 
 impl Partition {
+    /// How a statement names this partition's rows: its own table on PostgreSQL,
+    /// `delivery_log PARTITION (p)` on MySQL/MariaDB.
+    pub fn table(&self, backend: Backend) -> String {
+        partition_table(backend, &self.name)
+    }
+
+    /// The statement that drops this partition with its rows.
+    pub fn drop_statement(&self, backend: Backend) -> String {
+        match backend {
+            Backend::MySql => format!("ALTER TABLE {TABLE} DROP PARTITION {}", self.name),
+            Backend::Postgres | Backend::Sqlite => format!("DROP TABLE {}", self.name),
+        }
+    }
+
     /// The end of the time it takes, if it has one.
     pub fn to_ms(&self) -> Option<i64> {
         match self.bound {
@@ -128,11 +142,16 @@ impl Shape {
         parts
             .iter()
             .filter(|p| matches!(p.bound, Bound::Before { .. } | Bound::Overflow))
-            .map(|p| match backend {
-                Backend::MySql => format!("{TABLE} PARTITION ({})", p.name),
-                Backend::Postgres | Backend::Sqlite => p.name.clone(),
-            })
+            .map(|p| p.table(backend))
             .collect()
+    }
+}
+
+/// How a statement names the rows of the partition `name` ([`Partition::table`]).
+fn partition_table(backend: Backend, name: &str) -> String {
+    match backend {
+        Backend::MySql => format!("{TABLE} PARTITION ({name})"),
+        Backend::Postgres | Backend::Sqlite => name.to_owned(),
     }
 }
 
@@ -751,11 +770,7 @@ pub async fn drop_expired(store: &Store, cutoff_ms: i64) -> Result<Dropped, sqlx
     }
     let mut conn = ddl_connection(store, Some(LOCK_WAIT)).await?;
     for p in expired {
-        let statement = match store.backend() {
-            Backend::MySql => format!("ALTER TABLE {TABLE} DROP PARTITION {}", p.name),
-            Backend::Postgres | Backend::Sqlite => format!("DROP TABLE {}", p.name),
-        };
-        conn.execute(AssertSqlSafe(statement)).await?;
+        conn.execute(AssertSqlSafe(p.drop_statement(store.backend()))).await?;
         dropped.partitions.push(p.name.clone());
         dropped.estimated_rows += p.estimated_rows;
     }
@@ -768,7 +783,7 @@ pub async fn health(store: &Store, now_ms: i64) -> Result<Option<Health>, sqlx::
     let shape = shape(store).await?;
     let Some(until) = shape.covered_until_ms() else { return Ok(None) };
     let counted = match store.backend() {
-        Backend::MySql => format!("{TABLE} PARTITION ({MY_OVERFLOW})"),
+        Backend::MySql => partition_table(Backend::MySql, MY_OVERFLOW),
         Backend::Postgres | Backend::Sqlite => PG_OVERFLOW.to_owned(),
     };
     let row: AnyRow = sqlx::query(AssertSqlSafe(format!(

@@ -710,14 +710,6 @@ async fn oldest_days(store: &Store) -> anyhow::Result<(Partition, Partition)> {
     }
 }
 
-/// How one partition is named in a statement.
-fn partition_table(backend: Backend, p: &Partition) -> String {
-    match backend {
-        Backend::MySql => format!("delivery_log PARTITION ({})", p.name),
-        Backend::Postgres | Backend::Sqlite => p.name.clone(),
-    }
-}
-
 /// The rows of `day` deleted as a plain log's retention is usually written: a bounded DELETE of
 /// the oldest rows, again until none is left (MySQL/MariaDB: `DELETE … WHERE logged_at_ms < ?
 /// LIMIT 5000`; PostgreSQL, which has no DELETE … LIMIT: the same through the rows' ctids).
@@ -749,7 +741,7 @@ async fn delete_row_wise(store: &Store, day: &Partition) -> anyhow::Result<Pass>
 /// `day` dropped by an archive run whose log cutoff is its end (the row-wise deleted day before
 /// it goes too, and the empty `before` partition): the run's log pass, timed.
 async fn drop_day(store: &Store, day: &Partition, now: i64) -> anyhow::Result<Pass> {
-    let rows = count(store, &partition_table(store.backend(), day)).await?;
+    let rows = count(store, &day.table(store.backend())).await?;
     let cutoff = day.to_ms().unwrap_or(i64::MIN);
     let before = wal_position(store).await?;
     let report = archive_once(store, &archive_options(i64::MAX / 4, Some(now - cutoff)), now).await?;

@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use idemgate::archive::retention::DAY_MS;
 use idemgate::archive::{ArchiveOptions, ArchiveSettings, Fault, StartedBy, archive_once, prepare_log};
-use idemgate::delivery_log::partitions::{self, Bound, Shape, day_start};
+use idemgate::delivery_log::partitions::{self, Bound, Partition, Shape, day_start};
 use idemgate::delivery_log::{AttemptId, Entry, append_once};
 use idemgate::handler::Handlers;
 use idemgate::inspect::trace::{Answer, SearchBy, TraceQuery, trace};
@@ -58,14 +58,11 @@ async fn traced(store: &Store, biz_id: &str) -> Vec<i64> {
     }
 }
 
-/// Rows of `biz_id` in the partition `name`, read from the partition alone.
-async fn rows_in_partition(store: &Store, name: &str, biz_id: &str) -> i64 {
-    let from = match store.backend() {
-        Backend::MySql => format!("delivery_log PARTITION ({name})"),
-        _ => name.to_owned(),
-    };
+/// Rows of `biz_id` in the partition `p`, read from the partition alone.
+async fn rows_in_partition(store: &Store, p: &Partition, biz_id: &str) -> i64 {
     let param = if store.backend() == Backend::Postgres { "$1" } else { "?" };
-    count(store, &format!("SELECT COUNT(*) FROM {from} WHERE biz_id = {param}"), Some(biz_id)).await
+    let sql = format!("SELECT COUNT(*) FROM {} WHERE biz_id = {param}", p.table(store.backend()));
+    count(store, &sql, Some(biz_id)).await
 }
 
 /// One count, from a statement written for the backend at hand, with at most one value.
@@ -78,13 +75,13 @@ async fn count(store: &Store, sql: &str, bind: Option<&str>) -> i64 {
 }
 
 /// The partition that takes `ms`.
-fn partition_of(shape: &Shape, ms: i64) -> String {
+fn partition_of(shape: &Shape, ms: i64) -> Partition {
     let p = shape.partitions().iter().find(|p| match p.bound {
         Bound::Before { to_ms } => ms < to_ms,
         Bound::Day { from_ms, to_ms } => (from_ms..to_ms).contains(&ms),
         Bound::Overflow => true,
     });
-    p.expect("every time has a partition").name.clone()
+    p.expect("every time has a partition").clone()
 }
 
 /// The partitions' shape is what the module promises: the `before` one (until retention drops
@@ -168,7 +165,7 @@ pub(crate) mod cases {
         assert!(append_once(&mut conn, backend, &at_midnight, &AttemptId::new()).await.unwrap());
         drop(conn);
         let (day_before, day_after) = (partition_of(&shape, midnight - 1), partition_of(&shape, midnight));
-        assert_ne!(day_before, day_after);
+        assert_ne!(day_before.name, day_after.name);
         assert_eq!(rows_in_partition(store, &day_before, "PX-1").await, 1);
         assert_eq!(rows_in_partition(store, &day_after, "PX-1").await, 1);
         let times = traced(store, "PX-1").await;
@@ -216,7 +213,7 @@ pub(crate) mod cases {
             .filter(|p| p.to_ms().is_some_and(|to| to <= later - 14 * DAY_MS))
             .map(|p| p.name.clone())
             .collect();
-        assert!(expected.contains(&day_before) && !expected.contains(&day_after), "{expected:?}");
+        assert!(expected.contains(&day_before.name) && !expected.contains(&day_after.name), "{expected:?}");
         assert_eq!(log.dropped_partitions, expected);
         assert_eq!(log.rows, 0, "no row deleted one by one");
         let after = partitions::shape(store).await.unwrap();
@@ -235,7 +232,7 @@ pub(crate) mod cases {
         let runs = idemgate::archive::runs::recent(store, 10).await.unwrap();
         let note =
             runs.iter().find_map(|r| r.note.clone().filter(|n| n.contains("dropped the log partitions")));
-        assert!(note.is_some_and(|n| n.contains(&day_before)), "{runs:?}");
+        assert!(note.is_some_and(|n| n.contains(&day_before.name)), "{runs:?}");
     }
 
     /// A log of the old shape, with rows from the last three weeks, moves to partitions while a
@@ -377,49 +374,25 @@ async fn pg_indexes(store: &Store, table: &str) -> Vec<i64> {
         .collect()
 }
 
-mod postgres {
-    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-    async fn reads_span_day_partitions_and_retention_drops_whole_days() {
-        super::cases::reads_span_day_partitions_and_retention_drops_whole_days(
-            idemgate::store::Backend::Postgres,
-        )
-        .await
-    }
-
-    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-    async fn a_plain_log_moves_to_partitions_while_a_consumer_writes() {
-        super::cases::a_plain_log_moves_to_partitions_while_a_consumer_writes(
-            idemgate::store::Backend::Postgres,
-        )
-        .await
-    }
-
-    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-    async fn with_partition_log_off_a_plain_log_stays_plain() {
-        super::cases::with_partition_log_off_a_plain_log_stays_plain(idemgate::store::Backend::Postgres).await
-    }
+/// Each case as a test on PostgreSQL and on MariaDB (SQLite keeps the plain log).
+macro_rules! on_the_servers {
+    ($($case:ident),* $(,)?) => {
+        mod postgres {
+            $(#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+            async fn $case() { super::cases::$case(idemgate::store::Backend::Postgres).await })*
+        }
+        mod mariadb {
+            $(#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+            async fn $case() { super::cases::$case(idemgate::store::Backend::MySql).await })*
+        }
+    };
 }
 
-mod mariadb {
-    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-    async fn reads_span_day_partitions_and_retention_drops_whole_days() {
-        super::cases::reads_span_day_partitions_and_retention_drops_whole_days(
-            idemgate::store::Backend::MySql,
-        )
-        .await
-    }
-
-    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-    async fn a_plain_log_moves_to_partitions_while_a_consumer_writes() {
-        super::cases::a_plain_log_moves_to_partitions_while_a_consumer_writes(idemgate::store::Backend::MySql)
-            .await
-    }
-
-    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-    async fn with_partition_log_off_a_plain_log_stays_plain() {
-        super::cases::with_partition_log_off_a_plain_log_stays_plain(idemgate::store::Backend::MySql).await
-    }
-}
+on_the_servers!(
+    reads_span_day_partitions_and_retention_drops_whole_days,
+    a_plain_log_moves_to_partitions_while_a_consumer_writes,
+    with_partition_log_off_a_plain_log_stays_plain,
+);
 
 /// SQLite keeps the plain log, whatever the settings.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
