@@ -374,20 +374,7 @@ async fn pg_indexes(store: &Store, table: &str) -> Vec<i64> {
         .collect()
 }
 
-/// Each case as a test on PostgreSQL and on MariaDB (SQLite keeps the plain log).
-macro_rules! on_the_servers {
-    ($($case:ident),* $(,)?) => {
-        mod postgres {
-            $(#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-            async fn $case() { super::cases::$case(idemgate::store::Backend::Postgres).await })*
-        }
-        mod mariadb {
-            $(#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-            async fn $case() { super::cases::$case(idemgate::store::Backend::MySql).await })*
-        }
-    };
-}
-
+// SQLite keeps the plain log: its own test below.
 on_the_servers!(
     reads_span_day_partitions_and_retention_drops_whole_days,
     a_plain_log_moves_to_partitions_while_a_consumer_writes,

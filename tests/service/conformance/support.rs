@@ -181,13 +181,10 @@ pub fn order(order_no: &str, sku: &str, amount_cents: i64, msg_id: &str, uniq_ke
     }
 }
 
-/// Runs each `cases::$case(backend)` as a test on SQLite, PostgreSQL and MariaDB.
-macro_rules! on_every_backend {
+/// Runs each `cases::$case(backend)` as a test on PostgreSQL and MariaDB: the database servers.
+#[allow(unused_macros)]
+macro_rules! on_the_servers {
     ($($case:ident),* $(,)?) => {
-        mod sqlite {
-            $(#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-            async fn $case() { super::cases::$case(idemgate::store::Backend::Sqlite).await })*
-        }
         mod postgres {
             $(#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
             async fn $case() { super::cases::$case(idemgate::store::Backend::Postgres).await })*
@@ -196,6 +193,17 @@ macro_rules! on_every_backend {
             $(#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
             async fn $case() { super::cases::$case(idemgate::store::Backend::MySql).await })*
         }
+    };
+}
+
+/// Runs each `cases::$case(backend)` as a test on SQLite, PostgreSQL and MariaDB.
+macro_rules! on_every_backend {
+    ($($case:ident),* $(,)?) => {
+        mod sqlite {
+            $(#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+            async fn $case() { super::cases::$case(idemgate::store::Backend::Sqlite).await })*
+        }
+        on_the_servers!($($case),*);
     };
 }
 
