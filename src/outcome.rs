@@ -97,7 +97,39 @@ pub enum Verdict {
 pub struct Claim {
     pub msg_id: String,
     pub uniq_key: String,
+    /// The body's hash as the claim keeps it: [`claim_hash`] of the SHA-256 (claims written
+    /// before kept its 64 hex digits; [`same_payload`](Self::same_payload) reads either).
     pub payload_hash: String,
+}
+
+/// Bytes of the body's SHA-256 a claim keeps: 96 bits, which tell two bodies of one key apart
+/// as surely as the whole hash would (a claim's hash is only ever compared with a later copy's
+/// under the same key, to say whether it carried the same body), written in base64: 16
+/// characters where the 64 hex digits took 64. The log keeps the whole hash in hex.
+pub const CLAIM_HASH_BYTES: usize = 12;
+/// [`CLAIM_HASH_BYTES`] in base64.
+const CLAIM_HASH_CHARS: usize = CLAIM_HASH_BYTES / 3 * 4;
+
+/// What a claim keeps of the body's whole hex hash `full`: its first [`CLAIM_HASH_BYTES`] in
+/// base64. Anything that is not a hex hash is kept as it is.
+pub fn claim_hash(full: &str) -> String {
+    use base64::Engine;
+    match full.get(..CLAIM_HASH_BYTES * 2).map(hex::decode) {
+        Some(Ok(bytes)) => base64::engine::general_purpose::STANDARD.encode(bytes),
+        _ => full.to_owned(),
+    }
+}
+
+/// A claim's kept hash in hex, for reading beside the log's: the first 24 digits of the body's
+/// hash for a claim of [`claim_hash`], the whole hash for an older claim.
+pub fn claim_hash_hex(kept: &str) -> String {
+    use base64::Engine;
+    if kept.len() == CLAIM_HASH_CHARS
+        && let Ok(bytes) = base64::engine::general_purpose::STANDARD.decode(kept)
+    {
+        return hex::encode(bytes);
+    }
+    kept.to_owned()
 }
 
 impl Claim {
@@ -107,6 +139,14 @@ impl Claim {
         use sqlx::Row;
         Ok(Self { msg_id: row.try_get(0)?, uniq_key: row.try_get(1)?, payload_hash: row.try_get(2)? })
     }
+
+    /// True when a body whose whole hex hash is `full` is the body this claim was made with:
+    /// the claim's kept hash, in hex, is the start of `full`, whether it kept 96 bits or all
+    /// 256.
+    pub fn same_payload(&self, full: &str) -> bool {
+        let kept = claim_hash_hex(&self.payload_hash);
+        !kept.is_empty() && kept.len() >= (CLAIM_HASH_BYTES * 2).min(full.len()) && full.starts_with(&kept)
+    }
 }
 
 /// Names the cause of a duplicate and says whether its body matches the claim's.
@@ -115,7 +155,7 @@ pub(crate) fn classify(
     payload_hash: &str,
     claim: Option<&Claim>,
 ) -> (DuplicateCause, Option<bool>) {
-    let payload_match = claim.map(|c| c.payload_hash == payload_hash);
+    let payload_match = claim.map(|c| c.same_payload(payload_hash));
     let cause = match claim {
         _ if d.is_replay() => DuplicateCause::Replay,
         None => DuplicateCause::Unknown,
@@ -154,5 +194,22 @@ mod tests {
             classify(&d, "other", Some(&claim("U1", "h"))),
             (DuplicateCause::ProducerResend, Some(false))
         );
+    }
+
+    #[test]
+    fn a_claim_keeps_96_bits_of_the_hash_and_still_tells_bodies_apart() {
+        let same = Delivery { body: b"{\"sku\":\"A\"}".to_vec(), ..Default::default() };
+        let other = Delivery { body: b"{\"sku\":\"B\"}".to_vec(), ..Default::default() };
+        let full = same.payload_hash();
+        let kept = claim_hash(&full);
+        assert_eq!(kept.len(), 16, "{kept}");
+        assert_eq!(claim_hash_hex(&kept), full[..24], "read back as the hash's first 24 digits");
+        for c in [&claim("U1", &kept), &claim("U1", &full)] {
+            assert!(c.same_payload(&full), "a claim of either form matches its body");
+            assert!(!c.same_payload(&other.payload_hash()));
+        }
+        assert!(!claim("U1", "").same_payload(&full), "an empty hash matches nothing");
+        assert_eq!(claim_hash("not a hash"), "not a hash");
+        assert_eq!(claim_hash_hex("short"), "short");
     }
 }

@@ -19,6 +19,7 @@ use sqlx::any::{AnyPoolOptions, install_default_drivers};
 use sqlx::{AnyConnection, AnyPool, AssertSqlSafe, Executor};
 
 mod backend;
+pub mod ddl;
 pub mod galera;
 pub mod migrations;
 mod redact;

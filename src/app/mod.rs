@@ -61,8 +61,9 @@ pub struct Application {
     checks: Vec<Check>,
 }
 
-/// The longest the start waits for the delivery log's partitions ([`crate::archive::prepare_log`]).
-const PREPARE_LOG_LIMIT: Duration = Duration::from_secs(30);
+/// The longest the start waits for the claim key and the delivery log's partitions
+/// ([`crate::archive::prepare_tables`]).
+const PREPARE_TABLES_LIMIT: Duration = Duration::from_secs(30);
 
 impl Application {
     /// Builds the service `settings` describe, with the configured handlers.
@@ -85,26 +86,27 @@ impl Application {
         }
         let shown = redact_url(&settings.database.url);
         let store = open_store(&settings).await?;
-        // A log whose partitions cannot be made now (a lock held past its bound, a right
-        // missing, a concurrent index build waiting behind a long transaction) still takes every
-        // row (the overflow partition, or the plain table): the start waits for it at most
-        // PREPARE_LOG_LIMIT, then goes on; the archive job tries again and the alerts on the
+        // A claim key not yet led by biz_id still holds every key, and a log whose partitions
+        // cannot be made now (a lock held past its bound, a right missing, a concurrent index
+        // build waiting behind a long transaction) still takes every row (the overflow
+        // partition, or the plain table): the start waits for them at most
+        // PREPARE_TABLES_LIMIT, then goes on; the archive job tries again and the alerts on the
         // partitions say so.
         let now = crate::clock::now_ms();
         let prepared = tokio::time::timeout(
-            PREPARE_LOG_LIMIT,
-            crate::archive::prepare_log(&store, &settings.archive, &settings.consumer.instance, now),
+            PREPARE_TABLES_LIMIT,
+            crate::archive::prepare_tables(&store, &settings.archive, &settings.consumer.instance, now),
         )
         .await;
         match prepared {
             Ok(Ok(())) => {}
             Ok(Err(e)) => tracing::warn!(
                 error = %e,
-                "could not prepare the delivery log's partitions at start; the archive job tries again"
+                "could not prepare the claim key or the delivery log's partitions at start; the archive job tries again"
             ),
             Err(_) => tracing::warn!(
-                limit_s = PREPARE_LOG_LIMIT.as_secs(),
-                "could not prepare the delivery log's partitions at start within its limit; the archive job tries again"
+                limit_s = PREPARE_TABLES_LIMIT.as_secs(),
+                "could not prepare the claim key or the delivery log's partitions at start within its limit; the archive job tries again"
             ),
         }
         // The gate first: it refuses a route to no handler before anything else is made.

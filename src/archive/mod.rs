@@ -36,8 +36,10 @@ pub use runs::{RunKind, RunStatus, StartedBy};
 pub use schedule::ArchiveScheduler;
 pub use settings::ArchiveSettings;
 
-use crate::delivery_log::partitions::{self, Step};
+use crate::delivery_log::partitions;
+use crate::layout::key;
 use crate::store::Store;
+use crate::store::ddl::Step;
 use batch::{Interrupt, Walk};
 
 /// How a run goes.
@@ -63,6 +65,9 @@ pub struct ArchiveOptions {
     /// [`crate::delivery_log::partitions`]). A partitioned log gets its partitions ahead and its
     /// retention by partition either way.
     pub partition_log: bool,
+    /// Move the claim tables to the unique key led by biz_id (PostgreSQL, MySQL/MariaDB;
+    /// [`crate::layout::key`]).
+    pub claim_key_by_biz_id: bool,
     /// Stop short to show what a crash leaves; [`Fault::None`] outside tests.
     pub fault: Fault,
 }
@@ -90,8 +95,9 @@ pub struct PassReport {
     /// Log only: the day partitions dropped whole, and the rows the catalog estimated they held.
     pub dropped_partitions: Vec<String>,
     pub dropped_rows_estimate: u64,
-    /// Log only: what this run did to move a plain log to partitions, step by step.
-    pub partition_steps: Vec<String>,
+    /// What this pass did to move its tables to their shape, step by step: the claim tables'
+    /// key led by biz_id ([`crate::layout::key`]), a plain log to partitions.
+    pub schema_steps: Vec<String>,
     pub batches: u64,
     /// Claims already in the archive, kept once.
     pub already_archived: u64,
@@ -227,15 +233,16 @@ pub async fn archive_observed(
     Ok(ArchiveReport { outcome: ArchiveOutcome::Done, dedup: dedup?, log: log.transpose()? })
 }
 
-/// A plain log with fewer rows than this is moved to partitions when the service starts; a
-/// bigger one by the archive job, a step at a time.
+/// A plain log or a claim table of the first key shape with fewer rows than this is moved when
+/// the service starts; a bigger one by the archive job, a step at a time.
 pub const MOVE_AT_START_ROWS: i64 = 100_000;
 
-/// At start, on PostgreSQL and MySQL/MariaDB, holding the archive lease: a plain log of fewer
-/// than [`MOVE_AT_START_ROWS`] rows is moved to partitions by day (with `partition_log`), and a
+/// At start, on PostgreSQL and MySQL/MariaDB, holding the archive lease: claim tables of fewer
+/// than [`MOVE_AT_START_ROWS`] rows get the key led by biz_id (with `claim_key_by_biz_id`), a
+/// plain log of fewer rows is moved to partitions by day (with `partition_log`), and a
 /// partitioned one gets its days ahead. Nothing when another instance holds the lease (it does
 /// the same, or its archive run does).
-pub async fn prepare_log(
+pub async fn prepare_tables(
     store: &Store,
     settings: &ArchiveSettings,
     instance_id: &str,
@@ -244,10 +251,12 @@ pub async fn prepare_log(
     if store.backend() == crate::store::Backend::Sqlite {
         return Ok(());
     }
-    let db = |source| ArchiveError::Database { kind: RunKind::Log, source };
+    let db = |kind| move |source| ArchiveError::Database { kind, source };
     let mut options = settings.options(instance_id, StartedBy::Command);
-    if options.partition_log && partitions::shape(store).await.map_err(db)? == partitions::Shape::Plain {
-        let rows = partitions::rows_up_to(store, MOVE_AT_START_ROWS).await.map_err(db)?;
+    if options.partition_log
+        && partitions::shape(store).await.map_err(db(RunKind::Log))? == partitions::Shape::Plain
+    {
+        let rows = partitions::rows_up_to(store, MOVE_AT_START_ROWS).await.map_err(db(RunKind::Log))?;
         if rows >= MOVE_AT_START_ROWS {
             tracing::warn!(
                 rows_at_least = rows,
@@ -257,24 +266,67 @@ pub async fn prepare_log(
             options.partition_log = false;
         }
     }
+    let mut small_claim_tables = Vec::new();
+    if options.claim_key_by_biz_id {
+        for table in claim_tables(store).await.map_err(db(RunKind::Dedup))? {
+            if key::shape(store, &table).await.map_err(db(RunKind::Dedup))?.is_led() {
+                continue;
+            }
+            let rows = rows_up_to(store, &table, MOVE_AT_START_ROWS).await.map_err(db(RunKind::Dedup))?;
+            if rows >= MOVE_AT_START_ROWS {
+                tracing::warn!(
+                    table,
+                    rows_at_least = rows,
+                    "the claim key is not led by biz_id yet and the table is large: the archive job moves it, \
+                     while consumers write (docs/operations.md, The claim table)"
+                );
+            } else {
+                small_claim_tables.push(table);
+            }
+        }
+    }
     let holder = format!("{instance_id}/start/{:08x}", rand::random::<u32>());
     let ttl_ms = i64::try_from(options.lease_ttl.as_millis()).unwrap_or(i64::MAX / 4);
-    let Ok(lease) =
-        Lease::acquire(store, ARCHIVE_LEASE, &holder, now_ms, ttl_ms, i64::MAX).await.map_err(db)?
+    let Ok(lease) = Lease::acquire(store, ARCHIVE_LEASE, &holder, now_ms, ttl_ms, i64::MAX)
+        .await
+        .map_err(db(RunKind::Log))?
     else {
         return Ok(());
     };
     let clock = Clock { start_ms: now_ms, started: Instant::now() };
     let run = Run { store, options: &options, clock: &clock, lease: &lease, ttl_ms, started: Instant::now() };
     let mut report = PassReport::default();
-    let done = run.log_partitions(None, &mut report).await;
+    let mut done = run.claim_keys(&small_claim_tables, &mut report).await;
+    if done.is_ok() {
+        done = run.log_partitions(None, &mut report).await;
+    }
     if let Err(e) = lease.release(store).await {
         tracing::warn!(error = %e, "could not release the archive lease; it will expire");
     }
-    if !report.partition_steps.is_empty() {
-        tracing::info!(steps = ?report.partition_steps, "moved the delivery log to partitions by day");
+    if !report.schema_steps.is_empty() {
+        tracing::info!(steps = ?report.schema_steps, "moved the tables to their shape");
     }
     done
+}
+
+/// Every claim table of the database's layout, the main one included (the pattern a shard made
+/// later copies).
+async fn claim_tables(store: &Store) -> Result<Vec<String>, sqlx::Error> {
+    let layout = crate::layout::current(store).await?;
+    let mut tables = layout.tables();
+    if layout.shards() > 0 {
+        tables.insert(0, crate::layout::MAIN_TABLE.to_owned());
+    }
+    Ok(tables)
+}
+
+/// The rows of `table`, counted up to `limit`.
+async fn rows_up_to(store: &Store, table: &str, limit: i64) -> Result<i64, sqlx::Error> {
+    use sqlx::Row;
+    sqlx::query(sqlx::AssertSqlSafe(format!("SELECT COUNT(*) FROM (SELECT 1 FROM {table} LIMIT {limit}) t")))
+        .fetch_one(store.pool())
+        .await?
+        .try_get(0)
 }
 
 /// What a finished pass's row says besides its counts: the log's partitions dropped and moved,
@@ -288,8 +340,8 @@ fn pass_note(report: &PassReport) -> Option<String> {
             report.dropped_rows_estimate
         ));
     }
-    if !report.partition_steps.is_empty() {
-        parts.push(format!("moving the log to partitions by day: {}", report.partition_steps.join("; ")));
+    if !report.schema_steps.is_empty() {
+        parts.push(format!("moving the tables to their shape: {}", report.schema_steps.join("; ")));
     }
     if report.budget_exhausted {
         parts.push("stopped at archive.max_run_seconds with work left; the next run continues".to_owned());
@@ -384,6 +436,11 @@ impl Run<'_> {
         let mut result = Ok(());
         if kind == RunKind::Log {
             result = self.log_partitions(Some(cutoff_ms), &mut report).await;
+        } else if o.claim_key_by_biz_id && store.backend() != crate::store::Backend::Sqlite {
+            result = match claim_tables(store).await {
+                Ok(tables) => self.claim_keys(&tables, &mut report).await,
+                Err(e) => Err(db(e)),
+            };
         }
         if result.is_ok() {
             result = self.batches(kind, cutoff_ms, &mut report, observe).await;
@@ -427,6 +484,56 @@ impl Run<'_> {
         Ok(report)
     }
 
+    /// The claim tables' key led by biz_id, a step at a time within the time budget; what it
+    /// did goes into `report`.
+    async fn claim_keys(&self, tables: &[String], report: &mut PassReport) -> Result<(), ArchiveError> {
+        for table in tables {
+            let step = || key::step(self.store, table);
+            if !self.steps(RunKind::Dedup, "leading the claim key with biz_id", report, step).await? {
+                return Ok(());
+            }
+        }
+        Ok(())
+    }
+
+    /// Takes the steps `next` makes until it says [`Step::Done`] (true), or until the time
+    /// budget is spent or a step has to wait for the next run (false, the report saying there
+    /// is work left), recording each in `report`; the lease is renewed before each step and
+    /// during a long one.
+    async fn steps<F, Fut>(
+        &self,
+        kind: RunKind,
+        doing: &str,
+        report: &mut PassReport,
+        mut next: F,
+    ) -> Result<bool, ArchiveError>
+    where
+        F: FnMut() -> Fut,
+        Fut: std::future::Future<Output = Result<Step, sqlx::Error>>,
+    {
+        loop {
+            if self.started.elapsed() >= self.options.time_budget {
+                report.budget_exhausted = true;
+                return Ok(false);
+            }
+            self.renew(kind).await?;
+            let step = self.keeping_lease(kind, next()).await?;
+            match step.map_err(|source| ArchiveError::Database { kind, source })? {
+                Step::Done => return Ok(true),
+                Step::More(what) => {
+                    tracing::info!(step = %what, "{doing}");
+                    report.schema_steps.push(what);
+                }
+                Step::Waiting(what) => {
+                    tracing::info!(waiting = %what, "{doing}: waiting for the next run");
+                    report.schema_steps.push(what);
+                    report.budget_exhausted = true;
+                    return Ok(false);
+                }
+            }
+        }
+    }
+
     /// The log's partitions: a plain log moved a step at a time (within the time budget, when
     /// `partition_log` is on), the days ahead made, and with a `cutoff_ms` the expired days
     /// dropped. What it did goes into `report`.
@@ -441,26 +548,10 @@ impl Run<'_> {
             return Ok(());
         }
         if o.partition_log {
-            loop {
-                if self.started.elapsed() >= o.time_budget {
-                    report.budget_exhausted = true;
-                    return Ok(());
-                }
-                self.renew(RunKind::Log).await?;
-                let step = self.keeping_lease(partitions::convert_step(store, self.clock.now())).await?;
-                match step.map_err(db)? {
-                    Step::Done => break,
-                    Step::More(what) => {
-                        tracing::info!(step = %what, "moving the delivery log to partitions by day");
-                        report.partition_steps.push(what);
-                    }
-                    Step::Waiting(what) => {
-                        tracing::info!(waiting = %what, "the delivery log's move to partitions waits");
-                        report.partition_steps.push(what);
-                        report.budget_exhausted = true;
-                        return Ok(());
-                    }
-                }
+            let step = || partitions::convert_step(store, self.clock.now());
+            if !self.steps(RunKind::Log, "moving the delivery log to partitions by day", report, step).await?
+            {
+                return Ok(());
             }
         }
         let made = partitions::ensure_ahead(store, self.clock.now()).await.map_err(db)?;
@@ -492,13 +583,17 @@ impl Run<'_> {
 
     /// Runs `work` (one long statement: an index built, a table validated), renewing the lease
     /// every third of its time meanwhile.
-    async fn keeping_lease<T>(&self, work: impl std::future::Future<Output = T>) -> Result<T, ArchiveError> {
+    async fn keeping_lease<T>(
+        &self,
+        kind: RunKind,
+        work: impl std::future::Future<Output = T>,
+    ) -> Result<T, ArchiveError> {
         let every = Duration::from_millis(u64::try_from(self.ttl_ms / 3).unwrap_or(1_000).max(1_000));
         tokio::pin!(work);
         loop {
             tokio::select! {
                 done = &mut work => return Ok(done),
-                () = tokio::time::sleep(every) => self.renew(RunKind::Log).await?,
+                () = tokio::time::sleep(every) => self.renew(kind).await?,
             }
         }
     }
@@ -629,6 +724,17 @@ pub async fn dry_run(store: &Store, options: &ArchiveOptions, now_ms: i64) -> Re
                     p.drop_statement(store.backend()),
                     vec![format!("the whole partition, about {} rows by the catalog", p.estimated_rows)],
                 ));
+            }
+        }
+        if kind == RunKind::Dedup && options.claim_key_by_biz_id {
+            for table in claim_tables(store).await.map_err(db)? {
+                let shape = key::shape(store, &table).await.map_err(db)?;
+                if !shape.is_led() {
+                    statements.push((
+                        format!("{table}: the claim key led by biz_id, moved a step at a time while consumers write"),
+                        vec![shape.describe()],
+                    ));
+                }
             }
         }
         passes.push(PassPlan { kind, cutoff_ms, rows, ids, statements, tables: targets.len() });

@@ -50,6 +50,10 @@ pub struct ArchiveSettings {
     /// delivery log to partitions by day (while consumers write), so that retention drops a day
     /// at a time. Off, a plain log stays plain; a partitioned one is kept partitioned either way.
     pub partition_log: bool,
+    /// `IDEMGATE_ARCHIVE__CLAIM_KEY_BY_BIZ_ID`: on PostgreSQL and MariaDB/MySQL, lead the claim
+    /// tables' unique key with biz_id (while consumers write) and drop the index on biz_id
+    /// alone, which the key then serves. Off, a table keeps the key it has.
+    pub claim_key_by_biz_id: bool,
 }
 
 /// Daily at 03:00 UTC.
@@ -74,6 +78,7 @@ impl Default for ArchiveSettings {
             replay_horizon_hours: 72,
             late_duplicate_guard: false,
             partition_log: true,
+            claim_key_by_biz_id: true,
         }
     }
 }
@@ -129,6 +134,7 @@ impl ArchiveSettings {
             instance_id: instance_id.to_owned(),
             started_by,
             partition_log: self.partition_log,
+            claim_key_by_biz_id: self.claim_key_by_biz_id,
             fault: Fault::None,
         }
     }

@@ -32,19 +32,17 @@
 //! This module owns the log's DDL. It must not take the archive lease (the archive job calls it
 //! holding it) nor decide which rows have expired.
 
-use std::time::Duration;
-
 use sqlx::any::AnyRow;
 use sqlx::{AnyConnection, AssertSqlSafe, Connection, Executor, Row};
 
+pub use crate::store::ddl::{LOCK_WAIT, Step};
+use crate::store::ddl::{connection as ddl_connection, pg_drop_unfinished, run_all};
 use crate::store::{Backend, Store};
 
 /// A day, in milliseconds.
 pub const DAY_MS: i64 = 86_400_000;
 /// Day partitions exist this many days past today.
 pub const DAYS_AHEAD: i64 = 3;
-/// How long a step waits for a lock before it gives up (and the next run tries again).
-pub const LOCK_WAIT: Duration = Duration::from_secs(2);
 /// Ids of old rows one copy step of the MariaDB/MySQL move carries.
 const COPY_BATCH_IDS: i64 = 5_000;
 /// The most overflow rows moved into a new partition, under a lock on the log (PostgreSQL).
@@ -299,51 +297,6 @@ async fn my_shape(conn: &mut AnyConnection, table: &str) -> Result<Shape, sqlx::
     Ok(Shape::Partitioned(parts))
 }
 
-/// A connection of its own for long DDL: no statement bound (a concurrent index build or a
-/// validation reads the whole table), lock waits bounded by `lock_wait`. It is closed, not
-/// returned to the pool, so the pool's connections keep their own settings.
-async fn ddl_connection(store: &Store, lock_wait: Option<Duration>) -> Result<AnyConnection, sqlx::Error> {
-    let mut conn = store.pool().acquire().await?.detach();
-    let ms = lock_wait.map_or(0, |w| w.as_millis());
-    match store.backend() {
-        Backend::Postgres => {
-            conn.execute(AssertSqlSafe(format!("SET statement_timeout = 0; SET lock_timeout = {ms}")))
-                .await?;
-        }
-        Backend::MySql => {
-            // lock_wait_timeout counts whole seconds; MariaDB's max_statement_time, MySQL's
-            // max_execution_time (SELECTs only) bound statements: off here.
-            let secs = lock_wait.map_or(31_536_000, |w| w.as_secs().max(1));
-            conn.execute(AssertSqlSafe(format!("SET SESSION lock_wait_timeout = {secs}"))).await?;
-            if store.mysql_flavour() == Some(crate::store::MySqlFlavour::MariaDb) {
-                conn.execute("SET SESSION max_statement_time = 0").await?;
-            }
-        }
-        Backend::Sqlite => {}
-    }
-    Ok(conn)
-}
-
-/// Runs `statements` in order on `conn`.
-async fn run_all(conn: &mut AnyConnection, statements: &[String]) -> Result<(), sqlx::Error> {
-    for s in statements {
-        conn.execute(AssertSqlSafe(s.clone())).await?;
-    }
-    Ok(())
-}
-
-/// One step of moving a plain log to the partitioned shape.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Step {
-    /// The log is partitioned (or, on SQLite, stays plain).
-    Done,
-    /// This step did what it says; more follow.
-    More(String),
-    /// Nothing to do before something else ends (another process's index build); the next
-    /// run goes on.
-    Waiting(String),
-}
-
 /// Takes the next step of moving the log to the partitioned shape at `now_ms`: call it until
 /// it says [`Step::Done`], holding the archive lease so no two processes take steps at once.
 pub async fn convert_step(store: &Store, now_ms: i64) -> Result<Step, sqlx::Error> {
@@ -377,23 +330,7 @@ async fn pg_step(store: &Store, now_ms: i64) -> Result<Step, sqlx::Error> {
             .await?;
             return Ok(Step::More(format!("built the unique index {PG_ATTEMPT_INDEX} concurrently")));
         }
-        Some(false) => {
-            let building: i64 = sqlx::query(
-                "SELECT COUNT(*) FROM pg_stat_progress_create_index \
-                 WHERE index_relid = to_regclass('delivery_log_attempt_at')",
-            )
-            .fetch_one(&mut conn)
-            .await?
-            .try_get(0)?;
-            if building > 0 {
-                return Ok(Step::Waiting(format!(
-                    "the index {PG_ATTEMPT_INDEX} is being built by another session"
-                )));
-            }
-            conn.execute(AssertSqlSafe(format!("DROP INDEX CONCURRENTLY IF EXISTS {PG_ATTEMPT_INDEX}")))
-                .await?;
-            return Ok(Step::More(format!("dropped the unfinished index {PG_ATTEMPT_INDEX}")));
-        }
+        Some(false) => return pg_drop_unfinished(&mut conn, PG_ATTEMPT_INDEX).await,
         Some(true) => {}
     }
     // 2. Every row older than a bound at least a day ahead, said by a CHECK, added without a

@@ -5,6 +5,12 @@
 //! Insert first, never select first: a select-then-insert lets two deliveries both see "absent"
 //! and both apply the effect. The unique index is the only arbiter; the read here happens only
 //! after the index has said "taken", to name the cause.
+//!
+//! A claim keeps what naming a later duplicate's cause needs and no more: the key, the msgId,
+//! the UNIQ_KEY, 96 bits of the body's hash ([`crate::outcome::claim_hash`]) and the
+//! time. Which instance applied it is the log's to say (the processed delivery's row);
+//! `instance_id` is written empty (the column stays, for the claims made before and for
+//! readers that still select it).
 
 use std::collections::{HashMap, HashSet};
 
@@ -13,7 +19,7 @@ use sqlx::Row;
 use super::settings::MAX_BATCH;
 use crate::delivery::Delivery;
 use crate::layout::ClaimTable;
-use crate::outcome::Claim;
+use crate::outcome::{Claim, claim_hash};
 use crate::route::BizKey;
 use crate::store::{Backend, Conn, Pad, bind_rows, padded, padded_values, query, query_built};
 
@@ -21,9 +27,11 @@ use crate::store::{Backend, Conn, Pad, bind_rows, padded, padded_values, query, 
 /// [`crate::gate::Identity`]).
 pub(crate) struct Claimant<'a> {
     pub consumer_group: &'a str,
-    pub instance_id: &'a str,
     pub now_ms: i64,
 }
+
+/// What a claim's `instance_id` holds: nothing (the log names the instance).
+const NO_INSTANCE: &str = "";
 
 /// Inserts the claim. True when this delivery now owns the key; false when it was taken.
 ///
@@ -44,8 +52,8 @@ pub(crate) async fn claim(
             key.bind_in(q, who.consumer_group)
                 .bind(d.msg_id.as_str())
                 .bind(d.uniq_key.as_str())
-                .bind(payload_hash)
-                .bind(who.instance_id)
+                .bind(claim_hash(payload_hash))
+                .bind(NO_INSTANCE)
                 .bind(who.now_ms)
         })
         .await
@@ -169,8 +177,8 @@ pub(super) async fn claim_many(
                 .bind_in(q, who.consumer_group)
                 .bind(m.delivery.msg_id.as_str())
                 .bind(m.delivery.uniq_key.as_str())
-                .bind(m.hash)
-                .bind(who.instance_id)
+                .bind(claim_hash(m.hash))
+                .bind(NO_INSTANCE)
                 .bind(who.now_ms)
         });
         let inserted = match (backend, path) {
@@ -180,7 +188,7 @@ pub(super) async fn claim_many(
                 // Every row this insert wrote is visible to its own transaction and matches the
                 // values it wrote. More matches than rows inserted: another delivery's claim
                 // looks exactly like one of ours (the same message claimed in the same
-                // millisecond by this instance), fewer: a value was not stored as written.
+                // millisecond), fewer: a value was not stored as written.
                 // Either way this group cannot tell, and each delivery goes through the gate
                 // alone, whose claim is exact.
                 if ours.len() as u64 != count {
@@ -232,7 +240,9 @@ pub(super) async fn claim_many(
 }
 
 /// The keys of `chunk` whose claim in `table` is the one this group just wrote: the same
-/// message (msgId, UNIQ_KEY, body hash), by this instance, at this group's claim time.
+/// message (msgId, UNIQ_KEY, body hash) at this group's claim time. Another claim that looks
+/// exactly like one of these (the same message claimed in the same millisecond elsewhere) makes
+/// more rows match than the insert wrote, which the caller refuses.
 async fn read_back(
     tx: &mut Conn,
     backend: Backend,
@@ -248,13 +258,17 @@ async fn read_back(
     .join(" OR ");
     let sql = format!(
         "SELECT biz_type, biz_id, execute_time FROM {} \
-         WHERE consumer_group = ? AND instance_id = ? AND claimed_at_ms = ? AND ({any_of})",
+         WHERE consumer_group = ? AND claimed_at_ms = ? AND ({any_of})",
         table.name
     );
-    let q = query_built(backend, sql).bind(who.consumer_group).bind(who.instance_id).bind(who.now_ms);
+    let q = query_built(backend, sql).bind(who.consumer_group).bind(who.now_ms);
     let last = chunk[chunk.len() - 1];
     let q = bind_rows(q, chunk, &last, Pad::Repeat, |q, m| {
-        m.key.bind_parts(q).bind(m.delivery.msg_id.as_str()).bind(m.delivery.uniq_key.as_str()).bind(m.hash)
+        m.key
+            .bind_parts(q)
+            .bind(m.delivery.msg_id.as_str())
+            .bind(m.delivery.uniq_key.as_str())
+            .bind(claim_hash(m.hash))
     });
     let mut ours = HashSet::with_capacity(chunk.len());
     for row in q.fetch_all(&mut *tx).await? {

@@ -282,11 +282,7 @@ impl Core {
 
     /// This gate as the claimant of a key at `now_ms`.
     pub(super) fn claimant(&self, now_ms: i64) -> Claimant<'_> {
-        Claimant {
-            consumer_group: &self.identity.consumer_group,
-            instance_id: &self.identity.instance_id,
-            now_ms,
-        }
+        Claimant { consumer_group: &self.identity.consumer_group, now_ms }
     }
 
     /// The gate's claim tables.

@@ -241,6 +241,8 @@ pub struct ClaimRecord {
     pub msg_id: String,
     pub uniq_key: String,
     pub payload_hash: String,
+    /// The instance that applied it: claims keep none (the log names it), so it is the
+    /// instance of the claim's processed delivery on the timeline's page, or empty.
     pub instance_id: String,
     pub claimed_at_ms: i64,
     pub archived_at_ms: Option<i64>,
@@ -254,11 +256,23 @@ impl ClaimRecord {
             state,
             msg_id: r.try_get(0)?,
             uniq_key: r.try_get(1)?,
-            payload_hash: r.try_get(2)?,
+            payload_hash: crate::outcome::claim_hash_hex(&r.try_get::<String, _>(2)?),
             instance_id: r.try_get(3)?,
             claimed_at_ms: r.try_get(4)?,
             archived_at_ms: if r.len() > 5 { r.try_get(5)? } else { None },
         })
+    }
+
+    /// Names the instance from `rows` (a timeline page) when the claim does not: the one that
+    /// logged the processed delivery of the claim's msgId.
+    fn instance_from(mut self, rows: &[LogRow]) -> Self {
+        if self.instance_id.is_empty()
+            && let Some(row) =
+                rows.iter().find(|r| r.outcome == Outcome::Processed.as_str() && r.msg_id == self.msg_id)
+        {
+            self.instance_id = row.instance_id.clone();
+        }
+        self
     }
 }
 
@@ -1146,6 +1160,7 @@ async fn story(
     let tallies = scope.statements().tallies.read(store, scope).await?;
     let timeline = timeline(store, scope, page).await?;
     let (claim, earlier_claims) = claims(store, key).await?;
+    let claim = claim.map(|c| c.instance_from(&timeline.rows));
     let business = business.await?;
     let summary = summarize(&tallies, claim.as_ref());
     let now = crate::clock::now_ms();
@@ -1416,7 +1431,7 @@ fn render_story(out: &mut String, matched_by: SearchBy, s: &Story) {
                 format_ms(c.claimed_at_ms),
                 c.msg_id,
                 if c.uniq_key.is_empty() { "-" } else { &c.uniq_key },
-                c.instance_id,
+                if c.instance_id.is_empty() { "-" } else { &c.instance_id },
                 c.payload_hash,
                 c.archived_at_ms.map(|a| format!("; archived {}", format_ms(a))).unwrap_or_default()
             );

@@ -161,6 +161,7 @@ pub(crate) async fn run(options: &Options, mut progress: impl FnMut(&str)) -> an
             started_by: StartedBy::Command,
             // Claims only: the log keeps its shape.
             partition_log: false,
+            claim_key_by_biz_id: true,
             fault: Fault::None,
         };
 

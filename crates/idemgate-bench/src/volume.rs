@@ -42,7 +42,9 @@ use sqlx::{AssertSqlSafe, Row};
 
 use super::gate::{self, GROUP};
 use super::{Percentiles, cores, create_digits, share};
-use idemgate::archive::{ArchiveOptions, ArchiveSettings, PassReport, StartedBy, archive_once, prepare_log};
+use idemgate::archive::{
+    ArchiveOptions, ArchiveSettings, PassReport, StartedBy, archive_once, prepare_tables,
+};
 use idemgate::delivery::Delivery;
 use idemgate::delivery_log::partitions::{self, Bound, Partition};
 use idemgate::gate::{Gate, GroupSettings, Identity, Policy};
@@ -96,6 +98,10 @@ pub struct Options {
     /// sizes. Drop the database by hand afterwards.
     #[arg(long)]
     pub keep_database: bool,
+    /// Measure the claim as it was first shaped, to compare: its key led by the consumer group
+    /// beside an index on biz_id, the whole 64-digit body hash and the instance in every claim.
+    #[arg(long)]
+    pub first_claim_shape: bool,
 }
 
 impl Options {
@@ -139,14 +145,19 @@ pub(crate) async fn command(options: Options) -> anyhow::Result<()> {
     options.check()?;
     println!(
         "bench volume: sizes {:?} claims over {SPAN_DAYS} days (two log rows each for the last {} days), gate: {} stock.deduct \
-         messages, {:.0}% duplicates, {} in flight, group commit (batch path); {} trace lookups; {} cores",
+         messages, {:.0}% duplicates, {} in flight, group commit (batch path); {} trace lookups; {} cores; the claim {}",
         options.sizes,
         options.log_days,
         options.messages,
         options.duplicates * 100.0,
         options.concurrency,
         options.lookups,
-        cores()
+        cores(),
+        if options.first_claim_shape {
+            "as first shaped (key led by the group, an index on biz_id, the whole hash and the instance)"
+        } else {
+            "as written now (key led by biz_id, 96 bits of the hash, no instance)"
+        }
     );
     let mut reports = Vec::new();
     for &backend in &options.backends {
@@ -267,7 +278,9 @@ async fn measure(store: &Store, options: &Options, reports: &mut Vec<Step>) -> a
     // The log as the service keeps it: a partition a day, made over the whole span.
     let now = idemgate::clock::now_ms();
     let made = now - (options.log_days + 2) * DAY_MS;
-    prepare_log(store, &ArchiveSettings::default(), "bench", made).await?;
+    let settings =
+        ArchiveSettings { claim_key_by_biz_id: !options.first_claim_shape, ..ArchiveSettings::default() };
+    prepare_tables(store, &settings, "bench", made).await?;
     // Day by day, as the daily job makes them: one partition each.
     for day in 1..=options.log_days + 2 {
         partitions::ensure_ahead(store, made + day * DAY_MS).await?;
@@ -302,7 +315,8 @@ async fn measure(store: &Store, options: &Options, reports: &mut Vec<Step>) -> a
         let started = Instant::now();
         let from = keys.fetch_add((size - loaded) as usize, Ordering::Relaxed) as u64;
         let to = from + size - loaded;
-        let logged_from = fill(store, from, to, log_start(store, options.log_days).await?).await?;
+        let log_start = log_start(store, options.log_days).await?;
+        let logged_from = fill(store, from, to, log_start, options.first_claim_shape).await?;
         maintain(store).await?;
         let fill = started.elapsed();
         loaded = size;
@@ -320,14 +334,18 @@ async fn measure(store: &Store, options: &Options, reports: &mut Vec<Step>) -> a
 
         // The oldest day alone, then the next one with the gate beside it.
         let now = idemgate::clock::now_ms();
-        let archive = pass(store, archive_options((SPAN_DAYS - 1) * DAY_MS, None), now).await?;
+        let archive =
+            pass(store, archive_options((SPAN_DAYS - 1) * DAY_MS, None, options.first_claim_shape), now)
+                .await?;
         let stop = Arc::new(AtomicBool::new(false));
         let beside = {
             let (gate, store, options, keys, stop) =
                 (gate.clone(), store.clone(), options.clone(), keys.clone(), stop.clone());
             tokio::spawn(async move { gate_beside(&gate, &store, &options, &keys, &stop).await })
         };
-        let second = pass(store, archive_options((SPAN_DAYS - 2) * DAY_MS, None), now).await;
+        let second =
+            pass(store, archive_options((SPAN_DAYS - 2) * DAY_MS, None, options.first_claim_shape), now)
+                .await;
         stop.store(true, Ordering::Relaxed);
         let beside_archive = beside.await??;
         second?;
@@ -336,7 +354,7 @@ async fn measure(store: &Store, options: &Options, reports: &mut Vec<Step>) -> a
         let (oldest, next) = oldest_days(store).await?;
         let row_wise = delete_row_wise(store, &oldest).await?;
         let log_bytes_row_wise = total(&parts(store, "delivery_log").await?);
-        let retention = drop_day(store, &next, now).await?;
+        let retention = drop_day(store, &next, now, options.first_claim_shape).await?;
         let log_bytes_after = total(&parts(store, "delivery_log").await?);
 
         let plans = log_plans(store, logged_from, options.log_days).await?;
@@ -597,12 +615,18 @@ async fn reconcile_day(store: &Store, log_days: i64) -> anyhow::Result<(Duration
 static COUNT_LOG_BETWEEN: Sql =
     Sql::new("SELECT COUNT(*) FROM delivery_log WHERE logged_at_ms >= ? AND logged_at_ms < ?");
 
-/// The shipped archive settings (batch size, pause) with these retentions, no time budget.
-fn archive_options(dedup_retention_ms: i64, log_retention_ms: Option<i64>) -> ArchiveOptions {
+/// The shipped archive settings (batch size, pause) with these retentions, no time budget; with
+/// `first_shape` the claim key stays as it is.
+fn archive_options(
+    dedup_retention_ms: i64,
+    log_retention_ms: Option<i64>,
+    first_shape: bool,
+) -> ArchiveOptions {
     ArchiveOptions {
         dedup_retention_ms,
         log_retention_ms,
         time_budget: Duration::from_secs(24 * 3600),
+        claim_key_by_biz_id: !first_shape,
         ..ArchiveSettings::default().options("bench", StartedBy::Command)
     }
 }
@@ -740,11 +764,12 @@ async fn delete_row_wise(store: &Store, day: &Partition) -> anyhow::Result<Pass>
 
 /// `day` dropped by an archive run whose log cutoff is its end (the row-wise deleted day before
 /// it goes too, and the empty `before` partition): the run's log pass, timed.
-async fn drop_day(store: &Store, day: &Partition, now: i64) -> anyhow::Result<Pass> {
+async fn drop_day(store: &Store, day: &Partition, now: i64, first_shape: bool) -> anyhow::Result<Pass> {
     let rows = count(store, &day.table(store.backend())).await?;
     let cutoff = day.to_ms().unwrap_or(i64::MIN);
     let before = wal_position(store).await?;
-    let report = archive_once(store, &archive_options(i64::MAX / 4, Some(now - cutoff)), now).await?;
+    let report =
+        archive_once(store, &archive_options(i64::MAX / 4, Some(now - cutoff), first_shape), now).await?;
     let wal_bytes = wal_since(store, &before).await?;
     let log = report.log.ok_or_else(|| anyhow::anyhow!("the archive run had no log pass"))?;
     anyhow::ensure!(log.dropped_partitions.contains(&day.name), "{} was not dropped: {log:?}", day.name);
@@ -867,13 +892,14 @@ fn total(parts: &[(String, i64)]) -> i64 {
 // crossed with themselves, `?` rows from `?` on.
 const NUMBERS: &str = "(SELECT a.n * 1000 + b.n + ? AS n FROM bench_digits a CROSS JOIN bench_digits b WHERE a.n * 1000 + b.n < ?) d";
 
-/// How a backend spells a number in 18 digits, a number in 16 hex digits, an MD5 and a
-/// concatenation.
+/// How a backend spells a number in 18 digits, a number in 16 hex digits, an MD5, a
+/// concatenation, and the base64 of a hex hash's first 12 bytes (what a claim keeps).
 struct Dialect {
     digits: fn(&str) -> String,
     hex: fn(&str) -> String,
     md5: fn(&str) -> String,
     cat: fn(&[&str]) -> String,
+    kept_hash: fn(&str) -> String,
 }
 
 impl Dialect {
@@ -884,30 +910,37 @@ impl Dialect {
                 hex: |e| format!("LPAD(HEX({e}), 16, '0')"),
                 md5: |e| format!("MD5({e})"),
                 cat: |parts| format!("CONCAT({})", parts.join(", ")),
+                kept_hash: |e| format!("TO_BASE64(LEFT(UNHEX({e}), 12))"),
             },
             Backend::Postgres | Backend::Sqlite => Self {
                 digits: |e| format!("lpad(CAST({e} AS TEXT), 18, '0')"),
                 hex: |e| format!("lpad(upper(to_hex({e})), 16, '0')"),
                 md5: |e| format!("md5(CAST({e} AS TEXT))"),
                 cat: |parts| parts.join(" || "),
+                kept_hash: |e| format!("encode(substring(decode({e}, 'hex') from 1 for 12), 'base64')"),
             },
         }
     }
 }
 
 /// The two statements of one chunk on `backend`: the claims, and their deliveries in the order
-/// of their time, so that the log's ids grow with time as the gate's appends make them.
-fn fill_statements(backend: Backend) -> [String; 2] {
-    let Dialect { digits, hex, md5, cat } = Dialect::of(backend);
+/// of their time, so that the log's ids grow with time as the gate's appends make them. The
+/// claims as the gate writes them (96 bits of the body's hash, no instance), or with `first_shape` as
+/// it first wrote them (the whole hash, the instance).
+fn fill_statements(backend: Backend, first_shape: bool) -> [String; 2] {
+    let Dialect { digits, hex, md5, cat, kept_hash } = Dialect::of(backend);
     let biz_id = cat(&["'D'", &digits("d.n")]);
     let msg_id = |offset: &str| cat(&["'C0A8010A00002A9F'", &hex(&format!("d.n * 512 + {offset}"))]);
     let uniq_key = |pid: &str| cat(&[&format!("'7F000001{pid}2F1D'"), &hex("d.n")]);
     let payload_hash = cat(&[&md5("d.n"), &md5("d.n + 1")]);
     let instance = "'shop-consumer-7f9c4d5b8-xk2lp@10.42.3.17'";
+    // What a claim keeps of the hash: its first 12 bytes in base64 (idemgate::outcome::claim_hash).
+    let (claim_hash, claim_instance) =
+        if first_shape { (payload_hash.clone(), instance) } else { (kept_hash(&md5("d.n")), "''") };
     let claims = format!(
         "INSERT INTO idempotent_record (consumer_group, biz_type, biz_id, execute_time, msg_id, uniq_key, \
          payload_hash, instance_id, claimed_at_ms) \
-         SELECT ?, ?, {biz_id}, 0, {}, {}, {payload_hash}, {instance}, ? + (d.n - ?) * ? FROM {NUMBERS} \
+         SELECT ?, ?, {biz_id}, 0, {}, {}, {claim_hash}, {claim_instance}, ? + (d.n - ?) * ? FROM {NUMBERS} \
          ORDER BY d.n",
         msg_id("0"),
         uniq_key("3039")
@@ -942,8 +975,8 @@ fn fill_statements(backend: Backend) -> [String; 2] {
 /// Fills the tables from `from` claims to `to`, a million per statement, spread evenly over the
 /// span before now; the claims from `log_start` on get their log rows. The first claim with log
 /// rows.
-async fn fill(store: &Store, from: u64, to: u64, log_start: i64) -> anyhow::Result<u64> {
-    let [claims, log] = fill_statements(store.backend());
+async fn fill(store: &Store, from: u64, to: u64, log_start: i64, first_shape: bool) -> anyhow::Result<u64> {
+    let [claims, log] = fill_statements(store.backend(), first_shape);
     let start = idemgate::clock::now_ms() - SPAN_DAYS * DAY_MS;
     let step = SPAN_DAYS * DAY_MS / (to - from) as i64;
     // The first claim whose rows are in the log's days (a failed first attempt is logged a
@@ -1083,6 +1116,7 @@ mod tests {
             lookups: 10,
             log_days: 14,
             keep_database: false,
+            first_claim_shape: false,
         }
     }
 
@@ -1110,9 +1144,12 @@ mod tests {
     #[test]
     fn each_fill_statement_binds_what_the_fill_gives_it() {
         for backend in [Backend::Postgres, Backend::MySql] {
-            let [claims, log] = fill_statements(backend);
-            assert_eq!(claims.matches('?').count(), 7, "{backend}: {claims}");
-            assert_eq!(log.matches('?').count(), 7, "{backend}: {log}");
+            for first_shape in [false, true] {
+                let [claims, log] = fill_statements(backend, first_shape);
+                assert_eq!(claims.matches('?').count(), 7, "{backend}: {claims}");
+                assert_eq!(log.matches('?').count(), 7, "{backend}: {log}");
+                assert_eq!(claims.contains("shop-consumer"), first_shape, "{backend}: {claims}");
+            }
         }
     }
 }

@@ -3,27 +3,25 @@
 //! reconcile, an archive pass and the log's retention that leave nothing past their cutoff), so a
 //! benchmark that no longer measures what it says fails here before its figures are taken.
 
-/// Two steps on PostgreSQL and MariaDB: each step's row is printed, the second step holds ten
-/// times the claims and two log rows each, and every pass did work.
-#[test]
-fn bench_volume_at_a_small_size_fills_measures_and_checks_each_step() {
+/// Runs `idemgate-bench volume` on PostgreSQL and MariaDB with 300 messages and 10 lookups a
+/// step, and `args`; its standard output, once it has succeeded.
+fn volume(args: &[&str]) -> String {
     let out = std::process::Command::new(env!("CARGO_BIN_EXE_idemgate-bench"))
-        .args([
-            "volume",
-            "--backends",
-            "postgres,mysql",
-            "--sizes",
-            "9000,90000",
-            "--messages",
-            "300",
-            "--lookups",
-            "10",
-        ])
+        .args(["volume", "--backends", "postgres,mysql", "--messages", "300", "--lookups", "10"])
+        .args(args)
         .env("RUST_LOG", "error")
         .output()
         .expect("run idemgate-bench volume");
     let (stdout, stderr) = (String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
     assert!(out.status.success(), "{stdout}\n{stderr}");
+    stdout.into_owned()
+}
+
+/// Two steps on PostgreSQL and MariaDB: each step's row is printed, the second step holds ten
+/// times the claims and two log rows each, and every pass did work.
+#[test]
+fn bench_volume_at_a_small_size_fills_measures_and_checks_each_step() {
+    let stdout = volume(&["--sizes", "9000,90000"]);
     for backend in ["postgres", "mysql"] {
         let rows: Vec<Vec<&str>> = stdout
             .lines()
@@ -54,4 +52,22 @@ fn bench_volume_at_a_small_size_fills_measures_and_checks_each_step() {
     }
     assert!(stdout.contains("| idempotent_record | idempotent_record_claim_key |"), "{stdout}");
     assert!(stdout.contains("| delivery_log | delivery_log_key |"), "{stdout}");
+    assert!(!stdout.contains("idempotent_record_biz_id"), "the key led by biz_id serves bizId: {stdout}");
+}
+
+/// `--first-claim-shape` measures the claim as it was first shaped, to compare: its index on
+/// biz_id is there after every pass, and the archive job left the key as it was.
+#[test]
+fn bench_volume_measures_the_first_claim_shape_when_asked() {
+    let stdout = volume(&["--sizes", "9000", "--first-claim-shape"]);
+    assert!(stdout.contains("the claim as first shaped"), "{stdout}");
+    for backend in ["postgres", "mysql"] {
+        let biz_id_index = format!("| {backend} | ");
+        assert!(
+            stdout
+                .lines()
+                .any(|l| l.starts_with(&biz_id_index) && l.contains("| idempotent_record_biz_id |")),
+            "{backend}: the index on biz_id is measured: {stdout}"
+        );
+    }
 }

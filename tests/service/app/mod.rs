@@ -68,6 +68,7 @@ settings_table! {
         "archive.replay_horizon_hours" => archive_replay_horizon_hours,
         "archive.late_duplicate_guard" => archive_late_duplicate_guard,
         "archive.partition_log" => archive_partition_log,
+        "archive.claim_key_by_biz_id" => archive_claim_key_by_biz_id,
         "redis.url" => redis_url,
         "redis.biz_types" => redis_biz_types,
         "redis.ttl_seconds" => redis_ttl_seconds,
@@ -363,6 +364,20 @@ async fn archive_partition_log(b: Backend) {
     // Off: it stays plain.
     let app = spawn_app(b, |s| s.archive.partition_log = false).await;
     assert_eq!(log_partitions(&app, b).await, 0, "the log stays plain on {b}");
+    app.stop().await;
+}
+
+async fn archive_claim_key_by_biz_id(b: Backend) {
+    // On: the new database's claim key is led by biz_id when the service starts, and the index
+    // on biz_id alone is gone (SQLite keeps its key, reported as final).
+    let app = spawn_app(b, |_| {}).await;
+    let shape = idemgate::layout::key::shape(&app.db.store, "idempotent_record").await.unwrap();
+    assert!(shape.is_led(), "{b}: {shape:?}");
+    app.stop().await;
+    // Off: the first key stays, beside its index on biz_id.
+    let app = spawn_app(b, |s| s.archive.claim_key_by_biz_id = false).await;
+    let shape = idemgate::layout::key::shape(&app.db.store, "idempotent_record").await.unwrap();
+    assert_eq!(shape.is_led(), b == Backend::Sqlite, "{b}: {shape:?}");
     app.stop().await;
 }
 

@@ -2,6 +2,7 @@
 //! clock, imitated crashes, consumers running beside a run, and two instances racing for one
 //! schedule tick.
 
+mod claim_key;
 mod partitions;
 
 use crate::conformance::support;
@@ -56,6 +57,19 @@ static DISTINCT_CLAIMS_LIKE: Sql = Sql::new(
     "SELECT COUNT(*) FROM (SELECT DISTINCT biz_id FROM idempotent_record WHERE biz_id LIKE ?) claimed",
 );
 
+/// The first column of every row `sql` (written for the backend at hand) returns for `binds`.
+async fn first_column<T>(store: &Store, sql: &'static str, binds: &[&str]) -> Vec<T>
+where
+    T: for<'r> sqlx::Decode<'r, sqlx::Any> + sqlx::Type<sqlx::Any>,
+{
+    let mut q = sqlx::query(sql);
+    for b in binds {
+        q = q.bind(b.to_string());
+    }
+    q.fetch_all(store.pool()).await.unwrap().iter().map(|r| r.try_get(0).unwrap()).collect()
+}
+
+/// A run's options in these tests: the shipped retentions and shapes, no pause, no fault.
 fn options(instance: &str, batch_size: u32) -> ArchiveOptions {
     ArchiveOptions {
         dedup_retention_ms: 90 * DAY_MS,
@@ -67,6 +81,7 @@ fn options(instance: &str, batch_size: u32) -> ArchiveOptions {
         instance_id: instance.to_owned(),
         started_by: StartedBy::Command,
         partition_log: true,
+        claim_key_by_biz_id: true,
         fault: Fault::None,
     }
 }

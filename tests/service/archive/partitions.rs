@@ -9,7 +9,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;
 
 use idemgate::archive::retention::DAY_MS;
-use idemgate::archive::{ArchiveOptions, ArchiveSettings, Fault, StartedBy, archive_once, prepare_log};
+use idemgate::archive::{ArchiveOptions, ArchiveSettings, archive_once, prepare_tables};
 use idemgate::delivery_log::partitions::{self, Bound, Partition, Shape, day_start};
 use idemgate::delivery_log::{AttemptId, Entry, append_once};
 use idemgate::handler::Handlers;
@@ -35,18 +35,7 @@ static SEED_LOG_ROW: Sql = Sql::new(
 );
 
 fn options(partition_log: bool) -> ArchiveOptions {
-    ArchiveOptions {
-        dedup_retention_ms: 90 * DAY_MS,
-        log_retention_ms: Some(14 * DAY_MS),
-        batch_size: 500,
-        pause: Duration::ZERO,
-        time_budget: Duration::from_secs(600),
-        lease_ttl: Duration::from_secs(60),
-        instance_id: "archiver".to_owned(),
-        started_by: StartedBy::Command,
-        partition_log,
-        fault: Fault::None,
-    }
+    ArchiveOptions { partition_log, ..super::options("archiver", 500) }
 }
 
 /// The times of `biz_id`'s deliveries, as its trace shows them.
@@ -133,7 +122,7 @@ pub(crate) mod cases {
         let now = idemgate::clock::now_ms();
         let today = day_start(now);
         // Made five days ago, kept ahead since: the days between are partitions of their own.
-        prepare_log(store, &ArchiveSettings::default(), "t", now - 5 * DAY_MS).await.unwrap();
+        prepare_tables(store, &ArchiveSettings::default(), "t", now - 5 * DAY_MS).await.unwrap();
         let made = partitions::ensure_ahead(store, now).await.unwrap();
         assert!(!made.is_empty(), "days up to three ahead of now are made");
         let shape = partitions::shape(store).await.unwrap();
@@ -293,7 +282,7 @@ pub(crate) mod cases {
         let before_run = acked.load(Ordering::Relaxed);
         let run = archive_once(&store, &options(true), now).await.unwrap();
         let log = run.log.expect("a log pass");
-        assert!(!log.partition_steps.is_empty(), "the run moved the log: {log:?}");
+        assert!(!log.schema_steps.is_empty(), "the run moved the log: {log:?}");
         let during = acked.load(Ordering::Relaxed);
         tokio::time::sleep(Duration::from_millis(300)).await;
         stop.store(true, Ordering::Relaxed);
@@ -345,7 +334,7 @@ pub(crate) mod cases {
         let d = stock_deduct("MV-after", "M-MV-after", "U-MV-after", "SKU-MV", 1);
         assert_eq!(g.process(&d).await.verdict, Verdict::Ack);
         let again = archive_once(&store, &options(true), now).await.unwrap().log.unwrap();
-        assert!(again.partition_steps.is_empty() && again.dropped_partitions.is_empty(), "{again:?}");
+        assert!(again.schema_steps.is_empty() && again.dropped_partitions.is_empty(), "{again:?}");
         assert_eq!(traced(&store, "MV-after").await.len(), 1);
     }
 
@@ -353,7 +342,7 @@ pub(crate) mod cases {
     pub async fn with_partition_log_off_a_plain_log_stays_plain(backend: Backend) {
         let db = TestDb::new(backend).await;
         let settings = ArchiveSettings { partition_log: false, ..ArchiveSettings::default() };
-        prepare_log(&db.store, &settings, "t", idemgate::clock::now_ms()).await.unwrap();
+        prepare_tables(&db.store, &settings, "t", idemgate::clock::now_ms()).await.unwrap();
         archive_once(&db.store, &options(false), idemgate::clock::now_ms()).await.unwrap();
         assert_eq!(partitions::shape(&db.store).await.unwrap(), Shape::Plain);
     }
@@ -364,14 +353,8 @@ async fn pg_indexes(store: &Store, table: &str) -> Vec<i64> {
     if store.backend() != Backend::Postgres {
         return Vec::new();
     }
-    sqlx::query("SELECT indexrelid::oid::bigint FROM pg_index WHERE indrelid = to_regclass($1) ORDER BY 1")
-        .bind(table)
-        .fetch_all(store.pool())
-        .await
-        .unwrap()
-        .iter()
-        .map(|r| r.try_get(0).unwrap())
-        .collect()
+    let sql = "SELECT indexrelid::oid::bigint FROM pg_index WHERE indrelid = to_regclass($1) ORDER BY 1";
+    super::first_column(store, sql, &[table]).await
 }
 
 // SQLite keeps the plain log: its own test below.
@@ -386,9 +369,9 @@ on_the_servers!(
 async fn sqlite_keeps_the_plain_log() {
     let db = TestDb::new(Backend::Sqlite).await;
     let now = idemgate::clock::now_ms();
-    prepare_log(&db.store, &ArchiveSettings::default(), "t", now).await.unwrap();
+    prepare_tables(&db.store, &ArchiveSettings::default(), "t", now).await.unwrap();
     let run = archive_once(&db.store, &options(true), now).await.unwrap();
-    assert!(run.log.unwrap().partition_steps.is_empty());
+    assert!(run.log.unwrap().schema_steps.is_empty());
     assert_eq!(partitions::shape(&db.store).await.unwrap(), Shape::Plain);
     assert_eq!(partitions::health(&db.store, now).await.unwrap(), None);
 }

@@ -368,6 +368,7 @@ mod cases {
             instance_id: "a".to_owned(),
             started_by: StartedBy::Command,
             partition_log: true,
+            claim_key_by_biz_id: true,
             fault: Fault::None,
         };
         let run = archive_once(&db.store, &options, later).await.unwrap();

@@ -214,6 +214,7 @@ async fn two_instances_on_two_nodes_never_run_the_same_archive_or_reconcile_tick
         started_by: StartedBy::Schedule,
         // The lease between nodes is what this proves; the partitioned log has its own suite.
         partition_log: false,
+        claim_key_by_biz_id: true,
         fault: Fault::None,
     };
     let (a, b) = (options("on-node-1"), options("on-node-2"));

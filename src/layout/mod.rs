@@ -15,6 +15,8 @@
 //!
 //! This module owns the layout, its DDL and the per-table claim statements. It must not claim.
 
+pub mod key;
+
 use std::collections::HashMap;
 use std::sync::{Mutex, OnceLock};
 
