@@ -340,8 +340,13 @@ async fn claims_in_four_shards_on_three_nodes_take_ids_no_other_node_takes_insid
     }
     let mut seen = BTreeSet::new();
     for shard in 0..4i64 {
-        let sql =
-            format!("SELECT id, instance_id FROM idempotent_record_{shard:02} WHERE consumer_group = ?");
+        // Which node claimed each key: the instance of its processed delivery in the log (a claim
+        // keeps none).
+        let sql = format!(
+            "SELECT r.id, l.instance_id FROM idempotent_record_{shard:02} r JOIN delivery_log l \
+             ON l.consumer_group = r.consumer_group AND l.biz_type = r.biz_type AND l.biz_id = r.biz_id \
+             AND l.execute_time = r.execute_time AND l.outcome = 'processed' WHERE r.consumer_group = ?"
+        );
         let rows = idemgate::store::query_built(Backend::MySql, sql)
             .bind(group.as_str())
             .fetch_all(db.store.pool())
