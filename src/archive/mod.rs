@@ -39,7 +39,7 @@ pub use settings::ArchiveSettings;
 use crate::delivery_log::partitions;
 use crate::layout::key;
 use crate::store::Store;
-use crate::store::ddl::Step;
+use crate::store::ddl::{Step, rows_up_to};
 use batch::{Interrupt, Walk};
 
 /// How a run goes.
@@ -256,7 +256,7 @@ pub async fn prepare_tables(
     if options.partition_log
         && partitions::shape(store).await.map_err(db(RunKind::Log))? == partitions::Shape::Plain
     {
-        let rows = partitions::rows_up_to(store, MOVE_AT_START_ROWS).await.map_err(db(RunKind::Log))?;
+        let rows = rows_up_to(store, "delivery_log", MOVE_AT_START_ROWS).await.map_err(db(RunKind::Log))?;
         if rows >= MOVE_AT_START_ROWS {
             tracing::warn!(
                 rows_at_least = rows,
@@ -318,15 +318,6 @@ async fn claim_tables(store: &Store) -> Result<Vec<String>, sqlx::Error> {
         tables.insert(0, crate::layout::MAIN_TABLE.to_owned());
     }
     Ok(tables)
-}
-
-/// The rows of `table`, counted up to `limit`.
-async fn rows_up_to(store: &Store, table: &str, limit: i64) -> Result<i64, sqlx::Error> {
-    use sqlx::Row;
-    sqlx::query(sqlx::AssertSqlSafe(format!("SELECT COUNT(*) FROM (SELECT 1 FROM {table} LIMIT {limit}) t")))
-        .fetch_one(store.pool())
-        .await?
-        .try_get(0)
 }
 
 /// What a finished pass's row says besides its counts: the log's partitions dropped and moved,

@@ -577,14 +577,6 @@ async fn my_table_exists(conn: &mut AnyConnection, table: &str) -> Result<bool, 
     Ok(n > 0)
 }
 
-/// The log's rows, counted up to `limit`.
-pub async fn rows_up_to(store: &Store, limit: i64) -> Result<i64, sqlx::Error> {
-    sqlx::query(AssertSqlSafe(format!("SELECT COUNT(*) FROM (SELECT 1 FROM {TABLE} LIMIT {limit}) t")))
-        .fetch_one(store.pool())
-        .await?
-        .try_get(0)
-}
-
 /// Makes the day partitions missing between the newest one and [`DAYS_AHEAD`] days past
 /// `now_ms`. The names of those made. Nothing on a plain log.
 ///

@@ -57,6 +57,14 @@ pub async fn run_all(conn: &mut AnyConnection, statements: &[String]) -> Result<
     Ok(())
 }
 
+/// The rows of `table`, counted up to `limit`: whether a table is small enough to move now.
+pub async fn rows_up_to(store: &Store, table: &str, limit: i64) -> Result<i64, sqlx::Error> {
+    sqlx::query(AssertSqlSafe(format!("SELECT COUNT(*) FROM (SELECT 1 FROM {table} LIMIT {limit}) t")))
+        .fetch_one(store.pool())
+        .await?
+        .try_get(0)
+}
+
 /// PostgreSQL: `index`, which a concurrent build killed half-way left invalid, dropped
 /// (concurrently) so that the next step builds it again; unless another session is building it
 /// still, which the next run waits for.
