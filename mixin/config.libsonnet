@@ -19,7 +19,9 @@
     // The label that tells clusters (or any other Prometheus-wide split, such as environments)
     // apart. Rules and alerts keep it when they aggregate and match on it, so one Prometheus
     // may watch several clusters; series without it work the same. The dashboard's `cluster`
-    // variable filters by it, shown when showMultiCluster is true.
+    // variable filters by it, shown when showMultiCluster is true. The service's own label
+    // `broker` (the kind of broker it consumes: rocketmq, rabbitmq, kafka), on every series it
+    // exports, is kept and matched on the same way, and filtered by the `broker` variable.
     clusterLabel: 'cluster',
     showMultiCluster: false,
 
@@ -32,7 +34,7 @@
     // The Grafana dashboard.
     dashboardUid: 'idemgate',
     dashboardTitle: 'idemgate',
-    dashboardTags: ['idemgate', 'rocketmq'],
+    dashboardTags: ['idemgate', 'rocketmq', 'rabbitmq', 'kafka'],
     dashboardRefresh: '30s',
     dashboardTimezone: '',
 

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Starts the local services the tests need (PostgreSQL, MariaDB, Redis) when they are not
+# Starts the local services the tests need (PostgreSQL, MariaDB, Redis, RabbitMQ) when they are not
 # running, waits until each answers, and drops scratch databases and stores that earlier runs
 # left behind.
 # A service that cannot be started is an error: the tests never skip a missing service.
@@ -41,6 +41,14 @@ if ! redis_up; then
 fi
 wait_for Redis redis_up
 
+rabbitmq_up() { rabbitmq-diagnostics -q check_port_connectivity >/dev/null 2>&1; }
+if ! rabbitmq_up; then
+  echo "services: starting RabbitMQ" >&2
+  command -v rabbitmq-server >/dev/null || { echo "services: RabbitMQ is not installed" >&2; exit 1; }
+  rabbitmq-server -detached
+fi
+wait_for RabbitMQ rabbitmq_up
+
 # Scratch databases of runs that were killed before they could drop them.
 for db in $(psql -h 127.0.0.1 -U postgres -Atc "SELECT datname FROM pg_database WHERE datname LIKE 'idemgate\_scratch\_%'"); do
   psql -h 127.0.0.1 -U postgres -qc "DROP DATABASE IF EXISTS \"$db\" WITH (FORCE)" >/dev/null
@@ -59,7 +67,7 @@ in_use() { # dir
   done
   return 1
 }
-for dir in "${TMPDIR:-/tmp}"/idemgate-rocketmq-* "${TMPDIR:-/tmp}"/idemgate-galera-*; do
+for dir in "${TMPDIR:-/tmp}"/idemgate-rocketmq-* "${TMPDIR:-/tmp}"/idemgate-galera-* "${TMPDIR:-/tmp}"/idemgate-tansu-*; do
   [[ -d "$dir" ]] || continue
   owner=$(basename "$dir" | cut -d- -f3)
   if [[ "$owner" =~ ^[0-9]+$ && "$(basename "$dir" | cut -d- -f4)" != "" ]]; then
@@ -69,4 +77,4 @@ for dir in "${TMPDIR:-/tmp}"/idemgate-rocketmq-* "${TMPDIR:-/tmp}"/idemgate-gale
   fi
 done
 df -h "${TMPDIR:-/tmp}" | awk 'NR == 2 { print "services: the disk holding the stores is " $5 " used, " $4 " free" }' >&2
-echo "services: PostgreSQL, MariaDB and Redis are up" >&2
+echo "services: PostgreSQL, MariaDB, Redis and RabbitMQ are up" >&2

@@ -11,6 +11,8 @@ scripts/install-prometheus.sh >/dev/null
 # tests/service/dashboards.rs: the shipped dashboard and rules regenerated from mixin/.
 scripts/install-jsonnet.sh >/dev/null
 scripts/install-rocketmq.sh >/dev/null
+# crates/idemgate-cli/tests/end_to_end/brokers.rs: the Kafka suite's broker.
+scripts/install-tansu.sh >/dev/null
 scripts/install-chromium.sh >/dev/null
 # crates/idemgate-cli/tests/deploy: systemd-analyze, kubernetes-validate and the prometheus-operator schemas.
 scripts/install-deploy-checks.sh >/dev/null

@@ -14,7 +14,7 @@ use figment::providers::{Env, Format, Serialized, Toml};
 use serde::{Deserialize, Serialize};
 
 use crate::archive::ArchiveSettings;
-use crate::broker::BrokerSettings;
+use crate::broker::{BrokerKind, BrokerSettings, Brokers, KafkaSettings, RabbitMqSettings};
 use crate::gate::{ConsumerSettings, GroupSettings, Identity, Policy};
 use crate::handler::Handlers;
 use crate::http::settings::HttpSettings;
@@ -41,7 +41,15 @@ pub struct Settings {
     /// Which business key each topic/tag carries: the file's `[[routes]]` tables. None by
     /// default; the service needs at least one.
     pub routes: Vec<RouteConfig>,
+    /// `[broker]`: which broker (`kind`), what every broker shares, and RocketMQ's own
+    /// settings ([`BrokerSettings`]).
     pub broker: BrokerSettings,
+    /// `[rabbitmq]`: the RabbitMQ consumer's settings, read with `broker.kind = "rabbitmq"`
+    /// ([`RabbitMqSettings`]).
+    pub rabbitmq: RabbitMqSettings,
+    /// `[kafka]`: the Kafka consumer's settings, read with `broker.kind = "kafka"`
+    /// ([`KafkaSettings`]).
+    pub kafka: KafkaSettings,
     pub http: HttpSettings,
     pub log: LogSettings,
     /// `[archive]`: scheduled archiving of old claims and the delivery log's retention; each
@@ -115,6 +123,8 @@ impl Settings {
         self.database.validate()?;
         self.consumer.validate()?;
         self.broker.validate()?;
+        self.rabbitmq.validate()?;
+        self.kafka.validate()?;
         let b = &self.broker;
         let g = &self.group_commit;
         g.validate()?;
@@ -142,6 +152,13 @@ impl Settings {
         }
         self.http.validate()?;
         let routes = Routes::new(&self.routes)?;
+        if self.broker.kind == BrokerKind::Kafka {
+            for (topic, _) in routes.topics() {
+                crate::broker::kafka::check_topic(&topic).map_err(|why| {
+                    invalid("routes", format!("the topic {topic:?} {why} (a Kafka topic name)"))
+                })?;
+            }
+        }
         self.archive.validate()?;
         self.reconcile.validate()?;
         self.redis.validate()?;
@@ -176,13 +193,23 @@ impl Settings {
         Ok(())
     }
 
+    /// Every broker's settings, and the one `broker.kind` picks.
+    pub fn brokers(&self) -> Brokers<'_> {
+        Brokers {
+            kind: self.broker.kind,
+            rocketmq: &self.broker,
+            rabbitmq: &self.rabbitmq,
+            kafka: &self.kafka,
+        }
+    }
+
     /// Fails unless `consumer.group` is set: the service, replay and the reconciler work for
     /// one consumer group, and there is no default.
     pub fn require_group(&self) -> Result<(), ConfigError> {
         if self.consumer.group.is_empty() {
             return Err(invalid(
                 "consumer.group",
-                "is not set: name the RocketMQ consumer group whose deliveries this is (IDEMGATE_CONSUMER__GROUP)",
+                "is not set: name the consumer group whose deliveries this is (IDEMGATE_CONSUMER__GROUP)",
             ));
         }
         Ok(())
@@ -480,6 +507,16 @@ mod tests {
             ("[broker]\nbuffered_messages = 0", "configuration key broker.buffered_messages"),
             ("[broker]\nbuffered_mib = 0", "configuration key broker.buffered_mib"),
             ("[broker]\nlag_interval_seconds = 3601", "configuration key broker.lag_interval_seconds"),
+            ("[broker]\nkind = \"nats\"", "unknown broker kind \"nats\""),
+            ("[rabbitmq]\nprefetch = 0", "configuration key rabbitmq.prefetch"),
+            ("[rabbitmq]\nurl = \"http://mq\"", "configuration key rabbitmq.url"),
+            ("[rabbitmq]\nexchange = \"x\"", "key rabbitmq.exchange: unknown field"),
+            ("[kafka]\nmax_poll_records = 0", "configuration key kafka.max_poll_records"),
+            ("[kafka]\nretry_topic = \"a b\"", "configuration key kafka.retry_topic"),
+            (
+                "[broker]\nkind = \"kafka\"\n[[routes]]\ntopic = \"shop orders\"\nbiz_type = \"t\"\nbiz_id = \"keys\"",
+                "the topic \"shop orders\" may hold only",
+            ),
             (
                 "[consumer]\ntransient_retries = 11",
                 "configuration key consumer.transient_retries: is 11; use 0 to 10",

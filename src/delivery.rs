@@ -23,9 +23,55 @@ pub(crate) const UNIQ_KEY_PROPERTY: &str = "UNIQ_KEY";
 /// tell a replay from other duplicates.
 pub const REPLAY_PROPERTY: &str = "IDEMGATE_REPLAY_OF";
 
+crate::labelled::labelled! {
+    /// Which kind of broker delivered a message: how its coordinates read (`topic`, `tags`,
+    /// `queue_id`, `queue_offset` and `msg_id` of a [`Delivery`]), and the `broker` label of
+    /// every metric.
+    #[derive(Default)]
+    BrokerKind {
+        /// RocketMQ: topic, tag, queue and queue offset; msgId and UNIQ_KEY.
+        #[default]
+        RocketMq => "rocketmq",
+        /// RabbitMQ (AMQP 0-9-1): the exchange as the topic, the routing key as the tag, the
+        /// delivery tag as the offset; the AMQP `message-id` as UNIQ_KEY.
+        RabbitMq => "rabbitmq",
+        /// Kafka: topic, partition as the queue, offset; the record key as KEYS.
+        Kafka => "kafka",
+    }
+}
+
+impl<'de> serde::Deserialize<'de> for BrokerKind {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let name = String::deserialize(d)?;
+        Self::parse(&name).ok_or_else(|| {
+            serde::de::Error::custom(format!(
+                "unknown broker kind {name:?}: expected \"rocketmq\", \"rabbitmq\" or \"kafka\""
+            ))
+        })
+    }
+}
+
+impl BrokerKind {
+    /// Where a delivery sits in its broker, in the broker's own words: RocketMQ's topic, queue
+    /// and offset; RabbitMQ's exchange, routing key and delivery tag; Kafka's topic, partition
+    /// and offset.
+    pub fn position(self, topic: &str, tags: &str, queue_id: i32, offset: i64) -> String {
+        match self {
+            Self::RocketMq => format!("{topic} · q{queue_id} · @{offset}"),
+            Self::RabbitMq => {
+                let exchange = if topic.is_empty() { "(default exchange)" } else { topic };
+                format!("exchange {exchange} · routing key {tags} · delivery tag {offset}")
+            }
+            Self::Kafka => format!("{topic} · partition {queue_id} · offset {offset}"),
+        }
+    }
+}
+
 /// A message as delivered, plus where it came from.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Delivery {
+    /// The kind of broker that delivered it.
+    pub broker: BrokerKind,
     /// The broker's message id. It changes on every redelivery.
     pub msg_id: String,
     /// The producer's id of this send (RocketMQ `UNIQ_KEY`). Stable across redeliveries; a
@@ -41,6 +87,10 @@ pub struct Delivery {
     pub queue_offset: i64,
     /// How many times the broker has redelivered this message after a failure.
     pub reconsume_times: i32,
+    /// The broker says it delivered this message before without an answer (RabbitMQ's
+    /// `redelivered` flag: a channel closed, a consumer crashed). RocketMQ and Kafka say it
+    /// through `reconsume_times` or the message's own id instead.
+    pub redelivered: bool,
     /// When the producer created the message, epoch milliseconds; 0 when unknown.
     pub born_at_ms: i64,
 }

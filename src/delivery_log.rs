@@ -10,7 +10,7 @@
 
 pub mod partitions;
 
-use crate::delivery::Delivery;
+use crate::delivery::{BrokerKind, Delivery};
 use crate::outcome::{DuplicateCause, Layer, Outcome};
 use crate::route::{
     MAX_BIZ_ID_CHARS, MAX_BIZ_TYPE_CHARS, MAX_ID_CHARS, MAX_TOPIC_CHARS, stored_id, stored_key,
@@ -27,7 +27,7 @@ pub(crate) const MAX_ERROR_CHARS: usize = 2_000;
 pub const MAX_KEPT_PAYLOAD: usize = 4 * 1024 * 1024;
 
 /// The columns of one row, in the order [`bind`] binds them.
-pub const COLUMNS: [&str; 24] = [
+pub const COLUMNS: [&str; 25] = [
     "logged_at_ms",
     "instance_id",
     "consumer_group",
@@ -52,13 +52,14 @@ pub const COLUMNS: [&str; 24] = [
     "payload_truncated",
     "kept_headers",
     "trace_id",
+    "broker",
 ];
 static APPEND: Sql = Sql::new(
     "INSERT INTO delivery_log (logged_at_ms, instance_id, consumer_group, msg_id, uniq_key, \
      topic, tags, queue_id, queue_offset, reconsume_times, biz_type, biz_id, execute_time, \
      outcome, cause, layer, payload_match, payload_hash, error, latency_us, payload, payload_truncated, \
-     kept_headers, trace_id) \
-     VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+     kept_headers, trace_id, broker) \
+     VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
 );
 /// [`APPEND`] with the attempt's id, skipped when the table already holds a row of that
 /// attempt. The unique index is on `(attempt_id, logged_at_ms)` (a partitioned table's unique
@@ -72,8 +73,8 @@ static APPEND_ONCE: InsertIfAbsent = crate::insert_if_absent!(
     "INSERT INTO delivery_log (logged_at_ms, instance_id, consumer_group, msg_id, uniq_key, \
      topic, tags, queue_id, queue_offset, reconsume_times, biz_type, biz_id, execute_time, \
      outcome, cause, layer, payload_match, payload_hash, error, latency_us, payload, payload_truncated, \
-     kept_headers, trace_id, attempt_id) \
-     VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+     kept_headers, trace_id, broker, attempt_id) \
+     VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
     conflict = "",
     index = "delivery_log_attempt"
 );
@@ -99,7 +100,7 @@ impl Default for AttemptId {
     }
 }
 
-/// The most rows one multi-row append carries (25 values each with its `keep_row`, far below
+/// The most rows one multi-row append carries (26 values each with its `keep_row`, far below
 /// every backend's limit on bound values).
 pub(crate) const MAX_ROWS_PER_STATEMENT: usize = 64;
 
@@ -193,7 +194,7 @@ pub(crate) async fn is_logged(
     Ok(row.try_get::<i64, _>(0)? > 0)
 }
 
-/// Binds one row's 24 values, in column order. The trace id is the message's `traceparent`'s
+/// Binds one row's 25 values, in column order. The trace id is the message's `traceparent`'s
 /// when it can be read; one that cannot is stored as none (the metrics count it), never a
 /// reason to refuse the row.
 fn bind(q: AnyQuery, entry: &Entry<'_>) -> AnyQuery {
@@ -233,6 +234,7 @@ fn bind(q: AnyQuery, entry: &Entry<'_>) -> AnyQuery {
         .bind(i16::from(truncated))
         .bind(entry.keep_payload.then(|| kept_headers(d)).flatten())
         .bind(d.trace_id().ok().flatten().map(|t| t.as_str().to_owned()))
+        .bind((d.broker != BrokerKind::RocketMq).then(|| d.broker.as_str()))
 }
 
 /// The most bytes of KEYS and properties kept beside a body (RocketMQ bounds a message's

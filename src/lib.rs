@@ -52,6 +52,9 @@
 //! - `telemetry`: the process's one `tracing` subscriber.
 //! - `setting`: `Invalid`, a setting refused with its key named.
 
+// The RocketMQ client's futures are deep: proving one Send behind the broker seam's boxed
+// futures takes more than the default 128 steps.
+#![recursion_limit = "256"]
 // An item is `pub` only if the API names it.
 #![warn(unreachable_pub)]
 

@@ -23,7 +23,7 @@ use sqlx::Row;
 use crate::archive::RunStatus;
 use crate::broker::lag::{LagReading, ReadResult};
 use crate::clock::now_ms;
-use crate::delivery::{Delivery, TraceparentFault};
+use crate::delivery::{BrokerKind, Delivery, TraceparentFault};
 use crate::gate::{CommitScope, Disposition, GroupEnd, GroupReport, Observer, ReadBack};
 use crate::labelled::labelled;
 use crate::outcome::{DuplicateCause, Layer, Outcome};
@@ -142,6 +142,8 @@ impl Drop for OpenConnection {
 #[derive(Debug, Clone)]
 pub struct BuildInfo {
     pub backend: Backend,
+    /// The broker the service consumes: every metric carries it as its `broker` label.
+    pub broker: BrokerKind,
     pub consumer_group: String,
     /// This process's instance id, as in its logs and log rows.
     pub instance_id: String,
@@ -153,7 +155,13 @@ impl Metrics {
     /// Declares every metric and starts the known label values at 0: the `biz_types` and
     /// `topics` come from the routes.
     pub fn new(info: &BuildInfo, biz_types: &BTreeSet<String>, topics: &BTreeSet<String>) -> Self {
-        let registry = Registry::new();
+        // Every series says which kind of broker fed it, so that the dashboards and alerts of
+        // services on different brokers tell them apart.
+        let registry = Registry::new_custom(
+            None,
+            Some(std::collections::HashMap::from([("broker".to_owned(), info.broker.as_str().to_owned())])),
+        )
+        .expect("a valid constant label");
         let counter = |name: &str, help: &str, labels: &[&str]| {
             let c = IntCounterVec::new(Opts::new(name, help), labels).expect("a valid metric definition");
             registry.register(Box::new(c.clone())).expect("each metric registered once");
@@ -371,8 +379,8 @@ impl Metrics {
             ),
             lag_messages: int_gauge(
                 "idemgate_consumer_lag_messages",
-                "Messages stored in a queue and not yet consumed by the group: the broker's max offset minus the group's committed offset, read through the admin API every broker.lag_interval_seconds.",
-                &["consumer_group", "topic", "broker", "queue"],
+                "Messages stored in a queue and not yet consumed by the group, read every broker.lag_interval_seconds: RocketMQ, a queue's max offset minus the group's committed offset (broker_name: the broker holding the queue); Kafka, a partition's high watermark minus the committed offset (queue: the partition); RabbitMQ, the ready messages of the group's queue (queue 0) and of its delay queue (queue 1), broker_name the queue's name.",
+                &["consumer_group", "topic", "broker_name", "queue"],
             ),
             lag_seconds: gauge(
                 "idemgate_consumer_lag_seconds",

@@ -24,7 +24,8 @@ labelled! {
 }
 
 labelled! {
-    /// Why a duplicate arrived, read from the UNIQ_KEY of the delivery and of the claim.
+    /// Why a duplicate arrived, read from the UNIQ_KEY of the delivery and of the claim (and,
+    /// where either has none, from the broker's redelivered flag).
     DuplicateCause {
         /// Same UNIQ_KEY as the claim: the broker (or the producer's own retry) sent the same
         /// send again: a lost ack, a rebalance, a crash before the ack.
@@ -159,6 +160,10 @@ pub(crate) fn classify(
     let cause = match claim {
         _ if d.is_replay() => DuplicateCause::Replay,
         None => DuplicateCause::Unknown,
+        // Without the producer's id, the broker's word that it delivered this message before.
+        Some(c) if (d.uniq_key.is_empty() || c.uniq_key.is_empty()) && d.redelivered => {
+            DuplicateCause::Redelivery
+        }
         Some(c) if d.uniq_key.is_empty() || c.uniq_key.is_empty() => DuplicateCause::Unknown,
         Some(c) if c.uniq_key == d.uniq_key => DuplicateCause::Redelivery,
         Some(_) => DuplicateCause::ProducerResend,
@@ -182,6 +187,13 @@ mod tests {
         assert_eq!(classify(&d, "h", Some(&claim("U2", "h"))), (DuplicateCause::ProducerResend, Some(true)));
         assert_eq!(classify(&d, "h", Some(&claim("", "h"))), (DuplicateCause::Unknown, Some(true)));
         assert_eq!(classify(&d, "h", None), (DuplicateCause::Unknown, None));
+        let flagged = Delivery { redelivered: true, ..Default::default() };
+        assert_eq!(
+            classify(&flagged, "h", Some(&claim("U1", "h"))),
+            (DuplicateCause::Redelivery, Some(true))
+        );
+        let unflagged = Delivery::default();
+        assert_eq!(classify(&unflagged, "h", Some(&claim("U1", "h"))), (DuplicateCause::Unknown, Some(true)));
         let mut replay = d.clone();
         replay.properties.insert(REPLAY_PROPERTY.into(), "m0".into());
         assert_eq!(classify(&replay, "h", Some(&claim("U2", "h"))), (DuplicateCause::Replay, Some(true)));

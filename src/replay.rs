@@ -20,7 +20,7 @@ use serde::Serialize;
 use sqlx::Row;
 use sqlx::any::AnyRow;
 
-use crate::broker::{BrokerAccess, Producer};
+use crate::broker::{OwnedBrokers, Producer};
 use crate::delivery::{Delivery, REPLAY_PROPERTY};
 use crate::delivery_log::{KeptHeaders, MAX_KEPT_PAYLOAD};
 use crate::inspect::trace::{ClaimRecord, KeyRef, claims};
@@ -290,53 +290,20 @@ async fn claim_of(store: &Store, l: &Line) -> Result<Option<ClaimRecord>, sqlx::
     Ok(claims(store, &key).await?.0)
 }
 
-/// Where a replay is sent where there is no broker: a stand-in for it, which delivers what it
-/// is handed.
-#[async_trait::async_trait]
-pub trait Publish: Sync {
-    /// Sends `message`; answers the UNIQ_KEY it was sent with.
-    async fn publish(&self, message: &Delivery) -> anyhow::Result<String>;
-}
-
-/// Where the replayed messages go.
-#[derive(Clone, Copy)]
-enum To<'a> {
-    /// The broker, through its producer.
-    Broker(&'a Producer),
-    Other(&'a dyn Publish),
-}
-
-impl To<'_> {
-    async fn send(self, message: &Delivery) -> anyhow::Result<String> {
-        match self {
-            To::Broker(p) => Ok(p.send(message).await?.uniq_key),
-            To::Other(p) => p.publish(message).await,
-        }
-    }
-}
+pub use crate::broker::Publish;
 
 /// Replays the selected deliveries of `group`: each key's latest dead letter or invalid
 /// delivery (and each invalid message whose key cannot be read, once) is checked against the
-/// claims and, unless refused, sent with `producer` (none: a dry run). At most [`MAX_KEYS`].
+/// claims and, unless refused, sent with `to` (none: a dry run): the broker's publisher, or a
+/// stand-in for it. At most [`MAX_KEYS`].
 pub async fn replay(
-    store: &Store,
-    routes: &Routes,
-    group: &str,
-    selection: &Selection,
-    producer: Option<&Producer>,
-) -> Result<Vec<Line>, sqlx::Error> {
-    replay_through(store, routes, group, selection, producer.map(To::Broker)).await
-}
-
-/// [`replay`] through a stand-in for the broker (none: a dry run).
-pub async fn replay_to(
     store: &Store,
     routes: &Routes,
     group: &str,
     selection: &Selection,
     to: Option<&dyn Publish>,
 ) -> Result<Vec<Line>, sqlx::Error> {
-    replay_through(store, routes, group, selection, to.map(To::Other)).await
+    replay_through(store, routes, group, selection, to).await
 }
 
 async fn replay_through(
@@ -344,7 +311,7 @@ async fn replay_through(
     routes: &Routes,
     group: &str,
     selection: &Selection,
-    to: Option<To<'_>>,
+    to: Option<&dyn Publish>,
 ) -> Result<Vec<Line>, sqlx::Error> {
     let mut lines = Vec::new();
     let mut seen = std::collections::BTreeSet::new();
@@ -377,7 +344,7 @@ async fn replay_through(
             (None, Err(refusal)) => refusal,
             (None, Ok(message)) => match to {
                 None => Action::WouldSend,
-                Some(to) => match to.send(&message).await {
+                Some(to) => match to.publish(&message).await {
                     Ok(uniq_key) => Action::Sent { uniq_key },
                     Err(e) => Action::Failed { error: format!("{e:#}") },
                 },
@@ -424,28 +391,23 @@ pub fn render_text(lines: &[Line], dry_run: bool) -> String {
     out
 }
 
-/// Replay from the web UI: the routes to rebuild keys with, and a producer started on first use.
+/// Replay from the web UI: the routes to rebuild keys with, and a publisher to the service's
+/// broker started on first use.
 pub struct Replayer {
-    access: BrokerAccess,
-    producer_group: String,
+    brokers: OwnedBrokers,
     routes: Routes,
-    producer: tokio::sync::OnceCell<Producer>,
+    publisher: tokio::sync::OnceCell<Box<dyn Publish>>,
 }
 
 impl std::fmt::Debug for Replayer {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Replayer").field("access", &self.access).finish()
+        f.debug_struct("Replayer").field("broker", &self.brokers.borrow().describe()).finish()
     }
 }
 
 impl Replayer {
-    pub fn new(access: BrokerAccess, producer_group: &str, routes: Routes) -> Self {
-        Self {
-            access,
-            producer_group: producer_group.to_owned(),
-            routes,
-            producer: tokio::sync::OnceCell::new(),
-        }
+    pub fn new(brokers: OwnedBrokers, routes: Routes) -> Self {
+        Self { brokers, routes, publisher: tokio::sync::OnceCell::new() }
     }
 
     /// Replays `selection` of `group` (from the trace page: one key, or one message).
@@ -455,8 +417,7 @@ impl Replayer {
         group: &str,
         selection: &Selection,
     ) -> anyhow::Result<Vec<Line>> {
-        let producer =
-            self.producer.get_or_try_init(|| Producer::start(&self.access, &self.producer_group)).await?;
-        Ok(replay(store, &self.routes, group, selection, Some(producer)).await?)
+        let publisher = self.publisher.get_or_try_init(|| self.brokers.borrow().publisher()).await?;
+        Ok(replay(store, &self.routes, group, selection, Some(publisher.as_ref())).await?)
     }
 }

@@ -6,6 +6,11 @@
 // alert is sent by a template query: from an instance of the alert's consumer group (or the
 // alert's instance), a live one first (build_info × up sorts the up ones first), remembered for
 // a day so that a link still works while the instances are down; else from any instance.
+//
+// Every series of the service carries `broker`, the kind of broker it consumes (rocketmq,
+// rabbitmq, kafka): every aggregation keeps it, so each alert names its broker and services on
+// different brokers never mix, and every template query selects the alert's broker. `up` has no
+// `broker` (Prometheus writes it): joins with it match on the cluster, job and instance only.
 local text = import '../lib/text.libsonnet';
 
 {
@@ -13,11 +18,14 @@ local text = import '../lib/text.libsonnet';
     local c = $._config,
     local r = $._recorded,
     local sel(metric, matchers=[]) = text.selector(metric, [c.idemgateSelector] + matchers),
-    local by(names) = text.labels([c.clusterLabel] + names),
+    local by(names) = text.labels([c.clusterLabel, 'broker'] + names),
     local groupBiz = by(['consumer_group', 'biz_type']),
     local group = by(['consumer_group']),
     local groupInstance = by(['consumer_group', 'instance']),
+    // A scrape target, as `up` names it.
+    local target = text.labels([c.clusterLabel, 'job', 'instance']),
     local cluster = '(index $labels "%s")' % c.clusterLabel,
+    local broker = '(index $labels "broker")',
 
     local tune(keys) =
       'Tune in mixin/config.libsonnet: '
@@ -36,26 +44,27 @@ local text = import '../lib/text.libsonnet';
 
     // A recorded series of the alert's consumer group and biz_type, for a description.
     local recordedValue(name) =
-      '{{ with printf "' + name + '{' + c.clusterLabel + '=%q,consumer_group=%q,biz_type=%q}" '
-      + cluster + ' $labels.consumer_group $labels.biz_type | query }}{{ . | first | value | printf "%.3g" }}{{ end }}',
+      '{{ with printf "' + name + '{' + c.clusterLabel + '=%q,broker=%q,consumer_group=%q,biz_type=%q}" '
+      + cluster + ' ' + broker + ' $labels.consumer_group $labels.biz_type | query }}{{ . | first | value | printf "%.3g" }}{{ end }}',
 
     // The UI of any instance of the job, a live one first.
     local anyUiQuery =
       local info = text.selector('idemgate_build_info', [text.goString(c.idemgateSelector)]);
-      'sort_desc(last_over_time(' + info + '[1d]) * on (' + by(['job', 'instance']) + ') group_left '
+      'sort_desc(last_over_time(' + info + '[1d]) * on (' + target + ') group_left '
       + text.selector('up', [text.goString(c.idemgateSelector)]) + ' or 0 * last_over_time(' + info + '[1d]))',
     local anyUi = '{{ with query "' + anyUiQuery + '" }}{{ . | first | label "ui_url" }}{{ end }}',
 
-    // `path` on the UI of an instance whose `label` is the alert's, else of any instance.
+    // `path` on the UI of an instance whose `label` and broker are the alert's, else of any
+    // instance.
     local ui(label, path) =
       local info = text.selector(
         'idemgate_build_info',
-        [text.goFormat(c.idemgateSelector), c.clusterLabel + '=%[2]q', label + '=%[1]q']
+        [text.goFormat(c.idemgateSelector), c.clusterLabel + '=%[2]q', 'broker=%[3]q', label + '=%[1]q']
       );
       local query =
-        'sort_desc(last_over_time(' + info + '[1d]) * on (' + by(['job', 'instance']) + ') group_left '
+        'sort_desc(last_over_time(' + info + '[1d]) * on (' + target + ') group_left '
         + text.selector('up', [text.goFormat(c.idemgateSelector)]) + ' or 0 * last_over_time(' + info + '[1d]))';
-      '{{ with printf "' + query + '" $labels.' + label + ' ' + cluster + ' | query -}} '
+      '{{ with printf "' + query + '" $labels.' + label + ' ' + cluster + ' ' + broker + ' | query -}} '
       + '{{ . | first | label "ui_url" }} {{- else -}} ' + anyUi + ' {{- end -}} ' + path,
 
     local alert(name, severity, expr, summary, description, uiUrl, comment, tuned, forDuration=null) =
@@ -335,7 +344,7 @@ local text = import '../lib/text.libsonnet';
               instanceTopic: r.instanceTopicDeliveries,
               topic: r.topicDeliveries,
               up: sel('up'),
-              onInstance: by(['job', 'instance']),
+              onInstance: target,
               onTopic: by(['consumer_group', 'topic']),
               min: text.number(c.noTrafficMinGroupPerSecond),
             },
@@ -343,17 +352,23 @@ local text = import '../lib/text.libsonnet';
             'Instance {{ $labels.instance }} of consumer group {{ $labels.consumer_group }} is up but had '
             + 'no delivery from topic {{ $labels.topic }} for ' + text.words(c.noTrafficFor)
             + ', while the group receives {{ with printf "' + r.topicDeliveries + '{' + c.clusterLabel
-            + '=%q,consumer_group=%q,topic=%q}" ' + cluster + ' $labels.consumer_group $labels.topic | query }}'
-            + '{{ . | first | value | printf "%.3g" }}{{ end }} deliveries/s from it. Check the queue '
-            + 'allocation of the group (mqadmin consumerProgress) and that every instance subscribes '
-            + 'the same topics and tags.',
+            + '=%q,broker=%q,consumer_group=%q,topic=%q}" ' + cluster + ' ' + broker
+            + ' $labels.consumer_group $labels.topic | query }}'
+            + '{{ . | first | value | printf "%.3g" }}{{ end }} deliveries/s from it. Check '
+            + '{{ if eq ' + broker + ' "kafka" }}the partition assignment of the group '
+            + '(kafka-consumer-groups.sh --describe)'
+            + '{{ else if eq ' + broker + ' "rabbitmq" }}the consumers of the group\'s queue '
+            + '(rabbitmqctl list_consumers)'
+            + '{{ else }}the queue allocation of the group (mqadmin consumerProgress){{ end }} '
+            + 'and that every instance subscribes the same topics and tags.',
             ui('instance', '/'),
             |||
               An instance is up but gets nothing from a topic that its consumer group does consume:
-              it holds no queue (more instances than the topic has queues), its subscription differs
-              from the group's, or its consumer is stuck. The group's floor makes a zero meaningful
-              (enough that an instance holding even a small share of the queues cannot get 0 in 5
-              minutes by chance).
+              it holds no queue (more instances than the topic has queues, or Kafka partitions), its
+              subscription differs from the group's, or its consumer is stuck. The group's floor
+              makes a zero meaningful (enough that an instance holding even a small share of the
+              queues cannot get 0 in 5 minutes by chance). The group is the instance's broker's:
+              services on different brokers with the same group and topic names are never compared.
             |||,
             ['noTrafficMinGroupPerSecond', 'noTrafficFor'],
             c.noTrafficFor,
@@ -489,16 +504,18 @@ local text = import '../lib/text.libsonnet';
               window: c.consumerLagTrendWindow,
             },
             'Consumer group {{ $labels.consumer_group }} is falling behind on {{ $labels.topic }}',
-            'Consumer group {{ $labels.consumer_group }} has {{ $value | printf "%.0f" }} messages of '
+            'Consumer group {{ $labels.consumer_group }}{{ with ' + broker + ' }} on {{ . }}{{ end }} has '
+            + '{{ $value | printf "%.0f" }} messages of '
             + '{{ $labels.topic }} not yet consumed, and the number has grown for over '
             + text.words(c.consumerLagFor) + '. The oldest has waited {{ with printf "max('
             + text.selector('idemgate_consumer_lag_seconds', [
               text.goFormat(c.idemgateSelector),
               c.clusterLabel + '=%q',
+              'broker=%q',
               'consumer_group=%q',
               'topic=%q',
             ])
-            + ')" ' + cluster + ' $labels.consumer_group $labels.topic | query }}'
+            + ')" ' + cluster + ' ' + broker + ' $labels.consumer_group $labels.topic | query }}'
             + '{{ . | first | value | humanizeDuration }}{{ end }}. Check that every instance is up and '
             + 'consuming, and the time in the gate and the handler on the dashboard.',
             ui('consumer_group', '/'),
@@ -506,7 +523,10 @@ local text = import '../lib/text.libsonnet';
               A consumer group falls further behind a topic, for a long time: messages arrive faster
               than the instances apply them (too few instances, a slow database or handler), or the
               consumers are not pulling at all (stopped, stuck, every instance down). Duplicates and
-              dead letters have their own alerts; this one is about delay.
+              dead letters have their own alerts; this one is about delay. Behind means, per broker:
+              RocketMQ, a queue's max offset minus the group's committed offset; Kafka, a partition's
+              high watermark minus the committed offset; RabbitMQ, the ready messages of the group's
+              queue and of its delay queue.
             |||,
             ['consumerLagMinMessages', 'consumerLagTrendWindow', 'consumerLagFor'],
             c.consumerLagFor,

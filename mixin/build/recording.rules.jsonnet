@@ -11,7 +11,9 @@ function(config={})
     computed by Prometheus from the counters each instance exports, so it stays right when
     instances come, go or restart. Ratios are sums of rates divided by sums of rates (never an
     average of per-instance ratios). The cluster label (%(cluster)s) is kept wherever the
-    inputs have it.
+    inputs have it, and so is `broker`, the kind of broker the service consumes (rocketmq,
+    rabbitmq, kafka), which every series of the service carries: services on different brokers
+    never mix.
 
     Naming: level:metric:operations. The level names the labels a series keeps, the metric
     the counter it is computed from (a selected outcome appended), the operations what was done.

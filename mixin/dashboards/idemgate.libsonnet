@@ -1,8 +1,9 @@
 // The Grafana dashboard: provisions from its file with no edits (a `datasource` variable, no
 // import inputs), every panel with a unit, `$__rate_interval` in every rate, the variables
-// cluster, job, consumer_group, instance, biz_type and topic, links to the service's own pages
-// through `idemgate_url`, deploys marked from idemgate_build_info's version label, and the
-// optional parts (the Redis pre-filter, group commit, Galera, the process) in collapsed rows.
+// cluster, job, broker, consumer_group, instance, biz_type and topic, links to the service's
+// own pages through `idemgate_url`, deploys marked from idemgate_build_info's version label,
+// and the optional parts (the Redis pre-filter, group commit, Galera, the process) in collapsed
+// rows.
 local text = import '../lib/text.libsonnet';
 
 {
@@ -10,24 +11,26 @@ local text = import '../lib/text.libsonnet';
     local c = $._config,
     local ds = { type: 'prometheus', uid: '${datasource}' },
 
-    // The template variables' matchers, each metric's selector built from them.
+    // The template variables' matchers, each metric's selector built from them. Every series
+    // of the service carries `broker` (the kind of broker it consumes), `up` does not.
     local filters = {
       cluster: c.clusterLabel + '=~"$cluster"',
       job: 'job=~"$job"',
+      broker: 'broker=~"$broker"',
       consumer_group: 'consumer_group=~"$consumer_group"',
       instance: 'instance=~"$instance"',
       biz_type: 'biz_type=~"$biz_type"',
       topic: 'topic=~"$topic"',
     },
-    local everything = ['consumer_group', 'instance', 'biz_type', 'topic'],
-    local noTopic = ['consumer_group', 'instance', 'biz_type'],
-    local noBizType = ['consumer_group', 'instance', 'topic'],
-    local groupInstance = ['consumer_group', 'instance'],
+    local everything = ['broker', 'consumer_group', 'instance', 'biz_type', 'topic'],
+    local noTopic = ['broker', 'consumer_group', 'instance', 'biz_type'],
+    local noBizType = ['broker', 'consumer_group', 'instance', 'topic'],
+    local groupInstance = ['broker', 'consumer_group', 'instance'],
     // `metric` filtered by the cluster, the job and the variables `names`, and `extra` matchers.
     local m(metric, names, extra=[]) =
       text.selector(metric, [filters.cluster, filters.job] + [filters[n] for n in names] + extra),
-    // A series of the process (`process_*`, without consumer_group), kept to the instances of
-    // the selected consumer groups through idemgate_build_info.
+    // A series of the process (`process_*`, with broker but without consumer_group), kept to
+    // the instances of the selected consumer groups through idemgate_build_info.
     local ofGroup(expr) =
       '%s * on (%s) group_left () max by (%s) (%s)' % [
         expr,
@@ -162,7 +165,7 @@ local text = import '../lib/text.libsonnet';
       id: null,
       uid: c.dashboardUid,
       title: c.dashboardTitle,
-      description: 'Idempotent RocketMQ consumption: throughput, duplicates and their causes, retries, dead letters, key collisions, latency, archive and reconcile.',
+      description: 'Idempotent consumption from RocketMQ, RabbitMQ or Kafka: throughput, duplicates and their causes, retries, dead letters, key collisions, latency, archive and reconcile.',
       tags: c.dashboardTags,
       editable: true,
       graphTooltip: 1,
@@ -181,13 +184,13 @@ local text = import '../lib/text.libsonnet';
             hide: false,
             iconColor: 'blue',
             expr: 'count by (%(by)s) (%(info)s) unless count by (%(by)s) (%(info)s offset 10m)' % {
-              by: text.labels([c.clusterLabel, 'consumer_group', 'version']),
+              by: text.labels([c.clusterLabel, 'broker', 'consumer_group', 'version']),
               info: m('idemgate_build_info', groupInstance),
             },
             step: '1m',
-            titleFormat: 'Deployed {{version}} ({{consumer_group}})',
-            textFormat: 'Version {{version}} started in consumer group {{consumer_group}}; it was not running 10 minutes before.',
-            tagKeys: 'version,consumer_group',
+            titleFormat: 'Deployed {{version}} ({{consumer_group}}, {{broker}})',
+            textFormat: 'Version {{version}} started in consumer group {{consumer_group}} on {{broker}}; it was not running 10 minutes before.',
+            tagKeys: 'version,consumer_group,broker',
             useValueForTime: false,
           },
         ],
@@ -234,10 +237,18 @@ local text = import '../lib/text.libsonnet';
             includeAll=false,
           ),
           queryVariable(
+            'broker',
+            'broker',
+            'The kind of broker the service consumes (rocketmq, rabbitmq, kafka): the broker label every series of idemgate carries.',
+            'label_values(%s, broker)' % m('idemgate_build_info', []),
+            multi=false,
+            includeAll=true,
+          ),
+          queryVariable(
             'consumer_group',
             'consumer group',
             'The consumer group: part of every claim key.',
-            'label_values(%s, consumer_group)' % m('idemgate_deliveries_total', []),
+            'label_values(%s, consumer_group)' % m('idemgate_deliveries_total', ['broker']),
             multi=false,
             includeAll=true,
           ),
@@ -245,7 +256,7 @@ local text = import '../lib/text.libsonnet';
             'instance',
             'instance',
             'Scrape targets (idemgate processes).',
-            'label_values(%s, instance)' % m('idemgate_deliveries_total', ['consumer_group']),
+            'label_values(%s, instance)' % m('idemgate_deliveries_total', ['broker', 'consumer_group']),
             multi=true,
             includeAll=true,
           ),
@@ -253,15 +264,15 @@ local text = import '../lib/text.libsonnet';
             'biz_type',
             'biz_type',
             'Business type; All also includes unrouted invalid deliveries (empty biz_type).',
-            'label_values(%s, biz_type)' % m('idemgate_deliveries_total', ['consumer_group']),
+            'label_values(%s, biz_type)' % m('idemgate_deliveries_total', ['broker', 'consumer_group']),
             multi=false,
             includeAll=true,
           ),
           queryVariable(
             'topic',
             'topic',
-            'RocketMQ topic (deliveries, redeliveries, the ratios and the consumer lag only: the other metrics have no topic).',
-            'label_values(%s, topic)' % m('idemgate_deliveries_total', ['consumer_group']),
+            'The topic, on RabbitMQ the exchange (deliveries, redeliveries, the ratios and the consumer lag only: the other metrics have no topic).',
+            'label_values(%s, topic)' % m('idemgate_deliveries_total', ['broker', 'consumer_group']),
             multi=true,
             includeAll=true,
           ),
@@ -614,9 +625,9 @@ local text = import '../lib/text.libsonnet';
           32,
           'Consumer lag: messages behind',
           'short',
-          "Messages stored at the brokers and not yet committed by the consumer group, per topic: each queue's max offset minus the group's committed offset, read by every instance every broker.lag_interval_seconds (max over instances, summed over queues). Right after consumption the last few seconds of messages still count until the client commits its offsets. Failed and partial readings per second below.",
+          "Messages stored at the brokers and not yet consumed by the consumer group, per topic, read by every instance every broker.lag_interval_seconds (max over instances, summed over queues). Per broker: RocketMQ, each queue's max offset minus the group's committed offset (a queue per broker_name and queue); Kafka, each partition's high watermark minus the committed offset (queue: the partition); RabbitMQ, the ready messages of the group's queue (queue 0) and of its delay queue (queue 1). On RocketMQ and Kafka the last few seconds of messages still count right after consumption, until the client commits its offsets. Failed and partial readings per second below.",
           [
-            ['sum by (topic) (max by (topic, broker, queue) (%s))' % m('idemgate_consumer_lag_messages', noBizType), '{{topic}}'],
+            ['sum by (topic) (max by (broker, topic, broker_name, queue) (%s))' % m('idemgate_consumer_lag_messages', noBizType), '{{topic}}'],
             ['sum by (result) (rate(%s[$__rate_interval]))' % m('idemgate_consumer_lag_reads_total', noBizType, ['result!="complete"']), 'readings {{result}} /s'],
           ],
           links=[link('Overview (consumer lag)', '/')],
@@ -718,7 +729,7 @@ local text = import '../lib/text.libsonnet';
             'short',
             'CPU time the process used per second, user and system (process_cpu_seconds_total): 1 is one core busy. Read from /proc at each scrape, in whole seconds.',
             [
-              ['sum by (instance) (%s)' % ofGroup('rate(%s[$__rate_interval])' % m('process_cpu_seconds_total', ['instance'])), '{{instance}}'],
+              ['sum by (instance) (%s)' % ofGroup('rate(%s[$__rate_interval])' % m('process_cpu_seconds_total', ['broker', 'instance'])), '{{instance}}'],
             ],
             style={ axisLabel: 'cores' },
           ) + at(0, 0, 8, 8),
@@ -728,7 +739,7 @@ local text = import '../lib/text.libsonnet';
             'bytes',
             "Memory the process holds in RAM (process_resident_memory_bytes). The broker client's buffer is bounded by broker.buffered_messages, the pools by their sizes: a steady climb under steady traffic is worth a look.",
             [
-              ['sum by (instance) (%s)' % ofGroup(m('process_resident_memory_bytes', ['instance'])), '{{instance}}'],
+              ['sum by (instance) (%s)' % ofGroup(m('process_resident_memory_bytes', ['broker', 'instance'])), '{{instance}}'],
             ],
           ) + at(8, 0, 8, 8),
           timeseries(
@@ -737,8 +748,8 @@ local text = import '../lib/text.libsonnet';
             'short',
             'File descriptors the process holds open (process_open_fds: sockets to the database, the brokers, Redis and HTTP clients, and files), and its limit (process_max_fds).',
             [
-              ['sum by (instance) (%s)' % ofGroup(m('process_open_fds', ['instance'])), '{{instance}} open'],
-              ['sum by (instance) (%s)' % ofGroup(m('process_max_fds', ['instance'])), '{{instance}} limit'],
+              ['sum by (instance) (%s)' % ofGroup(m('process_open_fds', ['broker', 'instance'])), '{{instance}} open'],
+              ['sum by (instance) (%s)' % ofGroup(m('process_max_fds', ['broker', 'instance'])), '{{instance}} limit'],
             ],
           ) + at(16, 0, 8, 8),
         ]),

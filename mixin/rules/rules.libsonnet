@@ -1,7 +1,11 @@
 // The recording rules: rates and ratios per consumer group and biz_type (or topic), summed
 // over the instances of a group. Named level:metric:operations: the labels the series keeps
-// (besides the cluster label), the metric it is computed from (without `_total`; a selected
-// outcome appended, as in `idemgate_deliveries_duplicate`), and what was done to it.
+// (besides the cluster label and `broker`), the metric it is computed from (without `_total`; a
+// selected outcome appended, as in `idemgate_deliveries_duplicate`), and what was done to it.
+//
+// Every series of the service carries `broker`, the kind of broker it consumes (rocketmq,
+// rabbitmq, kafka): every aggregation keeps it, so that services on different brokers never
+// mix, even with consumer groups, topics and biz_types of the same names.
 local text = import '../lib/text.libsonnet';
 
 {
@@ -24,7 +28,7 @@ local text = import '../lib/text.libsonnet';
     local c = $._config,
     local r = $._recorded,
     local sel(metric, matchers=[]) = text.selector(metric, [c.idemgateSelector] + matchers),
-    local by(names) = text.labels([c.clusterLabel] + names),
+    local by(names) = text.labels([c.clusterLabel, 'broker'] + names),
     local groupBiz = by(['consumer_group', 'biz_type']),
 
     groups+: [
@@ -100,13 +104,15 @@ local text = import '../lib/text.libsonnet';
             record: r.consumerLag,
             expr: 'sum by (%s) (max by (%s) (%s))' % [
               by(['consumer_group', 'topic']),
-              by(['consumer_group', 'topic', 'broker', 'queue']),
+              by(['consumer_group', 'topic', 'broker_name', 'queue']),
               sel('idemgate_consumer_lag_messages'),
             ],
             comment:: |||
-              Messages a consumer group has not consumed yet on a topic, over every broker and queue.
-              Each instance of the group reads the same brokers and exports the same queues, so the
-              instances are collapsed with max per queue before the queues are summed.
+              Messages a consumer group has not consumed yet on a topic, over every queue: RocketMQ
+              queues of every broker (broker_name), Kafka partitions, or RabbitMQ's queue of the group
+              and its delay queue. Each instance of the group reads the same queues and exports the
+              same series, so the instances are collapsed with max per queue before the queues are
+              summed.
             |||,
           },
         ],

@@ -23,8 +23,8 @@ use std::time::Duration;
 use anyhow::Context;
 
 use crate::archive::ArchiveScheduler;
-use crate::broker::lag::LagProbe;
-use crate::broker::{BrokerAccess, Consumer};
+use crate::broker::consumer::Subscription;
+use crate::broker::{LagRead, OwnedBrokers};
 use crate::config::Settings;
 use crate::gate::Gate;
 use crate::handler::Handlers;
@@ -40,8 +40,8 @@ use tasks::{Stop, Tasks};
 /// Where the gate's deliveries come from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Feed {
-    /// The RocketMQ push consumer of `[broker]` (`serve`). The trace page offers replay
-    /// through the same broker.
+    /// The consumer of the broker `[broker] kind` names (`serve`). The trace page offers
+    /// replay through the same broker.
     Broker,
     /// The caller hands deliveries to [`Running::gate`]: the demo's traffic, a test, an
     /// embedding program with its own source. No consumer is started and replay is off.
@@ -155,6 +155,7 @@ impl Application {
         let topics = routes.topics().into_iter().map(|(topic, _)| topic).collect();
         let info = BuildInfo {
             backend: store.backend(),
+            broker: settings.broker.kind,
             consumer_group: identity.consumer_group.clone(),
             instance_id: identity.instance_id.clone(),
             ui_url: settings.http.public_url.clone(),
@@ -162,11 +163,9 @@ impl Application {
         let metrics = Arc::new(Metrics::new(&info, &routes.biz_types(), &topics));
         let web = Web::new(&settings.http, &settings.archive, handlers.by_biz_type(&routes));
         let web = Arc::new(match feed {
-            Feed::Broker => web.with_replay(Replayer::new(
-                BrokerAccess::of(&settings.broker)?,
-                &settings.broker.producer_group,
-                routes.clone(),
-            )),
+            Feed::Broker => {
+                web.with_replay(Replayer::new(OwnedBrokers::of(settings.brokers()), routes.clone()))
+            }
             Feed::Caller => web,
         });
         let checks = handlers.checks(&routes);
@@ -299,10 +298,12 @@ async fn start_parts(
         });
     }
     if feed == Feed::Broker {
-        let mut consumer = Consumer::start(gate.clone(), &settings.broker).await?;
+        let brokers = settings.brokers();
+        let subscription = Subscription::of(gate);
+        let mut consumer = brokers.subscribe(gate.clone(), &subscription).await?;
         let buffered_metrics = metrics.clone();
         tasks.spawn("consumer", |mut stop| async move {
-            // What the client holds pulled is read once a second, for the gauge.
+            // What the client holds fetched is read once a second, for the gauge.
             let mut ticks = tokio::time::interval(BUFFERED_READ_EVERY);
             ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
             loop {
@@ -313,7 +314,7 @@ async fn start_parts(
                     }
                     what = consumer.fault() => {
                         consumer.shutdown().await;
-                        anyhow::bail!("a listener call panicked: {what}")
+                        anyhow::bail!("the handling of a delivery panicked: {what}")
                     }
                     _ = ticks.tick() => {
                         if let Some(held) = consumer.buffered_messages().await {
@@ -324,9 +325,7 @@ async fn start_parts(
             }
         });
         if let Some((every, timeout)) = settings.broker.lag_schedule() {
-            let probe =
-                LagProbe::start(&BrokerAccess::of(&settings.broker)?, &identity.consumer_group, timeout)
-                    .await?;
+            let probe = brokers.lag_reader(&identity.consumer_group, timeout).await?;
             let topics = gate.routes().topics().into_iter().map(|(topic, _)| topic).collect();
             tasks.spawn("consumer lag", move |stop| read_lag_every(probe, topics, every, metrics, stop));
         }
@@ -338,7 +337,7 @@ async fn start_parts(
 /// metrics (which the overview page reads too). A topic whose reading goes wrong, or right again,
 /// is logged once at the change.
 async fn read_lag_every(
-    probe: LagProbe,
+    probe: Box<dyn LagRead>,
     topics: Vec<String>,
     every: Duration,
     metrics: Arc<Metrics>,

@@ -127,19 +127,6 @@ pub struct Consumer {
 }
 
 impl Consumer {
-    /// Checks that the account may consume every topic the gate's routes cover
-    /// ([`super::preflight`]), subscribes to them and starts pulling.
-    pub(crate) async fn start(gate: Arc<Gate>, options: &BrokerSettings) -> anyhow::Result<Self> {
-        let subscription = Subscription::of(&gate);
-        let access = BrokerAccess::of(options)?;
-        let topics: Vec<String> = subscription.topics.iter().map(|(topic, _)| topic.clone()).collect();
-        // Boxed: the check's future is deep, and would push every caller's past the compiler's
-        // layout depth.
-        Box::pin(super::preflight::check_consume_rights(&access, &subscription.group, &topics)).await?;
-        let host = ClientHost::new("consumer", options.consume_threads as usize)?;
-        Self::start_with(gate, &subscription, options, host).await
-    }
-
     /// Starts a consumer that hands deliveries to `sink`, on the client runtime `host`,
     /// reaching the cluster as `options` says ([`BrokerAccess`]).
     pub async fn start_with(
@@ -370,6 +357,7 @@ pub(crate) fn to_delivery(m: &MessageExt) -> Delivery {
         m.properties().iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
     let uniq_key = properties.get(UNIQ_KEY_PROPERTY).cloned().unwrap_or_default();
     Delivery {
+        broker: crate::delivery::BrokerKind::RocketMq,
         msg_id: m.msg_id().to_string(),
         uniq_key,
         topic: m.topic().to_string(),
@@ -380,6 +368,8 @@ pub(crate) fn to_delivery(m: &MessageExt) -> Delivery {
         queue_id: m.queue_id(),
         queue_offset: m.queue_offset(),
         reconsume_times: m.reconsume_times(),
+        // The reconsume count says it.
+        redelivered: false,
         born_at_ms: m.born_timestamp(),
     }
 }

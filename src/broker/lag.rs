@@ -102,7 +102,7 @@ impl TopicLag {
         }
     }
 
-    fn failed(topic: &str, problem: String) -> Self {
+    pub(crate) fn failed(topic: &str, problem: String) -> Self {
         Self {
             topic: topic.to_owned(),
             queues: Vec::new(),

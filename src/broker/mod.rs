@@ -1,6 +1,9 @@
-//! The RocketMQ side: the client runtime that hosts the RocketMQ client, how every client reaches
-//! the cluster (`access`: account, namespace, trace), the push consumer that runs every delivery
-//! through the gate, and the producer behind `idemgate produce` and replay.
+//! The brokers: the seam every broker's consumer, lag reader and publisher fits (`seam`), and
+//! the three behind it. RocketMQ's modules sit at the top: the client runtime that hosts the
+//! RocketMQ client, how every client reaches the cluster (`access`: account, namespace, trace),
+//! the push consumer that runs every delivery through the gate, its lag, and the producer
+//! behind `idemgate produce` and replay. RabbitMQ (`rabbitmq`) and Kafka (`kafka`) have one
+//! module each.
 //!
 //! This module translates between the broker's messages and [`Delivery`](crate::delivery::Delivery)
 //! and between the gate's [`Verdict`](crate::outcome::Verdict) and the broker's consume status. It
@@ -8,16 +11,22 @@
 
 pub mod access;
 pub mod consumer;
+pub mod kafka;
 pub mod lag;
 mod preflight;
 pub(crate) mod producer;
+pub mod rabbitmq;
 mod runtime;
+pub mod seam;
 pub(crate) mod settings;
 
 pub use access::BrokerAccess;
-pub use consumer::Consumer;
+pub use consumer::{Consumer, Sink, Subscription};
+pub use kafka::KafkaSettings;
 pub use preflight::Refused;
 pub use producer::Producer;
+pub use rabbitmq::RabbitMqSettings;
 pub(crate) use runtime::CONSUME_DEADLINE;
 pub use runtime::ClientHost;
+pub use seam::{BrokerKind, Brokers, LagRead, OwnedBrokers, Publish, Subscriber};
 pub use settings::{BrokerSettings, DEFAULT_TRACE_TOPIC, SecretKey, StartFrom};

@@ -17,6 +17,10 @@ const MAX_LAG_READ: Duration = Duration::from_secs(10);
 #[serde(deny_unknown_fields)]
 /// `[broker]`.
 pub struct BrokerSettings {
+    /// `IDEMGATE_BROKER__KIND`: the broker the consumer reads, `rocketmq` (the rest of this
+    /// section), `rabbitmq` (`[rabbitmq]`) or `kafka` (`[kafka]`). `consume_threads`,
+    /// `start_from`, `lag_interval_seconds` and `producer_group` apply to all three.
+    pub kind: crate::delivery::BrokerKind,
     /// `IDEMGATE_BROKER__NAME_SERVER`: the RocketMQ name server(s), `host:port[;host:port]`.
     pub name_server: String,
     /// `IDEMGATE_BROKER__CONSUME_THREADS`: listener calls in flight at once. Each holds one
@@ -108,6 +112,7 @@ impl std::fmt::Debug for SecretKey {
 impl Default for BrokerSettings {
     fn default() -> Self {
         Self {
+            kind: crate::delivery::BrokerKind::RocketMq,
             name_server: "127.0.0.1:9876".to_owned(),
             consume_threads: 8,
             batch_size: 1,

@@ -112,6 +112,9 @@ pub(super) struct RowView {
     /// The message's trace in the RocketMQ dashboard (`http.rocketmq_dashboard_url`), by the
     /// id its trace records carry (the UNIQ_KEY, else the msgId); empty without the setting.
     pub(super) message_trace_href: String,
+    /// The kind of broker that delivered it: only RocketMQ's deliveries have a message trace
+    /// in the RocketMQ dashboard.
+    pub(super) broker: crate::delivery::BrokerKind,
 }
 
 impl RowView {
@@ -161,7 +164,7 @@ impl RowView {
             },
             msg_id: r.msg_id.clone(),
             uniq_key: r.uniq_key.clone(),
-            position: format!("{} · q{} · @{}", r.topic, r.queue_id, r.queue_offset),
+            position: r.broker.position(&r.topic, &r.tags, r.queue_id, r.queue_offset),
             reconsume: r.reconsume_times,
             latency: latency(r.latency_us),
             error: r.error.clone().unwrap_or_default(),
@@ -175,6 +178,7 @@ impl RowView {
                 _ => String::new(),
             },
             message_trace_href: String::new(),
+            broker: r.broker,
         }
     }
 
@@ -184,6 +188,7 @@ impl RowView {
         let id = if self.uniq_key.is_empty() { &self.msg_id } else { &self.uniq_key };
         if let Some(template) = template
             && !id.is_empty()
+            && self.broker == crate::delivery::BrokerKind::RocketMq
         {
             self.message_trace_href = crate::inspect::trace::message_trace_link(template, id);
         }

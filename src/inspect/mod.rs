@@ -17,6 +17,7 @@ use serde::Serialize;
 use sqlx::Row;
 use sqlx::any::AnyRow;
 
+use crate::delivery::BrokerKind;
 use crate::route::{MAX_BIZ_ID_CHARS, MAX_BIZ_TYPE_CHARS, MAX_ID_CHARS};
 
 /// The bounds of one request's reads.
@@ -87,6 +88,8 @@ pub struct LogRow {
     /// The W3C trace id of the message, from its `traceparent`; `None` without one (or with one
     /// that could not be read).
     pub trace_id: Option<String>,
+    /// The kind of broker that delivered it (RocketMQ for rows logged before the column).
+    pub broker: BrokerKind,
     /// In the lists: when the key was claimed, if it is claimed now. A dead letter whose key
     /// has since been claimed (by a replay or a resend) is resolved; one without is not.
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -98,7 +101,7 @@ macro_rules! log_columns {
     () => {
         "id, logged_at_ms, instance_id, consumer_group, msg_id, uniq_key, topic, tags, queue_id, queue_offset, \
          reconsume_times, biz_type, biz_id, execute_time, outcome, cause, layer, payload_match, payload_hash, \
-         error, latency_us, trace_id"
+         error, latency_us, trace_id, broker"
     };
 }
 pub(crate) use log_columns;
@@ -128,7 +131,12 @@ impl LogRow {
             error: r.try_get(19)?,
             latency_us: r.try_get(20)?,
             trace_id: r.try_get(21)?,
-            claimed_at_ms: if r.len() > 22 { r.try_get(22)? } else { None },
+            broker: r
+                .try_get::<Option<String>, _>(22)?
+                .as_deref()
+                .and_then(BrokerKind::parse)
+                .unwrap_or(BrokerKind::RocketMq),
+            claimed_at_ms: if r.len() > 23 { r.try_get(23)? } else { None },
         })
     }
 

@@ -1701,6 +1701,7 @@ mod tests {
             error: None,
             latency_us: 0,
             trace_id: trace_id.map(str::to_owned),
+            broker: crate::delivery::BrokerKind::RocketMq,
             claimed_at_ms: None,
         };
         let rows = [row(1, Some("b")), row(2, None), row(3, Some("a")), row(4, Some("b"))];

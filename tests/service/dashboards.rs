@@ -7,7 +7,7 @@
 //! it). jsonnet is required under CI (`CI` set); elsewhere the tests that run it are skipped
 //! without it (`scripts/install-jsonnet.sh` installs it).
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::path::PathBuf;
 use std::process::Command;
 
@@ -133,6 +133,19 @@ fn closing_parenthesis(text: &str, open: usize) -> usize {
         }
     }
     panic!("unbalanced parentheses in {text}");
+}
+
+/// How many selectors of `metric` (`metric{…}`) `expr` holds.
+fn selectors_of(expr: &str, metric: &str) -> usize {
+    let pattern = format!("{metric}{{");
+    expr.match_indices(&pattern)
+        .filter(|(at, _)| {
+            !expr[..*at]
+                .chars()
+                .next_back()
+                .is_some_and(|c| c.is_ascii_alphanumeric() || c == '_' || c == ':')
+        })
+        .count()
 }
 
 fn promtool() -> PathBuf {
@@ -280,7 +293,7 @@ fn deploys_are_marked_when_a_new_version_of_idemgate_build_info_appears() {
         expr.contains(" unless ") && expr.contains(" offset "),
         "not a version that was absent before: {expr}"
     );
-    for name in ["cluster", "job", "consumer_group"] {
+    for name in ["cluster", "job", "broker", "consumer_group"] {
         assert!(expr.contains(&format!("=~\"${name}\"")), "the Deploys annotation ignores ${name}: {expr}");
     }
     assert!(deploys["titleFormat"].as_str().is_some_and(|t| t.contains("{{version}}")));
@@ -374,7 +387,7 @@ fn the_template_variables_filter_by_biz_type_topic_and_instance() {
     let datasource = variable(&dashboard, "datasource");
     assert_eq!(datasource["type"], "datasource");
     assert_eq!(datasource["query"], "prometheus");
-    for name in ["biz_type", "topic", "instance", "consumer_group", "cluster"] {
+    for name in ["biz_type", "topic", "instance", "consumer_group", "cluster", "broker"] {
         let var = variable(&dashboard, name);
         assert_eq!(var["type"], "query", "{name} is not a query variable");
         let query = var["query"]["query"].as_str().or(var["query"].as_str()).unwrap_or("");
@@ -394,7 +407,7 @@ fn the_template_variables_filter_by_biz_type_topic_and_instance() {
     for (origin, expr) in expressions(&dashboard) {
         for metric in ["idemgate_deliveries_total", "idemgate_redeliveries_total"] {
             if expr.contains(metric) {
-                for name in ["biz_type", "topic", "instance", "consumer_group"] {
+                for name in ["biz_type", "topic", "instance", "consumer_group", "broker"] {
                     assert!(
                         expr.contains(&format!("{name}=~\"${name}\"")),
                         "{origin} reads {metric} without the {name} filter"
@@ -411,7 +424,50 @@ fn the_template_variables_filter_by_biz_type_topic_and_instance() {
                 "{origin} has a selector without the {name} filter: {expr}"
             );
         }
+        // Every series of the service carries `broker`; `up`, which Prometheus writes, does not.
+        assert_eq!(
+            expr.matches("broker=~\"$broker\"").count(),
+            selectors - selectors_of(&expr, "up"),
+            "{origin} has a selector of the service's series without the broker filter, or one of `up` with it: {expr}"
+        );
         assert!(!expr.contains("job=\"idemgate\""), "{origin} names the job instead of $job: {expr}");
+    }
+}
+
+#[test]
+fn the_broker_variable_lists_the_kinds_of_broker_and_filters_every_series_of_the_service() {
+    let dashboard = dashboard();
+    let broker = variable(&dashboard, "broker");
+    let query = broker["query"]["query"].as_str().unwrap_or("");
+    assert_eq!(query, "label_values(idemgate_build_info{cluster=~\"$cluster\", job=~\"$job\"}, broker)");
+    assert_eq!(broker["definition"], broker["query"]["query"]);
+    // Chosen like the consumer group: one, or All.
+    let group = variable(&dashboard, "consumer_group");
+    for key in ["multi", "includeAll", "allValue", "hide"] {
+        assert_eq!(broker[key], group[key], "the broker variable's {key} differs from consumer_group's");
+    }
+    // Listed before the variables it narrows, and each of them filtered by it.
+    let names: Vec<&str> = variables(&dashboard).iter().filter_map(|v| v["name"].as_str()).collect();
+    let at =
+        |name: &str| names.iter().position(|n| *n == name).unwrap_or_else(|| panic!("no variable {name}"));
+    for name in ["consumer_group", "instance", "biz_type", "topic", "idemgate_url"] {
+        assert!(at("broker") < at(name), "the broker variable comes after {name}: {names:?}");
+        let query = variable(&dashboard, name)["query"]["query"].as_str().unwrap_or("");
+        assert!(query.contains("broker=~\"$broker\""), "{name} is not narrowed by $broker: {query}");
+    }
+    assert!(dashboard["tags"].as_array().is_some_and(|tags| {
+        ["rocketmq", "rabbitmq", "kafka"].iter().all(|kind| tags.iter().any(|t| t == kind))
+    }));
+    // The lag is collapsed per queue: a queue is named by its broker (broker_name) and number,
+    // within one kind of broker.
+    let lag: Vec<String> = expressions(&dashboard)
+        .into_iter()
+        .map(|(_, e)| e)
+        .filter(|e| e.contains("idemgate_consumer_lag_messages"))
+        .collect();
+    assert!(!lag.is_empty(), "no panel reads idemgate_consumer_lag_messages");
+    for expr in lag {
+        assert!(expr.contains("max by (broker, topic, broker_name, queue)"), "{expr}");
     }
 }
 
@@ -631,6 +687,145 @@ fn every_alert_links_to_its_runbook_section_and_to_the_ui() {
             links.iter().any(|l| l.trim().trim_matches('"').ends_with(&format!("/docs/runbook.md#{anchor}"))),
             "{name}'s runbook_url is not its section of docs/runbook.md"
         );
+    }
+}
+
+/// The rules of a rule file written by `mixin/lib/rulefile.libsonnet`, each as its fields
+/// (`record` or `alert`, `expr`, and the annotations) with their values as YAML reads them: a
+/// plain or double-quoted scalar, a literal block (`|`, `|-`) or a folded one (`>-`, whose
+/// lines are single-spaced words).
+fn rules_of(relative: &str) -> Vec<HashMap<String, String>> {
+    let text = read(relative);
+    let lines: Vec<&str> = text.lines().collect();
+    let indent = |line: &str| line.len() - line.trim_start().len();
+    let mut rules: Vec<HashMap<String, String>> = Vec::new();
+    let mut i = 0;
+    while i < lines.len() {
+        let line = lines[i];
+        i += 1;
+        let trimmed = line.trim_start();
+        if trimmed.starts_with('#') || trimmed.is_empty() {
+            continue;
+        }
+        let entry = trimmed.strip_prefix("- ");
+        if entry.is_some_and(|e| e.starts_with("record:") || e.starts_with("alert:")) {
+            rules.push(Default::default());
+        }
+        let field = entry.unwrap_or(trimmed);
+        let Some((key, value)) = field.split_once(':') else { continue };
+        let Some(rule) = rules.last_mut() else { continue };
+        let value = value.trim();
+        let value = match value {
+            "|" | "|-" | ">-" => {
+                let mut block = Vec::new();
+                while i < lines.len() && (lines[i].trim().is_empty() || indent(lines[i]) > indent(line)) {
+                    block.push(lines[i].trim());
+                    i += 1;
+                }
+                while block.last().is_some_and(|l| l.is_empty()) {
+                    block.pop();
+                }
+                block.join(if value == ">-" { " " } else { "\n" })
+            }
+            quoted if quoted.starts_with('"') => {
+                serde_json::from_str::<String>(quoted).unwrap_or_else(|e| panic!("{relative}: {quoted}: {e}"))
+            }
+            plain => plain.to_owned(),
+        };
+        rule.insert(key.trim().to_owned(), value);
+    }
+    rules
+}
+
+/// The label lists of `expr` after `keyword` (`by` or `on`): `by (a, b)` gives `["a", "b"]`,
+/// with the text that follows the list.
+fn label_lists<'a>(expr: &'a str, keyword: &str) -> Vec<(Vec<String>, &'a str)> {
+    let pattern = format!("{keyword} (");
+    expr.match_indices(&pattern)
+        .filter(|(at, _)| {
+            !expr[..*at].chars().next_back().is_some_and(|c| c.is_ascii_alphanumeric() || c == '_')
+        })
+        .map(|(at, _)| {
+            let open = at + pattern.len() - 1;
+            let close = closing_parenthesis(expr, open);
+            let labels = expr[open + 1..close - 1].split(',').map(|l| l.trim().to_owned()).collect();
+            (labels, &expr[close..])
+        })
+        .collect()
+}
+
+#[test]
+fn every_recording_rule_keeps_the_broker_label() {
+    let rules = rules_of("dashboards/prometheus/recording.rules.yml");
+    assert!(rules.len() >= 10, "too few recording rules: {rules:?}");
+    let mut aggregations = 0;
+    for rule in &rules {
+        let (record, expr) = (&rule["record"], &rule["expr"]);
+        for (labels, _) in label_lists(expr, "by") {
+            assert!(labels.iter().any(|l| l == "broker"), "{record} aggregates without broker: {expr}");
+            assert!(labels.iter().any(|l| l == "cluster"), "{record} aggregates without the cluster: {expr}");
+            aggregations += 1;
+        }
+        for (labels, _) in label_lists(expr, "on") {
+            assert!(labels.iter().any(|l| l == "broker"), "{record} matches without broker: {expr}");
+        }
+    }
+    assert!(aggregations >= 8, "too few aggregations found: {aggregations}");
+    // The lag's queues: the broker of a RocketMQ queue is broker_name, `broker` is the kind.
+    let lag = rules
+        .iter()
+        .find(|r| r["record"] == "consumer_group_topic:idemgate_consumer_lag_messages:sum_max")
+        .expect("no lag recording rule");
+    let lists = label_lists(&lag["expr"], "by");
+    assert!(
+        lists.iter().any(|(labels, _)| ["broker", "broker_name", "queue"]
+            .iter()
+            .all(|n| labels.iter().any(|l| l == n))),
+        "the lag is not collapsed per broker, broker_name and queue: {}",
+        lag["expr"]
+    );
+}
+
+#[test]
+fn every_alert_keeps_the_broker_label_and_its_queries_select_it() {
+    let rules = rules_of("dashboards/prometheus/alerts.rules.yml");
+    assert!(rules.len() >= 10, "too few alerts: {rules:?}");
+    for rule in &rules {
+        let (alert, expr) = (&rule["alert"], &rule["expr"]);
+        for (labels, _) in label_lists(expr, "by") {
+            assert!(labels.iter().any(|l| l == "broker"), "{alert} aggregates without broker: {expr}");
+        }
+        // A join matches on broker, but for one with `up`, which has no broker: it matches on
+        // the scrape target alone.
+        for (labels, rest) in label_lists(expr, "on") {
+            let with_up = rest.trim_start().trim_start_matches('(').starts_with("up{");
+            assert_eq!(
+                labels.iter().any(|l| l == "broker"),
+                !with_up,
+                "{alert} matches on {labels:?}, {} broker: {expr}",
+                if with_up { "up has no" } else { "without" }
+            );
+        }
+        // The template queries of the annotations: every selector the alert's labels fill in
+        // (`…=%q`) selects the alert's broker too; a join with up stays off it.
+        for key in ["description", "ui_url"] {
+            let text = &rule[key];
+            for (at, _) in text.match_indices("=%") {
+                let open = text[..at].rfind('{').expect("a selector's opening brace");
+                let close = at + text[at..].find('}').expect("a selector's closing brace");
+                let selector = &text[open..close];
+                assert!(
+                    selector.contains("broker=%"),
+                    "{alert}'s {key} queries {selector}}} without its broker"
+                );
+            }
+            for (labels, _) in label_lists(text, "on") {
+                assert!(
+                    !labels.iter().any(|l| l == "broker"),
+                    "{alert}'s {key} joins with up on broker: {text}"
+                );
+            }
+        }
     }
 }
 

@@ -1,8 +1,9 @@
-//! `idemgate-bench broker`: end-to-end messages per second from a real RocketMQ broker into
-//! PostgreSQL, for a stream of `stock.deduct` messages with a share of duplicates.
+//! `idemgate-bench broker`: end-to-end messages per second from a real broker (RocketMQ,
+//! RabbitMQ or Kafka: `--kind`) into PostgreSQL or MariaDB, for a stream of `stock.deduct`
+//! messages with a share of duplicates.
 //!
-//! The topic is loaded once; then each mode consumes all of it under a consumer group of its
-//! own: the client acking with no database work (the ceiling), the naive per-message pattern,
+//! The topic is loaded once (on RabbitMQ, into one queue per mode, each bound to the exchange
+//! before the load); then each mode consumes all of it under a consumer group of its own: the client acking with no database work (the ceiling), the naive per-message pattern,
 //! idemgate with its sized client runtime, and idemgate on the client's default runtime. The
 //! rate is taken from the first delivery to the moment every message has been seen once.
 //! Redeliveries that
@@ -18,9 +19,11 @@ use anyhow::Context;
 use async_trait::async_trait;
 
 use super::{peak_rss_mib, rate};
-use idemgate::broker::BrokerSettings;
 use idemgate::broker::consumer::{Sink, Subscription};
-use idemgate::broker::{ClientHost, Consumer, Producer, StartFrom};
+use idemgate::broker::{
+    BrokerKind, BrokerSettings, ClientHost, Consumer, KafkaSettings, OwnedBrokers, RabbitMqSettings,
+    StartFrom, Subscriber,
+};
 use idemgate::delivery::Delivery;
 use idemgate::gate::{Gate, GroupSettings, Identity, Phases, Policy};
 use idemgate::outcome::Verdict;
@@ -28,6 +31,7 @@ use idemgate::route::Routes;
 use idemgate::store::{Backend, Store, StoreOptions};
 use idemgate_shop as shop;
 use idemgate_testkit::broker::LocalBroker;
+use idemgate_testkit::kafka::LocalKafka;
 use idemgate_testkit::scratch::ScratchDb;
 
 /// The property that numbers the benchmark's messages.
@@ -36,6 +40,16 @@ const SEQ: &str = "BENCH_SEQ";
 /// What to measure: the flags of `idemgate-bench broker`.
 #[derive(Debug, Clone, clap::Args)]
 pub struct Options {
+    /// The broker: rocketmq, rabbitmq or kafka.
+    #[arg(long, default_value = "rocketmq")]
+    pub kind: String,
+    /// RabbitMQ's URL, with `--kind rabbitmq`.
+    #[arg(long, default_value = "amqp://guest:guest@127.0.0.1:5672/%2f")]
+    pub rabbitmq_url: String,
+    /// Running Kafka brokers, with `--kind kafka`; without them a private tansu is started
+    /// (scripts/install-tansu.sh installs it).
+    #[arg(long)]
+    pub bootstrap_servers: Option<String>,
     /// A running name server; without it a private broker is started (scripts/install-rocketmq.sh
     /// installs the binaries).
     #[arg(long)]
@@ -72,6 +86,13 @@ pub struct Options {
 }
 
 impl Options {
+    /// The broker `--kind` names.
+    pub fn kind(&self) -> anyhow::Result<BrokerKind> {
+        BrokerKind::parse(&self.kind).with_context(|| {
+            format!("bench broker: --kind is rocketmq, rabbitmq or kafka, not {:?}", self.kind)
+        })
+    }
+
     /// The database, which must be a server: PostgreSQL or MySQL.
     pub fn backend(&self) -> anyhow::Result<Backend> {
         let backend: Backend = self.backend.parse()?;
@@ -102,6 +123,11 @@ impl Options {
 /// the table.
 pub(crate) async fn command(options: Options) -> anyhow::Result<()> {
     let backend = options.backend()?;
+    let kind = options.kind()?;
+    anyhow::ensure!(
+        kind == BrokerKind::RocketMq || !options.client_defaults,
+        "bench broker: --client-defaults is RocketMQ's client runtime"
+    );
     anyhow::ensure!(
         (1..=idemgate::gate::MAX_BATCH).contains(&options.max_batch),
         "bench broker: --max-batch is 1 to {}",
@@ -110,9 +136,10 @@ pub(crate) async fn command(options: Options) -> anyhow::Result<()> {
     super::share("duplicates", options.duplicates, 0.9)?;
     let group = options.group();
     println!(
-        "bench broker: {} stock.deduct messages, {:.0}% duplicates, RocketMQ -> {backend}, {} cores; group commit: {} threads × {} messages per call, max_batch {}, linger {} ms, {} in flight",
+        "bench broker: {} stock.deduct messages, {:.0}% duplicates, {} -> {backend}, {} cores; group commit: {} threads × {} messages per call, max_batch {}, linger {} ms, {} in flight",
         options.messages,
         options.duplicates * 100.0,
+        kind.as_str(),
         super::cores(),
         options.group_threads,
         options.listener_batch(),
@@ -183,6 +210,9 @@ struct Timed<S> {
     asked: Mutex<HashSet<String>>,
     asked_redeliveries: AtomicU64,
     unasked_redeliveries: AtomicU64,
+    /// Deliveries handed over, and those answered with a retry.
+    deliveries: AtomicU64,
+    retries: AtomicU64,
 }
 
 impl<S> Timed<S> {
@@ -196,6 +226,8 @@ impl<S> Timed<S> {
             asked: Mutex::new(HashSet::new()),
             asked_redeliveries: AtomicU64::new(0),
             unasked_redeliveries: AtomicU64::new(0),
+            deliveries: AtomicU64::new(0),
+            retries: AtomicU64::new(0),
         }
     }
 }
@@ -214,7 +246,9 @@ impl<S: Sink> Sink for Timed<S> {
             counter.fetch_add(1, Ordering::Relaxed);
         }
         let verdict = self.inner.consume(d, began).await;
+        self.deliveries.fetch_add(1, Ordering::Relaxed);
         if verdict == Verdict::Retry {
+            self.retries.fetch_add(1, Ordering::Relaxed);
             self.asked.lock().unwrap_or_else(|p| p.into_inner()).insert(d.uniq_key.clone());
         }
         let seq = d.property(SEQ).unwrap_or_default().to_owned();
@@ -341,18 +375,62 @@ impl Mode {
     }
 }
 
-pub(crate) async fn run(options: &Options, mut report: impl FnMut(&Run)) -> anyhow::Result<Vec<Run>> {
-    let local = match &options.name_server {
-        Some(_) => None,
-        None => Some(tokio::task::spawn_blocking(LocalBroker::start).await??),
+/// The brokers a run reaches: a private RocketMQ broker or tansu unless one is named.
+struct Brokers {
+    owned: OwnedBrokers,
+    _rocketmq: Option<LocalBroker>,
+    _kafka: Option<LocalKafka>,
+}
+
+async fn brokers(options: &Options) -> anyhow::Result<Brokers> {
+    let kind = options.kind()?;
+    let mut owned = OwnedBrokers {
+        kind,
+        rocketmq: BrokerSettings {
+            producer_group: "idemgate_bench_producer".to_owned(),
+            ..BrokerSettings::default()
+        },
+        rabbitmq: RabbitMqSettings {
+            url: options.rabbitmq_url.clone(),
+            prefetch: 256,
+            ..RabbitMqSettings::default()
+        },
+        kafka: KafkaSettings { max_poll_records: 256, ..KafkaSettings::default() },
     };
-    let name_server = options
-        .name_server
-        .clone()
-        .or_else(|| local.as_ref().map(|l| l.name_server().to_owned()))
-        .context("a name server")?;
+    let (mut rocketmq, mut kafka) = (None, None);
+    match kind {
+        BrokerKind::RocketMq => {
+            owned.rocketmq.name_server = match &options.name_server {
+                Some(n) => n.clone(),
+                None => {
+                    let local = tokio::task::spawn_blocking(LocalBroker::start).await??;
+                    let name_server = local.name_server().to_owned();
+                    rocketmq = Some(local);
+                    name_server
+                }
+            };
+        }
+        BrokerKind::Kafka => {
+            owned.kafka.bootstrap_servers = match &options.bootstrap_servers {
+                Some(b) => b.clone(),
+                None => {
+                    let local = tokio::task::spawn_blocking(LocalKafka::start).await??;
+                    let bootstrap = local.bootstrap().to_owned();
+                    kafka = Some(local);
+                    bootstrap
+                }
+            };
+        }
+        BrokerKind::RabbitMq => {}
+    }
+    Ok(Brokers { owned, _rocketmq: rocketmq, _kafka: kafka })
+}
+
+pub(crate) async fn run(options: &Options, mut report: impl FnMut(&Run)) -> anyhow::Result<Vec<Run>> {
+    let brokers = brokers(options).await?;
+    let kind = brokers.owned.kind;
     let backend = options.backend()?;
-    let threads = options.consume_threads.max(20);
+    let threads = options.consume_threads.max(20).max(options.group_threads * options.listener_batch());
     let db = ScratchDb::create(backend, &StoreOptions { max_connections: threads + 4, ..Default::default() })
         .await?;
     let topic = format!("bench_{}", idemgate_shop::traffic::run_id());
@@ -361,21 +439,6 @@ pub(crate) async fn run(options: &Options, mut report: impl FnMut(&Run)) -> anyh
         d.topic = topic.clone();
         d.properties.insert(SEQ.to_owned(), i.to_string());
     }
-    let producer =
-        Producer::start(&idemgate::broker::BrokerAccess::open(&name_server), "idemgate_bench_producer")
-            .await?;
-    let started = Instant::now();
-    for d in &stream {
-        producer.send(d).await?;
-    }
-    let load = started.elapsed();
-    producer.shutdown().await;
-    eprintln!(
-        "  loaded {} messages in {:.1} s ({:.0}/s)",
-        stream.len(),
-        load.as_secs_f64(),
-        rate(stream.len(), load)
-    );
 
     let mut modes = vec![
         Mode::AckOnly,
@@ -389,13 +452,45 @@ pub(crate) async fn run(options: &Options, mut report: impl FnMut(&Run)) -> anyh
     if options.client_defaults {
         modes.push(Mode::GateClientDefaults);
     }
+    let run_id = idemgate_shop::traffic::run_id();
+    let group_of = |mode: Mode| format!("bench_{}_{run_id}", mode as u8);
+    if kind == BrokerKind::RabbitMq {
+        // RabbitMQ keeps a message only in the queues bound when it is published.
+        for mode in &modes {
+            idemgate::broker::rabbitmq::declare_group(
+                &brokers.owned.rabbitmq,
+                &group_of(*mode),
+                &[(topic.clone(), "*".to_owned())],
+            )
+            .await?;
+        }
+    }
+    let producer = brokers.owned.borrow().publisher().await?;
+    let started = Instant::now();
+    for d in &stream {
+        producer.publish(d).await?;
+    }
+    let load = started.elapsed();
+    producer.shutdown().await;
+    eprintln!(
+        "  loaded {} messages in {:.1} s ({:.0}/s)",
+        stream.len(),
+        load.as_secs_f64(),
+        rate(stream.len(), load)
+    );
+
     let mut runs = Vec::new();
     for mode in modes {
         super::gate::reset(&db.store).await?;
         super::reset_peak_rss();
-        let group = format!("bench_{}_{}", mode as u8, idemgate_shop::traffic::run_id());
+        let group = group_of(mode);
         let consume_threads = match mode {
             Mode::GateClientDefaults => 20,
+            // RabbitMQ and Kafka hand each delivery over on its own: a grouped mode has as many
+            // in flight as RocketMQ's threads × messages per call.
+            m if m.grouped() && kind != BrokerKind::RocketMq => {
+                options.group_threads * options.listener_batch()
+            }
             m if m.grouped() => options.group_threads,
             _ => options.consume_threads,
         };
@@ -431,20 +526,36 @@ pub(crate) async fn run(options: &Options, mut report: impl FnMut(&Run)) -> anyh
             | Mode::GroupCommitUndeferred
             | Mode::GateClientDefaults => profiled.clone(),
         }));
-        let host = match mode {
-            Mode::GateClientDefaults => ClientHost::with_client_defaults("bench")?,
-            _ => ClientHost::new("bench", consume_threads as usize)?,
+        let subscription = Subscription {
+            group: group.clone(),
+            topics: vec![(topic.clone(), "*".to_owned())],
+            max_reconsume_times: 16,
         };
-        let subscription =
-            Subscription { group, topics: vec![(topic.clone(), "*".to_owned())], max_reconsume_times: 16 };
         let consumer_options = BrokerSettings {
-            name_server: name_server.clone(),
+            name_server: brokers.owned.rocketmq.name_server.clone(),
             consume_threads,
-            batch_size: if mode.grouped() { options.listener_batch() } else { 1 },
+            batch_size: if mode.grouped() && kind == BrokerKind::RocketMq {
+                options.listener_batch()
+            } else {
+                1
+            },
             start_from: StartFrom::First,
             ..BrokerSettings::default()
         };
-        let consumer = Consumer::start_with(timed.clone(), &subscription, &consumer_options, host).await?;
+        let consumer: Box<dyn Subscriber> = match kind {
+            BrokerKind::RocketMq => {
+                let host = match mode {
+                    Mode::GateClientDefaults => ClientHost::with_client_defaults("bench")?,
+                    _ => ClientHost::new("bench", consume_threads as usize)?,
+                };
+                Box::new(Consumer::start_with(timed.clone(), &subscription, &consumer_options, host).await?)
+            }
+            _ => {
+                let brokers =
+                    idemgate::broker::Brokers { rocketmq: &consumer_options, ..brokers.owned.borrow() };
+                brokers.subscribe(timed.clone(), &subscription).await?
+            }
+        };
         let deadline = Instant::now() + Duration::from_secs(600);
         while timed.seen_count.load(Ordering::Relaxed) < stream.len() {
             anyhow::ensure!(
@@ -454,8 +565,10 @@ pub(crate) async fn run(options: &Options, mut report: impl FnMut(&Run)) -> anyh
             );
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
-        let counters = consumer.counters().clone();
         consumer.shutdown().await;
+        if kind == BrokerKind::RabbitMq {
+            idemgate_testkit::rabbitmq::remove_with(&brokers.owned.rabbitmq.url, &group, &[]).await?;
+        }
         let first = timed.first.lock().unwrap_or_else(|p| p.into_inner()).context("a first delivery")?;
         let last = timed.last_new.lock().unwrap_or_else(|p| p.into_inner()).context("a last delivery")?;
         let (effects, double_applied) =
@@ -473,8 +586,8 @@ pub(crate) async fn run(options: &Options, mut report: impl FnMut(&Run)) -> anyh
             listener_batch: consumer_options.batch_size,
             messages: stream.len(),
             elapsed: last - first,
-            deliveries: counters.deliveries.load(Ordering::Relaxed),
-            retries_asked: counters.retries_asked.load(Ordering::Relaxed),
+            deliveries: timed.deliveries.load(Ordering::Relaxed),
+            retries_asked: timed.retries.load(Ordering::Relaxed),
             asked_redeliveries: timed.asked_redeliveries.load(Ordering::Relaxed),
             unasked_redeliveries: timed.unasked_redeliveries.load(Ordering::Relaxed),
             effects,
@@ -517,7 +630,10 @@ pub(crate) async fn run(options: &Options, mut report: impl FnMut(&Run)) -> anyh
     report(&r);
     runs.push(r);
     db.drop_now().await;
-    drop(local);
+    if kind == BrokerKind::RabbitMq {
+        idemgate_testkit::rabbitmq::remove_with(&brokers.owned.rabbitmq.url, "", &[topic.as_str()]).await?;
+    }
+    drop(brokers);
     Ok(runs)
 }
 

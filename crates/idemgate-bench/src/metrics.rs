@@ -40,6 +40,7 @@ pub(crate) struct Report {
 fn info() -> BuildInfo {
     BuildInfo {
         backend: Backend::Sqlite,
+        broker: Default::default(),
         consumer_group: "bench".into(),
         instance_id: "bench".into(),
         ui_url: "http://127.0.0.1:8080".into(),

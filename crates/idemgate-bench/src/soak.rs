@@ -118,9 +118,18 @@ pub(crate) async fn command(options: Options) -> anyhow::Result<()> {
     for p in 0..options.producers {
         // The first producers take the remainder of the rate, one message per second each.
         let rate = share + u32::from(p < options.rate % options.producers);
-        let produce_options = ProduceOptions {
-            access: idemgate::broker::BrokerAccess::open(&name_server),
+        let rocketmq = idemgate::broker::BrokerSettings {
+            name_server: name_server.clone(),
             producer_group: format!("idemgate_soak_producer_{p}"),
+            ..Default::default()
+        };
+        let produce_options = ProduceOptions {
+            brokers: idemgate::broker::OwnedBrokers {
+                kind: idemgate::broker::BrokerKind::RocketMq,
+                rocketmq,
+                rabbitmq: Default::default(),
+                kafka: Default::default(),
+            },
             topic: topic.clone(),
             count: u64::from(rate) * 60 * options.minutes,
             rate,

@@ -392,6 +392,7 @@ async fn shared_pool_server(
     let info = BuildInfo {
         backend: store.backend(),
         consumer_group: naive.consumer.group.clone(),
+        broker: Default::default(),
         instance_id: "bench-naive-ui".to_owned(),
         ui_url: format!("http://{addr}"),
     };

@@ -340,6 +340,7 @@ pub async fn run_with(cli: Cli, own: Handlers, defaults: impl FnOnce(&mut Settin
             shown.http = shown.http.redacted();
             shown.redis = shown.redis.redacted();
             shown.broker = shown.broker.redacted();
+            shown.rabbitmq = shown.rabbitmq.redacted();
             print!("{}", toml::to_string_pretty(&shown).context("rendering the configuration")?);
             Ok(Exit::Success)
         }
@@ -413,20 +414,10 @@ async fn replay_command(settings: &Settings, own: Handlers, args: ReplayArgs) ->
     };
     settings.require_group()?;
     let service = ByHand::open(settings, own).await?;
-    let producer = if args.dry_run {
-        None
-    } else {
-        Some(
-            idemgate::broker::Producer::start(
-                &idemgate::broker::BrokerAccess::of(&settings.broker)?,
-                &settings.broker.producer_group,
-            )
-            .await?,
-        )
-    };
+    let producer = if args.dry_run { None } else { Some(settings.brokers().publisher().await?) };
     let group = service.identity().consumer_group;
     let lines =
-        replay::replay(service.store(), service.routes(), &group, &selection, producer.as_ref()).await;
+        replay::replay(service.store(), service.routes(), &group, &selection, producer.as_deref()).await;
     if let Some(p) = producer {
         p.shutdown().await;
     }
@@ -517,8 +508,7 @@ async fn produce_command(settings: &Settings, args: ProduceArgs) -> anyhow::Resu
         early_payments: share("early-payments", args.early_payments, 1.0)?,
     };
     let options = idemgate_shop::produce::ProduceOptions {
-        access: idemgate::broker::BrokerAccess::of(&settings.broker)?,
-        producer_group: settings.broker.producer_group.clone(),
+        brokers: idemgate::broker::OwnedBrokers::of(settings.brokers()),
         topic: args.topic,
         count: args.count,
         rate: args.rate,

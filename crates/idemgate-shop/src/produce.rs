@@ -1,4 +1,5 @@
-//! `idemgate produce`: sends the example traffic to a real topic at a chosen rate, with
+//! `idemgate produce`: sends the example traffic to a real topic (RocketMQ or Kafka) or
+//! exchange (RabbitMQ) at a chosen rate, with
 //! duplicates of each cause, poison and malformed messages, and reports what it sent so that a
 //! consumer's books can be checked against it. It is the load generator of the benchmarks and
 //! the way an operator smoke-tests a pipeline.
@@ -8,15 +9,14 @@ use std::time::{Duration, Instant};
 use serde::Serialize;
 
 use crate::traffic::{Mix, Send, Tally, Traffic};
-use idemgate::broker::{BrokerAccess, Producer};
+use idemgate::broker::OwnedBrokers;
 
 /// What to send.
 #[derive(Debug, Clone)]
 pub struct ProduceOptions {
-    /// How the producer reaches the cluster: the name server, and the account and namespace
-    /// of `[broker]`.
-    pub access: BrokerAccess,
-    pub producer_group: String,
+    /// The broker `[broker] kind` names, and how to reach it: RocketMQ's name server,
+    /// account, namespace and producer group, RabbitMQ's URL, or Kafka's bootstrap servers.
+    pub brokers: OwnedBrokers,
     pub topic: String,
     pub count: u64,
     /// Sends per second; 0 sends as fast as the broker takes them.
@@ -53,7 +53,7 @@ pub async fn run(
     options: &ProduceOptions,
     mut on_send: impl FnMut(&SendRecord<'_>),
 ) -> anyhow::Result<ProduceReport> {
-    let producer = Producer::start(&options.access, &options.producer_group).await?;
+    let producer = options.brokers.borrow().publisher().await?;
     let mut traffic = Traffic::new(options.mix, options.seed, &options.run, &options.topic);
     let started = Instant::now();
     let mut tick = (options.rate > 0).then(|| {
@@ -70,11 +70,11 @@ pub async fn run(
             if let Some(t) = tick.as_mut() {
                 t.tick().await;
             }
-            let receipt = producer.send(&message).await?;
+            let uniq_key = producer.publish(&message).await?;
             sent += 1;
             on_send(&SendRecord {
                 kind: kind.as_str(),
-                uniq_key: &receipt.uniq_key,
+                uniq_key: &uniq_key,
                 tags: &message.tags,
                 keys: &message.keys,
             });

@@ -9,6 +9,10 @@
 //!   server and one broker, and [`LocalCluster`](broker::LocalCluster), two masters; every
 //!   server and store has a watchdog that stops or removes it once the process that started it
 //!   is gone.
+//! - [`kafka`]: a private Kafka-compatible broker, [`LocalKafka`](kafka::LocalKafka) (tansu, in
+//!   memory), and a reader of a topic from its start.
+//! - [`rabbitmq`]: the machine's RabbitMQ: its URL, what a dead-letter queue holds, and the
+//!   removal of a test's queues and exchanges.
 //! - [`plan`]: what the database will do with a statement, read through `EXPLAIN`.
 //! - [`fault_proxy`]: a TCP proxy in front of PostgreSQL or MariaDB that makes a COMMIT
 //!   ambiguous (forwarded, its answer dropped, the connection cut), cuts a statement in half, or
@@ -27,6 +31,8 @@ pub mod fault_proxy;
 pub mod galera;
 pub mod history;
 pub mod http;
+pub mod kafka;
 pub mod network;
 pub mod plan;
+pub mod rabbitmq;
 pub mod scratch;

@@ -74,6 +74,7 @@ fn batch_gate(db: &TestDb) -> (Gate, Arc<Metrics>) {
     all_routes.push(route.clone());
     let routes = Routes::new(&all_routes).expect("routes");
     let info = BuildInfo {
+        broker: Default::default(),
         backend: db.store.backend(),
         consumer_group: GROUP.into(),
         instance_id: "batch-1".into(),

@@ -117,7 +117,7 @@ mod cases {
         let keys: Vec<_> = dry.iter().map(|l| (l.dead_letter_msg_id.as_str(), l.biz_id.as_str())).collect();
         assert!(keys.contains(&("M-1", "E-1")) && keys.contains(&("M-2", "E-2")), "read again: {keys:?}");
         let to_the_gate = ToTheGate { gate: &fixed };
-        let lines = replay::replay_to(store, &fixed_routes, GROUP, &since, Some(&to_the_gate)).await.unwrap();
+        let lines = replay::replay(store, &fixed_routes, GROUP, &since, Some(&to_the_gate)).await.unwrap();
         let actions = by_msg_id(&lines);
         assert!(matches!(&actions[0], (m, Action::Sent { uniq_key }) if m == "M-1" && uniq_key == "R-M-1"));
         assert!(
@@ -133,7 +133,7 @@ mod cases {
 
         // By msgId, once more: applied now, so refused.
         let again = Selection::Message { msg_id: "M-1".to_owned() };
-        let lines = replay::replay_to(store, &fixed_routes, GROUP, &again, Some(&to_the_gate)).await.unwrap();
+        let lines = replay::replay(store, &fixed_routes, GROUP, &again, Some(&to_the_gate)).await.unwrap();
         assert!(matches!(&lines[..], [l] if matches!(l.action, Action::RefusedClaimed { .. })), "{lines:?}");
         assert_eq!(db.scalar(&BOOKED, &["E-1"]).await, 1);
     }
@@ -170,7 +170,7 @@ mod cases {
         let fixed_routes = Routes::new(&[fixed_route]).unwrap();
         let seen = Recording { to: ToTheGate { gate: &fixed }, sent: Default::default() };
         let by_message = Selection::Message { msg_id: "M-K".to_owned() };
-        let lines = replay::replay_to(store, &fixed_routes, GROUP, &by_message, Some(&seen)).await.unwrap();
+        let lines = replay::replay(store, &fixed_routes, GROUP, &by_message, Some(&seen)).await.unwrap();
         assert!(matches!(&lines[..], [l] if matches!(l.action, Action::Sent { .. })), "{lines:?}");
         assert_eq!((lines[0].biz_id.as_str(), lines[0].execute_time), ("E-K", 1_700_000_000_000));
         assert_eq!(db.scalar(&BOOKED, &["E-K"]).await, 1, "E-K booked once");

@@ -232,15 +232,15 @@ mod cases {
                 dry.iter().map(|l| (l.biz_id.as_str(), l.dead_letter_msg_id.as_str(), &l.action)).collect();
             assert_eq!(got, [(*key, *msg_id, &Action::WouldSend)], "{key}");
             let sent =
-                replay::replay_to(store, g.routes(), GROUP, &selection, Some(&to_the_gate)).await.unwrap();
+                replay::replay(store, g.routes(), GROUP, &selection, Some(&to_the_gate)).await.unwrap();
             assert!(matches!(sent[0].action, Action::Sent { .. }), "{key}: {sent:?}");
         }
         // By msgId: the Tamil one; the Persian one by its key, which the log holds escaped.
         let by_msg_id = Selection::Message { msg_id: "M-TAMIL".to_owned() };
-        let sent = replay::replay_to(store, g.routes(), GROUP, &by_msg_id, Some(&to_the_gate)).await.unwrap();
+        let sent = replay::replay(store, g.routes(), GROUP, &by_msg_id, Some(&to_the_gate)).await.unwrap();
         assert_eq!(sent.iter().map(|l| l.biz_id.as_str()).collect::<Vec<_>>(), ["தமிழ்-1"]);
         let persian = Selection::Key { biz_id: refused[3].0.to_owned(), biz_type: None, execute_time: None };
-        let sent = replay::replay_to(store, g.routes(), GROUP, &persian, Some(&to_the_gate)).await.unwrap();
+        let sent = replay::replay(store, g.routes(), GROUP, &persian, Some(&to_the_gate)).await.unwrap();
         assert_eq!(sent.iter().map(|l| l.biz_id.as_str()).collect::<Vec<_>>(), [refused[3].0]);
         assert!(matches!(sent[0].action, Action::Sent { .. }), "{sent:?}");
 
@@ -257,7 +257,7 @@ mod cases {
 
         // Everything refused in the last hour, again: each key is claimed now.
         let again = Selection::InvalidSince(now_ms() - 3_600_000);
-        let lines = replay::replay_to(store, g.routes(), GROUP, &again, Some(&to_the_gate)).await.unwrap();
+        let lines = replay::replay(store, g.routes(), GROUP, &again, Some(&to_the_gate)).await.unwrap();
         assert_eq!(lines.len(), 4, "{lines:?}");
         assert!(lines.iter().all(|l| matches!(l.action, Action::RefusedClaimed { .. })), "{lines:?}");
         assert_eq!(db.scalar(&STOCK_OF, &["SKU-R"]).await, 96);

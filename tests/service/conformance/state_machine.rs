@@ -83,6 +83,7 @@ fn configured_gate(db: &TestDb) -> (Gate, Arc<Metrics>) {
     let routes = Routes::new(&all_routes).expect("routes");
     let topics: BTreeSet<String> = [TOPIC.to_owned(), shop::TOPIC.to_owned()].into();
     let info = BuildInfo {
+        broker: Default::default(),
         backend: db.store.backend(),
         consumer_group: GROUP.into(),
         instance_id: "ship-1".into(),

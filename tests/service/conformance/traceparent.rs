@@ -29,6 +29,7 @@ static STOCK_OF: Sql = Sql::new("SELECT quantity FROM shop_stock WHERE sku = ?")
 fn traced_gate(db: &TestDb) -> (Gate, Arc<Metrics>) {
     let routes = Routes::new(&shop::routes(shop::TOPIC)).expect("routes");
     let info = BuildInfo {
+        broker: Default::default(),
         backend: db.store.backend(),
         consumer_group: GROUP.into(),
         instance_id: "traced-1".into(),

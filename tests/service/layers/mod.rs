@@ -145,6 +145,7 @@ fn flaky_delivery(key: &str, msg_id: &str) -> Delivery {
 
 fn metrics() -> Arc<Metrics> {
     let info = BuildInfo {
+        broker: Default::default(),
         backend: Backend::Sqlite,
         consumer_group: GROUP.to_owned(),
         instance_id: "a".to_owned(),

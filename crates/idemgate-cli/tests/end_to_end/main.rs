@@ -1,6 +1,7 @@
 //! `idemgate serve` and `idemgate produce` against a real RocketMQ broker and real databases.
 
 mod acl;
+mod brokers;
 mod browser;
 mod cluster;
 mod command_line;

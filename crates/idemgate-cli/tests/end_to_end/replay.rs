@@ -10,7 +10,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use idemgate::app::{Application, Feed};
-use idemgate::broker::Producer;
+use idemgate::broker::{Producer, Publish};
 use idemgate::delivery::Delivery;
 use idemgate::handler::{Effect, Handler, HandlerError, Handlers, Work};
 use idemgate::replay::{self, Action, Selection};
@@ -25,13 +25,13 @@ use super::support::{http_get, http_post_form};
 static STATUS: Sql = Sql::new("SELECT status FROM shop_order WHERE order_no = ?");
 
 /// A service's settings written to a configuration file, for the command line.
-struct ConfigFile {
+pub(super) struct ConfigFile {
     _dir: tempfile::TempDir,
     path: std::path::PathBuf,
 }
 
 impl ConfigFile {
-    fn of(settings: &idemgate::config::Settings) -> Self {
+    pub(super) fn of(settings: &idemgate::config::Settings) -> Self {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("idemgate.toml");
         std::fs::write(&path, toml::to_string(settings).unwrap()).unwrap();
@@ -39,7 +39,7 @@ impl ConfigFile {
     }
 
     /// `idemgate replay ARGS` on these settings: its exit code and everything it printed.
-    fn replay(&self, args: &[&str]) -> (Option<i32>, String) {
+    pub(super) fn replay(&self, args: &[&str]) -> (Option<i32>, String) {
         let out = Command::new(BIN)
             .args(["--config", &self.path.to_string_lossy(), "replay"])
             .args(args)
@@ -56,14 +56,14 @@ impl ConfigFile {
 /// Dead-letters `key` (its order missing), then sends the order: the cause is fixed.
 pub(super) async fn dead_letter_then_fix(
     store: &Store,
-    producer: &Producer,
+    producer: &dyn Publish,
     topic: &str,
     key: &str,
     order_no: &str,
 ) {
-    producer.send(&payment(topic, key, order_no, 990)).await.unwrap();
+    producer.publish(&payment(topic, key, order_no, 990)).await.unwrap();
     wait_for_log(store, key, "dead letter", |s| s.iter().any(|o| o.starts_with("dead_lettered"))).await;
-    producer.send(&order(topic, order_no, 990)).await.unwrap();
+    producer.publish(&order(topic, order_no, 990)).await.unwrap();
     wait_for_log(store, order_no, "order", |s| s.iter().any(|o| o.starts_with("processed"))).await;
 }
 

@@ -9,6 +9,7 @@ use std::process::{Child, Command, Stdio};
 use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
+use idemgate::broker::BrokerKind;
 use idemgate::config::Settings;
 use idemgate::delivery::Delivery;
 use idemgate::store::{Backend, Sql, Store, StoreOptions};
@@ -16,6 +17,7 @@ use idemgate_shop as shop;
 use idemgate_shop::produce::ProduceReport;
 use idemgate_testkit::broker::LocalBroker;
 use idemgate_testkit::history::{self, History, Sent, Source};
+use idemgate_testkit::kafka::LocalKafka;
 use idemgate_testkit::scratch::ScratchDb;
 use sqlx::Row;
 
@@ -31,6 +33,42 @@ pub fn broker() -> &'static LocalBroker {
     BROKER.get_or_init(|| {
         LocalBroker::start().unwrap_or_else(|e| panic!("a RocketMQ broker is required: {e:#}"))
     })
+}
+
+/// The tansu broker every Kafka test of this binary shares; each test uses its own topics and
+/// group.
+pub fn kafka() -> &'static LocalKafka {
+    static KAFKA: OnceLock<LocalKafka> = OnceLock::new();
+    KAFKA.get_or_init(|| {
+        LocalKafka::start().unwrap_or_else(|e| panic!("a Kafka broker (tansu) is required: {e:#}"))
+    })
+}
+
+/// The settings of one `serve` process consuming `topic` from the broker of `kind`, with
+/// `max_reconsume_times` attempts after the first and retries that wait a second.
+pub fn settings_for(
+    kind: BrokerKind,
+    db_url: &str,
+    topic: &str,
+    group: &str,
+    instance: &str,
+    max_reconsume_times: i32,
+) -> Settings {
+    let mut s = match kind {
+        BrokerKind::RocketMq => settings(db_url, topic, group, instance, max_reconsume_times),
+        _ => settings_on("127.0.0.1:9876", db_url, topic, group, instance),
+    };
+    s.consumer.max_reconsume_times = max_reconsume_times;
+    s.broker.kind = kind;
+    s.broker.lag_interval_seconds = 2;
+    s.rabbitmq.url = idemgate_testkit::rabbitmq::url();
+    s.rabbitmq.retry_delay_ms = 1_000;
+    if kind == BrokerKind::Kafka {
+        s.kafka.bootstrap_servers = kafka().bootstrap().to_owned();
+        s.kafka.retry_delay_ms = 1_000;
+        s.kafka.session_timeout_ms = 6_000;
+    }
+    s
 }
 
 /// A unique name for this test's topic, group and keys.
@@ -270,6 +308,41 @@ pub fn produce_on(
     rate: u32,
     extra: &[&str],
 ) -> (ProduceReport, Vec<SendLine>) {
+    produce_with(&[("IDEMGATE_BROKER__NAME_SERVER", name_server.to_owned())], topic, run, count, rate, extra)
+}
+
+/// Runs `idemgate produce` to `topic` on the broker of `kind`: the shared RocketMQ broker, the
+/// machine's RabbitMQ or the shared tansu.
+pub fn produce_to(
+    kind: BrokerKind,
+    topic: &str,
+    run: &str,
+    count: u64,
+    rate: u32,
+    extra: &[&str],
+) -> (ProduceReport, Vec<SendLine>) {
+    produce_with(&broker_env(kind), topic, run, count, rate, extra)
+}
+
+/// The environment that points a command at the broker of `kind`.
+pub fn broker_env(kind: BrokerKind) -> Vec<(&'static str, String)> {
+    let mut env = vec![("IDEMGATE_BROKER__KIND", kind.as_str().to_owned())];
+    match kind {
+        BrokerKind::RocketMq => env.push(("IDEMGATE_BROKER__NAME_SERVER", broker().name_server().to_owned())),
+        BrokerKind::RabbitMq => env.push(("IDEMGATE_RABBITMQ__URL", idemgate_testkit::rabbitmq::url())),
+        BrokerKind::Kafka => env.push(("IDEMGATE_KAFKA__BOOTSTRAP_SERVERS", kafka().bootstrap().to_owned())),
+    }
+    env
+}
+
+fn produce_with(
+    env: &[(&str, String)],
+    topic: &str,
+    run: &str,
+    count: u64,
+    rate: u32,
+    extra: &[&str],
+) -> (ProduceReport, Vec<SendLine>) {
     let dir = tempfile::tempdir().expect("temp dir");
     let sends = dir.path().join("sends.jsonl");
     let output = Command::new(BIN)
@@ -286,7 +359,7 @@ pub fn produce_on(
         ])
         .args(["--sends", &sends.to_string_lossy()])
         .args(extra)
-        .env("IDEMGATE_BROKER__NAME_SERVER", name_server)
+        .envs(env.iter().map(|(k, v)| (*k, v.as_str())))
         .env_remove("RUST_LOG")
         .stdin(Stdio::null())
         .output()
