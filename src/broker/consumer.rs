@@ -11,7 +11,7 @@
 //! at the last allowed attempt that makes the broker move the message to `%DLQ%<group>`.
 //!
 //! **The answer comes before the client's deadline.** The client abandons a listener call after
-//! [`CONSUME_DEADLINE`] and redelivers its messages while the call runs on. The gate answers
+//! [`CONSUME_DEADLINE`](super::runtime::CONSUME_DEADLINE) and redelivers its messages while the call runs on. The gate answers
 //! each delivery by `consumer.delivery_timeout_ms` from the call's start (rolling back what is
 //! not ready to commit), and the listener itself answers `ReconsumeLater` at
 //! [`LISTENER_DEADLINE`] whatever the sink is still doing.
@@ -22,7 +22,6 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use anyhow::Context;
-use async_trait::async_trait;
 use futures_util::FutureExt;
 use rocketmq_client_rust::{
     ClientResult, ConsumeConcurrentlyContext, ConsumeConcurrentlyStatus, DefaultMQPushConsumer,
@@ -31,10 +30,10 @@ use rocketmq_client_rust::{
 use rocketmq_model::common::consumer::consume_from_where::ConsumeFromWhere;
 use rocketmq_model::common::message::message_ext::MessageExt;
 
+pub use super::seam::{LISTENER_DEADLINE, Sink, Subscription};
 use super::settings::{BrokerSettings, StartFrom};
-use super::{BrokerAccess, CONSUME_DEADLINE, ClientHost};
+use super::{BrokerAccess, ClientHost};
 use crate::delivery::{Delivery, UNIQ_KEY_PROPERTY};
-use crate::gate::Gate;
 use crate::outcome::Verdict;
 
 /// What the consumer has seen, for status lines, benchmarks and tests.
@@ -47,73 +46,6 @@ pub struct ConsumerCounters {
     /// Deliveries this consumer answered with `ReconsumeLater`. Redeliveries beyond these were
     /// caused by the client itself (a listener call refused for capacity, or timed out).
     pub retries_asked: AtomicU64,
-}
-
-/// The listener's own answer time, from the start of a call: two seconds before the client's
-/// [`CONSUME_DEADLINE`]. The gate's deadline (at most `crate::gate::MAX_DELIVERY_TIMEOUT_MS`)
-/// and a log row's grace after it end before this.
-pub const LISTENER_DEADLINE: Duration = CONSUME_DEADLINE.saturating_sub(Duration::from_secs(2));
-
-// The gate's longest deadline and a log row's grace after it end before the listener's own.
-const _: () = assert!(
-    crate::gate::MAX_DELIVERY_TIMEOUT_MS as u128 + crate::gate::ANSWER_GRACE.as_millis()
-        < LISTENER_DEADLINE.as_millis()
-);
-
-/// What the consumer hands each delivery to: the gate in the service, simpler sinks in the
-/// benchmark.
-#[async_trait]
-pub trait Sink: Send + Sync + 'static {
-    /// The verdict on `d`, a delivery of the listener call that began at `began`.
-    async fn consume(&self, d: &Delivery, began: Instant) -> Verdict;
-
-    /// True when the deliveries of one listener call should be handed over all at once rather
-    /// than one after the other: a gate with group commit puts them in one group.
-    fn takes_batches(&self) -> bool {
-        false
-    }
-}
-
-#[async_trait]
-impl<S: Sink + ?Sized> Sink for Arc<S> {
-    async fn consume(&self, d: &Delivery, began: Instant) -> Verdict {
-        (**self).consume(d, began).await
-    }
-
-    fn takes_batches(&self) -> bool {
-        (**self).takes_batches()
-    }
-}
-
-#[async_trait]
-impl Sink for Gate {
-    async fn consume(&self, d: &Delivery, began: Instant) -> Verdict {
-        self.process_since(d, began).await.verdict
-    }
-
-    fn takes_batches(&self) -> bool {
-        self.group_commit().is_some()
-    }
-}
-
-/// Who consumes what.
-#[derive(Debug, Clone)]
-pub struct Subscription {
-    pub group: String,
-    /// (topic, tag expression) pairs.
-    pub topics: Vec<(String, String)>,
-    pub max_reconsume_times: i32,
-}
-
-impl Subscription {
-    /// The gate's group, the topics its routes cover and its retry budget.
-    pub(crate) fn of(gate: &Gate) -> Self {
-        Self {
-            group: gate.identity().consumer_group.clone(),
-            topics: gate.routes().topics(),
-            max_reconsume_times: gate.policy().max_reconsume_times,
-        }
-    }
 }
 
 /// A started consumer. Call [`Consumer::shutdown`] before the process exits.
@@ -205,10 +137,7 @@ impl Consumer {
     /// The delivery it held was answered `ReconsumeLater`, so nothing is lost, but the process
     /// is no longer trustworthy: the service stops on it.
     pub(crate) async fn fault(&mut self) -> String {
-        match self.faults.recv().await {
-            Some(what) => what,
-            None => std::future::pending().await,
-        }
+        super::seam::next_fault(&mut self.faults).await
     }
 
     /// Stops pulling, waits for the listener calls in flight (each finishes or rolls back its
@@ -376,8 +305,10 @@ pub(crate) fn to_delivery(m: &MessageExt) -> Delivery {
 
 #[cfg(test)]
 mod tests {
+    use async_trait::async_trait;
     use rocketmq_model::common::message::message_queue::MessageQueue;
 
+    use super::super::runtime::CONSUME_DEADLINE;
     use super::*;
 
     /// A sink that never answers: a delivery stuck beyond every bound of the gate.

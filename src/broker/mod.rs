@@ -1,5 +1,5 @@
-//! The brokers: the seam every broker's consumer, lag reader and publisher fits (`seam`), and
-//! the three behind it. RocketMQ's modules sit at the top: the client runtime that hosts the
+//! The brokers: the seam every broker's consumer, lag reader and publisher fits (`seam`), the
+//! choice among the three behind it (`choice`), and the three. RocketMQ's modules sit at the top: the client runtime that hosts the
 //! RocketMQ client, how every client reaches the cluster (`access`: account, namespace, trace),
 //! the push consumer that runs every delivery through the gate, its lag, and the producer
 //! behind `idemgate produce` and replay. RabbitMQ (`rabbitmq`) and Kafka (`kafka`) have one
@@ -10,6 +10,7 @@
 //! must not decide outcomes.
 
 pub mod access;
+mod choice;
 pub mod consumer;
 pub mod kafka;
 pub mod lag;
@@ -21,12 +22,12 @@ pub mod seam;
 pub(crate) mod settings;
 
 pub use access::BrokerAccess;
-pub use consumer::{Consumer, Sink, Subscription};
+pub use choice::{Brokers, OwnedBrokers};
+pub use consumer::Consumer;
 pub use kafka::KafkaSettings;
 pub use preflight::Refused;
 pub use producer::Producer;
 pub use rabbitmq::RabbitMqSettings;
-pub(crate) use runtime::CONSUME_DEADLINE;
 pub use runtime::ClientHost;
-pub use seam::{BrokerKind, Brokers, LagRead, OwnedBrokers, Publish, Subscriber};
+pub use seam::{BrokerKind, LagRead, Publish, Sink, Subscriber, Subscription};
 pub use settings::{BrokerSettings, DEFAULT_TRACE_TOPIC, SecretKey, StartFrom};

@@ -1,6 +1,8 @@
-//! The seam between the service and its broker: what a consumer, a lag reader and a publisher
-//! of any broker offer the service, and the one place that picks RocketMQ, RabbitMQ or Kafka
-//! from `[broker] kind`.
+//! The seam between the service and its broker: what a consumer hands each delivery to (the
+//! [`Sink`]), who consumes what ([`Subscription`]), and what a consumer, a lag reader and a
+//! publisher of any broker offer the service ([`Subscriber`], [`LagRead`], [`Publish`]), with
+//! the answer rules every consumer shares. `choice` picks RocketMQ, RabbitMQ or Kafka from
+//! `[broker] kind`.
 //!
 //! Each broker's module turns its messages into [`Delivery`]s, hands them to the [`Sink`] (the
 //! gate), and turns each [`Verdict`](crate::outcome::Verdict) into its own answer: RocketMQ's
@@ -15,13 +17,20 @@ use std::time::{Duration, Instant};
 use async_trait::async_trait;
 use futures_util::FutureExt;
 
-use super::kafka::{KafkaSettings, KafkaSubscriber};
-use super::lag::{LagProbe, LagReading};
-use super::rabbitmq::{RabbitMqSettings, RabbitSubscriber};
-use super::{BrokerAccess, BrokerSettings, Consumer, Producer, Sink, Subscription};
+use super::lag::LagReading;
+use super::runtime::CONSUME_DEADLINE;
 pub use crate::delivery::BrokerKind;
 use crate::delivery::Delivery;
+use crate::gate::Gate;
 use crate::outcome::Verdict;
+
+/// The next fault a consumer's tasks reported; never resolves when they can report none.
+pub(crate) async fn next_fault(faults: &mut tokio::sync::mpsc::UnboundedReceiver<String>) -> String {
+    match faults.recv().await {
+        Some(what) => what,
+        None => std::future::pending().await,
+    }
+}
 
 /// What a broker without a dead-letter queue of its own is told to do with `verdict` on `d`:
 /// a retry of the last attempt the budget allows (`max_reconsume_times`), which the gate logged
@@ -54,6 +63,73 @@ pub(crate) async fn verdict_of(
                 "a delivery ran out of time; answering retry"
             );
             Ok(Verdict::Retry)
+        }
+    }
+}
+
+/// The listener's own answer time, from the start of a call: two seconds before the client's
+/// [`CONSUME_DEADLINE`]. The gate's deadline (at most `crate::gate::MAX_DELIVERY_TIMEOUT_MS`)
+/// and a log row's grace after it end before this.
+pub const LISTENER_DEADLINE: Duration = CONSUME_DEADLINE.saturating_sub(Duration::from_secs(2));
+
+// The gate's longest deadline and a log row's grace after it end before the listener's own.
+const _: () = assert!(
+    crate::gate::MAX_DELIVERY_TIMEOUT_MS as u128 + crate::gate::ANSWER_GRACE.as_millis()
+        < LISTENER_DEADLINE.as_millis()
+);
+
+/// What the consumer hands each delivery to: the gate in the service, simpler sinks in the
+/// benchmark.
+#[async_trait]
+pub trait Sink: Send + Sync + 'static {
+    /// The verdict on `d`, a delivery of the listener call that began at `began`.
+    async fn consume(&self, d: &Delivery, began: Instant) -> Verdict;
+
+    /// True when the deliveries of one listener call should be handed over all at once rather
+    /// than one after the other: a gate with group commit puts them in one group.
+    fn takes_batches(&self) -> bool {
+        false
+    }
+}
+
+#[async_trait]
+impl<S: Sink + ?Sized> Sink for Arc<S> {
+    async fn consume(&self, d: &Delivery, began: Instant) -> Verdict {
+        (**self).consume(d, began).await
+    }
+
+    fn takes_batches(&self) -> bool {
+        (**self).takes_batches()
+    }
+}
+
+#[async_trait]
+impl Sink for Gate {
+    async fn consume(&self, d: &Delivery, began: Instant) -> Verdict {
+        self.process_since(d, began).await.verdict
+    }
+
+    fn takes_batches(&self) -> bool {
+        self.group_commit().is_some()
+    }
+}
+
+/// Who consumes what.
+#[derive(Debug, Clone)]
+pub struct Subscription {
+    pub group: String,
+    /// (topic, tag expression) pairs.
+    pub topics: Vec<(String, String)>,
+    pub max_reconsume_times: i32,
+}
+
+impl Subscription {
+    /// The gate's group, the topics its routes cover and its retry budget.
+    pub(crate) fn of(gate: &Gate) -> Self {
+        Self {
+            group: gate.identity().consumer_group.clone(),
+            topics: gate.routes().topics(),
+            max_reconsume_times: gate.policy().max_reconsume_times,
         }
     }
 }
@@ -94,164 +170,6 @@ pub trait Publish: Send + Sync {
 
     /// Closes the connection; the default has nothing to close.
     async fn shutdown(self: Box<Self>) {}
-}
-
-#[async_trait]
-impl Subscriber for Consumer {
-    async fn fault(&mut self) -> String {
-        Consumer::fault(self).await
-    }
-
-    async fn buffered_messages(&self) -> Option<BTreeMap<String, u64>> {
-        Consumer::buffered_messages(self).await
-    }
-
-    async fn shutdown(self: Box<Self>) {
-        Consumer::shutdown(*self).await;
-    }
-}
-
-#[async_trait]
-impl LagRead for LagProbe {
-    async fn read(&self, topics: &[String]) -> LagReading {
-        LagProbe::read(self, topics).await
-    }
-
-    async fn shutdown(self: Box<Self>) {
-        LagProbe::shutdown(*self).await;
-    }
-}
-
-#[async_trait]
-impl Publish for Producer {
-    async fn publish(&self, message: &Delivery) -> anyhow::Result<String> {
-        Ok(self.send(message).await?.uniq_key)
-    }
-
-    async fn shutdown(self: Box<Self>) {
-        Producer::shutdown(*self).await;
-    }
-}
-
-/// A RocketMQ client's start, its type erased: the client's futures are deep, and would push
-/// every caller's past the compiler's layout depth.
-type Erased<'a, T> = std::pin::Pin<Box<dyn Future<Output = anyhow::Result<T>> + Send + 'a>>;
-
-/// Every broker's settings, and the kind `[broker] kind` picks.
-#[derive(Debug, Clone, Copy)]
-pub struct Brokers<'a> {
-    pub kind: BrokerKind,
-    /// `[broker]`: RocketMQ's own settings, and those every broker shares (`kind`,
-    /// `consume_threads`, `lag_interval_seconds`, `producer_group`).
-    pub rocketmq: &'a BrokerSettings,
-    /// `[rabbitmq]`.
-    pub rabbitmq: &'a RabbitMqSettings,
-    /// `[kafka]`.
-    pub kafka: &'a KafkaSettings,
-}
-
-impl Brokers<'_> {
-    /// Starts the consumer of the chosen broker, handing every delivery to `sink`.
-    pub async fn subscribe(
-        self,
-        sink: Arc<dyn Sink>,
-        subscription: &Subscription,
-    ) -> anyhow::Result<Box<dyn Subscriber>> {
-        Ok(match self.kind {
-            BrokerKind::RocketMq => {
-                let topics: Vec<String> = subscription.topics.iter().map(|(t, _)| t.clone()).collect();
-                let access = BrokerAccess::of(self.rocketmq)?;
-                // Boxed: the check's future is deep, and would push every caller's past the
-                // compiler's layout depth.
-                Box::pin(super::preflight::check_consume_rights(&access, &subscription.group, &topics))
-                    .await?;
-                let host = super::ClientHost::new("consumer", self.rocketmq.consume_threads as usize)?;
-                let start: Erased<'_, Consumer> =
-                    Box::pin(Consumer::start_with(sink, subscription, self.rocketmq, host));
-                Box::new(start.await?)
-            }
-            BrokerKind::RabbitMq => Box::new(
-                RabbitSubscriber::start(sink, subscription, self.rabbitmq, self.rocketmq.consume_threads)
-                    .await?,
-            ),
-            BrokerKind::Kafka => Box::new(
-                KafkaSubscriber::start(
-                    sink,
-                    subscription,
-                    self.kafka,
-                    self.rocketmq.start_from,
-                    self.rocketmq.consume_threads,
-                )
-                .await?,
-            ),
-        })
-    }
-
-    /// Starts the reader of `group`'s lag; each reading of a topic waits at most `timeout`.
-    pub async fn lag_reader(self, group: &str, timeout: Duration) -> anyhow::Result<Box<dyn LagRead>> {
-        Ok(match self.kind {
-            BrokerKind::RocketMq => {
-                let access = BrokerAccess::of(self.rocketmq)?;
-                let start: Erased<'_, LagProbe> = Box::pin(LagProbe::start(&access, group, timeout));
-                Box::new(start.await?)
-            }
-            BrokerKind::RabbitMq => {
-                Box::new(super::rabbitmq::QueueDepth::start(self.rabbitmq, group, timeout).await?)
-            }
-            BrokerKind::Kafka => Box::new(super::kafka::PartitionLag::start(self.kafka, group, timeout)?),
-        })
-    }
-
-    /// Starts a publisher to the chosen broker.
-    pub async fn publisher(self) -> anyhow::Result<Box<dyn Publish>> {
-        Ok(match self.kind {
-            BrokerKind::RocketMq => {
-                let access = BrokerAccess::of(self.rocketmq)?;
-                let start: Erased<'_, Producer> =
-                    Box::pin(Producer::start(&access, &self.rocketmq.producer_group));
-                Box::new(start.await?)
-            }
-            BrokerKind::RabbitMq => Box::new(super::rabbitmq::Publisher::start(self.rabbitmq).await?),
-            BrokerKind::Kafka => Box::new(super::kafka::KafkaPublisher::start(self.kafka)?),
-        })
-    }
-
-    /// Where the chosen broker is, with no secret in it: for logs and refusals.
-    pub fn describe(self) -> String {
-        match self.kind {
-            BrokerKind::RocketMq => match BrokerAccess::of(self.rocketmq) {
-                Ok(access) => access.describe(),
-                Err(_) => format!("name server {}", self.rocketmq.name_server),
-            },
-            BrokerKind::RabbitMq => self.rabbitmq.describe(),
-            BrokerKind::Kafka => self.kafka.describe(),
-        }
-    }
-}
-
-/// Owned copies of every broker's settings, for a part that opens its client later (replay
-/// from the web UI).
-#[derive(Debug, Clone)]
-pub struct OwnedBrokers {
-    pub kind: BrokerKind,
-    pub rocketmq: BrokerSettings,
-    pub rabbitmq: RabbitMqSettings,
-    pub kafka: KafkaSettings,
-}
-
-impl OwnedBrokers {
-    pub fn of(b: Brokers<'_>) -> Self {
-        Self {
-            kind: b.kind,
-            rocketmq: b.rocketmq.clone(),
-            rabbitmq: b.rabbitmq.clone(),
-            kafka: b.kafka.clone(),
-        }
-    }
-
-    pub fn borrow(&self) -> Brokers<'_> {
-        Brokers { kind: self.kind, rocketmq: &self.rocketmq, rabbitmq: &self.rabbitmq, kafka: &self.kafka }
-    }
 }
 
 #[cfg(test)]

@@ -1464,17 +1464,20 @@ fn render_story(out: &mut String, matched_by: SearchBy, s: &Story) {
             (Some(c), _) => format!(" {c}"),
             _ => String::new(),
         };
+        let at = match d.broker {
+            crate::delivery::BrokerKind::RocketMq => {
+                format!("{}/q{}/@{}", d.topic, d.queue_id, d.queue_offset)
+            }
+            other => other.position(&d.topic, &d.tags, d.queue_id, d.queue_offset),
+        };
         let _ = writeln!(
             out,
-            "  {}  {:<13}{}  msgId {}  UNIQ_KEY {}  {}/q{}/@{}  reconsume {}  {} µs{}{}",
+            "  {}  {:<13}{}  msgId {}  UNIQ_KEY {}  {at}  reconsume {}  {} µs{}{}",
             format_ms(d.logged_at_ms),
             d.outcome,
             cause,
             d.msg_id,
             if d.uniq_key.is_empty() { "-" } else { &d.uniq_key },
-            d.topic,
-            d.queue_id,
-            d.queue_offset,
             d.reconsume_times,
             d.latency_us,
             d.trace_id.as_deref().map(|t| format!("  trace {t}")).unwrap_or_default(),

@@ -175,4 +175,17 @@ mod tests {
         let BenchCommand::Broker(b) = parse(&["broker", "--backend", "mariadb"]) else { panic!("broker") };
         assert_eq!(b.backend().unwrap(), idemgate::store::Backend::MySql);
     }
+
+    #[test]
+    fn the_broker_bench_names_its_broker() {
+        use idemgate::broker::BrokerKind;
+        let BenchCommand::Broker(b) = parse(&["broker"]) else { panic!("broker") };
+        assert_eq!(b.kind().unwrap(), BrokerKind::RocketMq);
+        for (name, kind) in [("rabbitmq", BrokerKind::RabbitMq), ("kafka", BrokerKind::Kafka)] {
+            let BenchCommand::Broker(b) = parse(&["broker", "--kind", name]) else { panic!("broker") };
+            assert_eq!(b.kind().unwrap(), kind);
+        }
+        let BenchCommand::Broker(b) = parse(&["broker", "--kind", "nats"]) else { panic!("broker") };
+        assert!(b.kind().unwrap_err().to_string().contains("--kind is rocketmq, rabbitmq or kafka"));
+    }
 }

@@ -29,7 +29,6 @@ pub use settings::{KafkaSettings, check_topic};
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use anyhow::Context;
@@ -44,9 +43,10 @@ use rdkafka::message::{Header, Headers, Message, OwnedHeaders, OwnedMessage};
 use rdkafka::producer::{FutureProducer, FutureRecord};
 use rdkafka::{Offset, TopicPartitionList};
 
-use super::consumer::{LISTENER_DEADLINE, Sink, Subscription};
 use super::lag::{LagReading, QueueLag, ReadResult, TopicLag};
-use super::seam::{LagRead, Publish, Subscriber, last_attempt, verdict_of};
+use super::seam::{
+    LISTENER_DEADLINE, LagRead, Publish, Sink, Subscriber, Subscription, last_attempt, next_fault, verdict_of,
+};
 use super::settings::StartFrom;
 use crate::clock::now_ms;
 use crate::delivery::{BrokerKind, Delivery, UNIQ_KEY_PROPERTY};
@@ -219,8 +219,7 @@ pub struct KafkaSubscriber {
     stop: tokio::sync::watch::Sender<bool>,
     tasks: Vec<tokio::task::JoinHandle<()>>,
     faults: tokio::sync::mpsc::UnboundedReceiver<String>,
-    held: Arc<AtomicU64>,
-    group: String,
+    held: Arc<Held>,
 }
 
 struct Shared {
@@ -230,7 +229,7 @@ struct Shared {
     retry_topic: String,
     dead_letter_topic: String,
     faults: tokio::sync::mpsc::UnboundedSender<String>,
-    held: Arc<AtomicU64>,
+    held: Arc<Held>,
     in_gate: tokio::sync::Semaphore,
     max_reconsume_times: i32,
 }
@@ -248,9 +247,9 @@ impl KafkaSubscriber {
         start_from: StartFrom,
         consume_threads: u32,
     ) -> anyhow::Result<Self> {
-        let group = subscription.group.clone();
-        let retry_topic = settings.retry_topic_of(&group);
-        let dead_letter_topic = settings.dead_letter_topic_of(&group);
+        let group = &subscription.group;
+        let retry_topic = settings.retry_topic_of(group);
+        let dead_letter_topic = settings.dead_letter_topic_of(group);
         let topics: Vec<String> = subscription.topics.iter().map(|(t, _)| t.clone()).collect();
         for t in &topics {
             check_topic(t)
@@ -261,7 +260,7 @@ impl KafkaSubscriber {
             all.extend([retry_topic.clone(), dead_letter_topic.clone()]);
             create_topics(settings, &all).await?;
         }
-        let main = consumer(settings, &group, start_from, settings.session_timeout_ms, &topics)?;
+        let main = consumer(settings, group, start_from, settings.session_timeout_ms, &topics)?;
         // The retry consumer waits for each record's due time before it takes it: its poll
         // interval allows the longest wait.
         let retry = consumer(
@@ -272,7 +271,7 @@ impl KafkaSubscriber {
             std::slice::from_ref(&retry_topic),
         )?;
         let (faults_tx, faults) = tokio::sync::mpsc::unbounded_channel();
-        let held = Arc::new(AtomicU64::new(0));
+        let held = Arc::new(Held::default());
         let shared = Arc::new(Shared {
             sink,
             settings: settings.clone(),
@@ -290,7 +289,25 @@ impl KafkaSubscriber {
             tokio::spawn(consume_until_stopped(shared.clone(), main, false, stopped.clone())),
             tokio::spawn(consume_until_stopped(shared, retry, true, stopped)),
         ];
-        Ok(Self { stop, tasks, faults, held, group })
+        Ok(Self { stop, tasks, faults, held })
+    }
+}
+
+/// The records taken and not yet answered, per topic.
+#[derive(Debug, Default)]
+struct Held(std::sync::Mutex<BTreeMap<String, u64>>);
+
+impl Held {
+    fn add(&self, topics: &[String], taken: bool) {
+        let mut held = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        for t in topics {
+            let n = held.entry(t.clone()).or_default();
+            *n = if taken { *n + 1 } else { n.saturating_sub(1) };
+        }
+    }
+
+    fn by_topic(&self) -> BTreeMap<String, u64> {
+        self.0.lock().unwrap_or_else(|p| p.into_inner()).clone()
     }
 }
 
@@ -327,14 +344,11 @@ fn consumer(
 #[async_trait]
 impl Subscriber for KafkaSubscriber {
     async fn fault(&mut self) -> String {
-        match self.faults.recv().await {
-            Some(what) => what,
-            None => std::future::pending().await,
-        }
+        next_fault(&mut self.faults).await
     }
 
     async fn buffered_messages(&self) -> Option<BTreeMap<String, u64>> {
-        Some(BTreeMap::from([(self.group.clone(), self.held.load(Ordering::Relaxed))]))
+        Some(self.held.by_topic())
     }
 
     async fn shutdown(self: Box<Self>) {
@@ -397,10 +411,10 @@ async fn consume_until_stopped(
                 () = tokio::time::sleep(Duration::from_millis(wait)) => {}
             }
         }
-        let n = batch.len() as u64;
-        shared.held.fetch_add(n, Ordering::Relaxed);
+        let topics: Vec<String> = batch.iter().map(|m| m.topic().to_owned()).collect();
+        shared.held.add(&topics, true);
         let (committed, go_on) = handle_batch(&shared, &consumer, batch).await;
-        shared.held.fetch_sub(n, Ordering::Relaxed);
+        shared.held.add(&topics, false);
         answered.extend(committed);
         if !go_on {
             break;

@@ -43,9 +43,10 @@ use lapin::options::{
 use lapin::types::{AMQPValue, FieldTable, LongString, ShortString};
 use lapin::{BasicProperties, Channel, Confirmation, Connection, ConnectionProperties, ExchangeKind};
 
-use super::consumer::{LISTENER_DEADLINE, Sink, Subscription};
 use super::lag::{LagReading, ReadResult, TopicLag};
-use super::seam::{LagRead, Publish, Subscriber, last_attempt, verdict_of};
+use super::seam::{
+    LISTENER_DEADLINE, LagRead, Publish, Sink, Subscriber, Subscription, last_attempt, next_fault, verdict_of,
+};
 use crate::clock::now_ms;
 use crate::delivery::{BrokerKind, Delivery};
 use crate::outcome::Verdict;
@@ -411,10 +412,7 @@ impl RabbitSubscriber {
 #[async_trait]
 impl Subscriber for RabbitSubscriber {
     async fn fault(&mut self) -> String {
-        match self.faults.recv().await {
-            Some(what) => what,
-            None => std::future::pending().await,
-        }
+        next_fault(&mut self.faults).await
     }
 
     async fn buffered_messages(&self) -> Option<BTreeMap<String, u64>> {
@@ -568,6 +566,12 @@ async fn session(
     .await;
     if drained.is_err() {
         tracing::error!("deliveries still in flight at the consumer's stop; RabbitMQ delivers them again");
+    }
+    if lost.is_none() {
+        // Each channel closed in turn, before the connection.
+        for c in [publisher.as_ref(), channel] {
+            let _ = tokio::time::timeout(limit, c.close(200, "bye".into())).await;
+        }
     }
     match lost {
         None => Ok(()),

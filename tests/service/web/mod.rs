@@ -484,6 +484,7 @@ mod cases {
         let (_, html, _) = app.get("/").await;
         assert!(html.contains("Reconcile anomalies") && html.contains("lost 1"), "{html}");
         let (_, metrics, _) = app.get("/metrics").await;
+        let metrics = idemgate_testkit::app::without_broker(&metrics);
         let line = format!("idemgate_reconcile_anomalies{{consumer_group=\"{GROUP}\",kind=\"lost\"}} 1");
         assert!(metrics.contains(&line), "{line} in:\n{metrics}");
         assert!(metrics.contains("idemgate_reconcile_last_run_timestamp_seconds{"), "{metrics}");

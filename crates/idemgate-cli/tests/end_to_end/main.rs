@@ -163,23 +163,7 @@ async fn sigterm_mid_stream_exits_zero_after_the_deliveries_in_flight_and_loses_
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_consumers_in_one_group_share_the_stream_without_double_effects() {
-    let db = database(Backend::MySql).await;
-    let (topic, group, run) = (unique("scale"), unique("group"), unique("S").replace('_', ""));
-    let a = Service::start(&settings(&db.url, &topic, &group, "instance-a", 2));
-    let b = Service::start(&settings(&db.url, &topic, &group, "instance-b", 2));
-    // Let both join the group before the stream starts, so that the queues are shared.
-    tokio::time::sleep(Duration::from_secs(3)).await;
-    let (report, sends) = produce(&topic, &run, 2000, 400, &["--duplicates", "0.3"]);
-    assert_converges(&db.store, &run, &group, &report, &sends).await;
-    let by_instance = processed_by_instance(&db.store, &group).await;
-    assert!(
-        by_instance.get("instance-a").copied().unwrap_or(0) > 0
-            && by_instance.get("instance-b").copied().unwrap_or(0) > 0,
-        "both instances processed part of the stream: {by_instance:?}"
-    );
-    assert_eq!(a.terminate().code(), Some(0));
-    assert_eq!(b.terminate().code(), Some(0));
-    db.drop_now().await;
+    brokers::two_consumers_share_the_stream(idemgate::broker::BrokerKind::RocketMq, Backend::MySql).await;
 }
 
 /// The last lines of a log, for failure messages.

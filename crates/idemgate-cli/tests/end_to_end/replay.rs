@@ -67,6 +67,22 @@ pub(super) async fn dead_letter_then_fix(
     wait_for_log(store, order_no, "order", |s| s.iter().any(|o| o.starts_with("processed"))).await;
 }
 
+/// `idemgate replay --biz-id KEY` sends the dead letter of `key` again: it is processed once,
+/// with cause `replay`, its order is paid, and a second replay is refused.
+pub(super) async fn replayed_once_by_command(store: &Store, config: &ConfigFile, key: &str, order_no: &str) {
+    let (code, out) = config.replay(&["--biz-id", key]);
+    assert_eq!(code, Some(0), "{out}");
+    assert!(out.contains("sent again as UNIQ_KEY"), "{out}");
+    let seen =
+        wait_for_log(store, key, "replayed delivery", |s| s.iter().any(|o| o.starts_with("processed"))).await;
+    assert_eq!(seen, ["failed/", "failed/", "dead_lettered/", "processed/replay"]);
+    let status = store.query(&STATUS).bind(order_no).fetch_one(store.pool()).await.unwrap();
+    assert_eq!(status.get::<String, _>(0), "PAID");
+    let (code, out) = config.replay(&["--biz-id", key]);
+    assert_eq!(code, Some(7), "a second replay is refused: {out}");
+    assert!(out.contains("refused: already applied (live claim"), "{out}");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_dead_letter_is_replayed_into_exactly_one_effect_and_a_second_replay_is_refused() {
     let db = database(Backend::Postgres).await;
@@ -85,18 +101,7 @@ async fn a_dead_letter_is_replayed_into_exactly_one_effect_and_a_second_replay_i
     assert_eq!(code, Some(0), "{out}");
     assert!(out.contains("would be sent (dry run)"), "{out}");
     assert_eq!(log_of(&db.store, &key).await.len(), 3, "a dry run sends nothing");
-    let (code, out) = replay(&["--biz-id", &key]);
-    assert_eq!(code, Some(0), "{out}");
-    assert!(out.contains("sent again as UNIQ_KEY"), "{out}");
-    let seen =
-        wait_for_log(&db.store, &key, "replayed delivery", |s| s.iter().any(|o| o.starts_with("processed")))
-            .await;
-    assert_eq!(seen, ["failed/", "failed/", "dead_lettered/", "processed/replay"]);
-    let status = db.store.query(&STATUS).bind(order_no.as_str()).fetch_one(db.store.pool()).await.unwrap();
-    assert_eq!(status.get::<String, _>(0), "PAID");
-    let (code, out) = replay(&["--biz-id", &key]);
-    assert_eq!(code, Some(7), "{out}");
-    assert!(out.contains("refused: already applied (live claim"), "{out}");
+    replayed_once_by_command(&db.store, &config, &key, &order_no).await;
 
     // 2. From the trace page's form, with its CSRF token.
     let (key, order_no) = (format!("{run}-PAY-2"), format!("{run}-ORD-2"));
