@@ -16,7 +16,7 @@ if [[ -x "$bin" ]]; then
   exit 0
 fi
 
-echo "installing tansu $version into $root (about 15 minutes on 2 cores)" >&2
+echo "installing tansu $version into $root (a long build: 27 minutes on 2 cores with another build beside it)" >&2
 mkdir -p "$root"
 # A private target dir keeps the broker's build out of the project's own target/.
 CARGO_TARGET_DIR="$root/build" cargo install --locked "tansu@$version" \

@@ -129,7 +129,10 @@ fn dashboard_exprs() -> Vec<String> {
                     .replace("${instance}", ".*")
                     .replace("$instance", ".*")
                     .replace("${consumer_group}", ".*")
-                    .replace("$consumer_group", ".*");
+                    .replace("$consumer_group", ".*")
+                    // The broker this service consumes: every series must carry it.
+                    .replace("${broker}", "rocketmq")
+                    .replace("$broker", "rocketmq");
                 out.push(filled);
             }
         }
