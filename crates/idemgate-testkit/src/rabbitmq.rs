@@ -112,3 +112,44 @@ pub async fn remove_with(url: &str, queue: &str, exchanges: &[&str]) -> anyhow::
     connection.close(200, "bye".into()).await?;
     Ok(())
 }
+
+/// Removes the queues and exchanges that test runs no longer running left behind (a test that
+/// failed stops before it removes its own): every name a test makes embeds its process id
+/// (`group_<pid>_<n>`, with the suffixes of [`Names`]), and those whose process is gone are
+/// deleted. The names are listed with `rabbitmqctl`, as AMQP cannot list them.
+pub async fn remove_stale() -> anyhow::Result<()> {
+    let list = |what: &str| -> anyhow::Result<Vec<String>> {
+        let out = std::process::Command::new("rabbitmqctl")
+            .args(["-q", what, "name"])
+            .output()
+            .with_context(|| format!("rabbitmqctl {what}"))?;
+        anyhow::ensure!(out.status.success(), "rabbitmqctl {what}: {}", String::from_utf8_lossy(&out.stderr));
+        Ok(String::from_utf8_lossy(&out.stdout).lines().skip(1).map(str::to_owned).collect())
+    };
+    let stale = |name: &str| {
+        let base = name.split('.').next().unwrap_or(name);
+        let mut parts = base.split('_');
+        let (Some(_), Some(pid), Some(n), None) = (parts.next(), parts.next(), parts.next(), parts.next())
+        else {
+            return false;
+        };
+        pid.parse::<u32>().is_ok()
+            && n.parse::<u64>().is_ok()
+            && !std::path::Path::new(&format!("/proc/{pid}")).exists()
+    };
+    let queues: Vec<String> = list("list_queues")?.into_iter().filter(|q| stale(q)).collect();
+    let exchanges: Vec<String> = list("list_exchanges")?.into_iter().filter(|x| stale(x)).collect();
+    if queues.is_empty() && exchanges.is_empty() {
+        return Ok(());
+    }
+    let connection = connect().await?;
+    let channel = connection.create_channel().await?;
+    for q in &queues {
+        channel.queue_delete(q.as_str().into(), QueueDeleteOptions::default()).await?;
+    }
+    for x in &exchanges {
+        channel.exchange_delete(x.as_str().into(), ExchangeDeleteOptions::default()).await?;
+    }
+    connection.close(200, "bye".into()).await?;
+    Ok(())
+}

@@ -44,6 +44,23 @@ pub fn kafka() -> &'static LocalKafka {
     })
 }
 
+/// Removes, once per test binary, what runs no longer running left on the machine's RabbitMQ.
+fn rabbitmq_swept() {
+    static SWEPT: OnceLock<()> = OnceLock::new();
+    SWEPT.get_or_init(|| {
+        let swept = std::thread::spawn(|| {
+            tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .expect("a runtime")
+                .block_on(idemgate_testkit::rabbitmq::remove_stale())
+        })
+        .join()
+        .expect("the sweep's thread");
+        swept.unwrap_or_else(|e| panic!("RabbitMQ is required, and its stale test queues removable: {e:#}"));
+    });
+}
+
 /// The settings of one `serve` process consuming `topic` from the broker of `kind`, with
 /// `max_reconsume_times` attempts after the first and retries that wait a second.
 pub fn settings_for(
@@ -63,6 +80,9 @@ pub fn settings_for(
     s.broker.lag_interval_seconds = 2;
     s.rabbitmq.url = idemgate_testkit::rabbitmq::url();
     s.rabbitmq.retry_delay_ms = 1_000;
+    if kind == BrokerKind::RabbitMq {
+        rabbitmq_swept();
+    }
     if kind == BrokerKind::Kafka {
         s.kafka.bootstrap_servers = kafka().bootstrap().to_owned();
         s.kafka.retry_delay_ms = 1_000;
