@@ -495,7 +495,6 @@ async fn handle_batch(
     consumer: &StreamConsumer,
     batch: Vec<OwnedMessage>,
 ) -> (BTreeMap<(String, i32), i64>, bool) {
-    let began = Instant::now();
     let ready: Vec<(OwnedMessage, Delivery)> = batch
         .into_iter()
         .map(|m| {
@@ -504,8 +503,9 @@ async fn handle_batch(
         })
         .collect();
     let verdicts = futures_util::future::join_all(ready.iter().map(|(_, d)| async move {
+        // The deadline runs from the delivery's turn in the gate, not from the batch's start.
         let _permit = shared.in_gate.acquire().await;
-        verdict_of(shared.sink.as_ref(), d, began, LISTENER_DEADLINE).await
+        verdict_of(shared.sink.as_ref(), d, Instant::now(), LISTENER_DEADLINE).await
     }))
     .await;
     let mut commit: BTreeMap<(String, i32), i64> = BTreeMap::new();

@@ -581,11 +581,11 @@ async fn session(
 
 /// Runs one delivery through the gate and answers RabbitMQ by its verdict.
 async fn answer(shared: &Shared, publisher: &Channel, tag: &str, m: lapin::message::Delivery) {
-    let began = Instant::now();
     let d = to_delivery(&shared.names, tag, &m);
     let verdict = {
+        // The deadline runs from the delivery's turn in the gate, not from its arrival.
         let _permit = shared.in_gate.acquire().await;
-        verdict_of(shared.sink.as_ref(), &d, began, LISTENER_DEADLINE).await
+        verdict_of(shared.sink.as_ref(), &d, Instant::now(), LISTENER_DEADLINE).await
     };
     let verdict = verdict.unwrap_or_else(|what| {
         tracing::error!(panic = %what, "the handling of a delivery panicked; it goes to the delay queue");
