@@ -14,8 +14,8 @@ pub struct KafkaSettings {
     /// `IDEMGATE_KAFKA__BOOTSTRAP_SERVERS`: `host:port[,host:port]`.
     pub bootstrap_servers: String,
     /// `IDEMGATE_KAFKA__RETRY_TOPIC`: where a delivery the gate asked to retry is written,
-    /// to be read again after `retry_delay_ms`; empty: `<group>.retry`. The group consumes it
-    /// beside its routes' topics.
+    /// to be read again after `retry_delay_ms`; empty: `<group>.retry`. A consumer of its own,
+    /// in the group `<group>.retry`, reads it.
     pub retry_topic: String,
     /// `IDEMGATE_KAFKA__DEAD_LETTER_TOPIC`: where a dead letter is written, body, key and
     /// headers kept; empty: `<group>.dlt`.
