@@ -95,7 +95,18 @@ pub struct Delivery {
     pub born_at_ms: i64,
 }
 
+/// A fresh id in RocketMQ's form, 32 uppercase hex digits of 128 random bits: the UNIQ_KEY a
+/// publisher gives a message sent without one, and a stand-in broker's msgId.
+pub fn new_message_id() -> String {
+    format!("{:032X}", rand::random::<u128>())
+}
+
 impl Delivery {
+    /// The UNIQ_KEY to send this message with: its own, or a fresh one ([`new_message_id`]).
+    pub fn uniq_key_or_new(&self) -> String {
+        if self.uniq_key.is_empty() { new_message_id() } else { self.uniq_key.clone() }
+    }
+
     /// The hex SHA-256 of the body: what a claim remembers, so a duplicate with a different
     /// body (a key collision, i.e. a producer bug) is caught.
     pub fn payload_hash(&self) -> String {

@@ -200,7 +200,7 @@ pub async fn run(
 
 /// A broker-style message id: 32 hex digits.
 fn msg_id() -> String {
-    format!("{:032X}", rand::random::<u128>())
+    idemgate::delivery::new_message_id()
 }
 
 #[cfg(test)]

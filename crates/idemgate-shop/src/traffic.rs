@@ -273,7 +273,7 @@ impl Traffic {
     /// A fresh UNIQ_KEY in RocketMQ's 32-hex-digit form. Drawn from the thread's entropy, not
     /// the seeded generator: two runs with one seed must still never share a UNIQ_KEY.
     fn uniq_key(&mut self) -> String {
-        format!("{:032X}", rand::random::<u128>())
+        idemgate::delivery::new_message_id()
     }
 }
 

@@ -260,14 +260,13 @@ impl KafkaSubscriber {
             all.extend([retry_topic.clone(), dead_letter_topic.clone()]);
             create_topics(settings, &all).await?;
         }
-        let main = consumer(settings, group, start_from, settings.session_timeout_ms, &topics)?;
+        let main = consumer(settings, group, start_from, &topics)?;
         // The retry consumer waits for each record's due time before it takes it: its poll
         // interval allows the longest wait.
         let retry = consumer(
             settings,
             &format!("{group}.retry"),
             StartFrom::First,
-            settings.session_timeout_ms,
             std::slice::from_ref(&retry_topic),
         )?;
         let (faults_tx, faults) = tokio::sync::mpsc::unbounded_channel();
@@ -316,7 +315,6 @@ fn consumer(
     settings: &KafkaSettings,
     group: &str,
     start_from: StartFrom,
-    session_timeout_ms: u32,
     topics: &[String],
 ) -> anyhow::Result<StreamConsumer> {
     let max_poll_interval = (u64::from(settings.retry_delay_ms) + 60_000).max(300_000);
@@ -325,7 +323,7 @@ fn consumer(
         .set("enable.auto.commit", "false")
         .set("enable.auto.offset.store", "false")
         .set("enable.partition.eof", "false")
-        .set("session.timeout.ms", session_timeout_ms.to_string())
+        .set("session.timeout.ms", settings.session_timeout_ms.to_string())
         .set("max.poll.interval.ms", max_poll_interval.to_string())
         .set(
             "auto.offset.reset",
@@ -591,11 +589,7 @@ impl Publish for KafkaPublisher {
             self.created.lock().unwrap_or_else(|p| p.into_inner()).remove(&message.topic);
             return Err(e);
         }
-        let uniq_key = if message.uniq_key.is_empty() {
-            format!("{:032X}", rand::random::<u128>())
-        } else {
-            message.uniq_key.clone()
-        };
+        let uniq_key = message.uniq_key_or_new();
         let mut headers = OwnedHeaders::new();
         for (k, v) in &message.properties {
             if !OWN_HEADERS.contains(&k.as_str()) {

@@ -668,11 +668,7 @@ impl Publisher {
 #[async_trait]
 impl Publish for Publisher {
     async fn publish(&self, message: &Delivery) -> anyhow::Result<String> {
-        let uniq_key = if message.uniq_key.is_empty() {
-            format!("{:032X}", rand::random::<u128>())
-        } else {
-            message.uniq_key.clone()
-        };
+        let uniq_key = message.uniq_key_or_new();
         let mut headers = FieldTable::default();
         for (k, v) in &message.properties {
             headers.insert(k.as_str().into(), AMQPValue::LongString(LongString::from(v.as_str())));
