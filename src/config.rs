@@ -14,7 +14,7 @@ use figment::providers::{Env, Format, Serialized, Toml};
 use serde::{Deserialize, Serialize};
 
 use crate::archive::ArchiveSettings;
-use crate::broker::{BrokerKind, BrokerSettings, Brokers, KafkaSettings, RabbitMqSettings};
+use crate::broker::{BrokerKind, BrokerSettings, Brokers, KafkaSettings, RabbitMqSettings, RocketMqSettings};
 use crate::gate::{ConsumerSettings, GroupSettings, Identity, Policy};
 use crate::handler::Handlers;
 use crate::http::settings::HttpSettings;
@@ -41,9 +41,11 @@ pub struct Settings {
     /// Which business key each topic/tag carries: the file's `[[routes]]` tables. None by
     /// default; the service needs at least one.
     pub routes: Vec<RouteConfig>,
-    /// `[broker]`: which broker (`kind`), what every broker shares, and RocketMQ's own
-    /// settings ([`BrokerSettings`]).
+    /// `[broker]`: which broker (`kind`) and what every broker shares ([`BrokerSettings`]).
     pub broker: BrokerSettings,
+    /// `[rocketmq]`: the RocketMQ consumer's settings, read with `broker.kind = "rocketmq"`
+    /// (the default) ([`RocketMqSettings`]).
+    pub rocketmq: RocketMqSettings,
     /// `[rabbitmq]`: the RabbitMQ consumer's settings, read with `broker.kind = "rabbitmq"`
     /// ([`RabbitMqSettings`]).
     pub rabbitmq: RabbitMqSettings,
@@ -73,6 +75,10 @@ pub struct Settings {
     /// each field is described on [`SqlHandlerConfig`]. `IDEMGATE_SQL_HANDLERS` replaces the
     /// whole array with inline tables. None by default.
     pub sql_handlers: Vec<SqlHandlerConfig>,
+    /// What the loaded file and variables said in words that are no longer current, each
+    /// naming the key to use instead: the service logs each as a warning at start.
+    #[serde(skip)]
+    pub deprecated: Vec<String>,
 }
 
 /// A setting is missing, malformed or inconsistent.
@@ -98,20 +104,39 @@ impl Settings {
     }
 
     pub(crate) fn load_from(file: Option<&Path>, env: Env) -> Result<Self, ConfigError> {
-        let mut figment = Figment::from(Serialized::defaults(Settings::default()));
+        // What the file and the variables give, without the defaults: which keys were set.
+        let mut given = Figment::new();
         if let Some(path) = file {
             if !path.is_file() {
                 return Err(ConfigError::MissingFile(path.display().to_string()));
             }
-            figment = figment.merge(Toml::file_exact(path));
+            given = given.merge(Toml::file_exact(path));
         }
         // Only SECTION__KEY variables are settings, and the arrays of tables that can come whole
         // from one variable; others with the prefix (IDEMGATE_CONFIG, the tests' own) are not.
-        figment = figment.merge(
+        given = given.merge(
             env.filter(|k| k.as_str().contains("__") || k == "state_machines" || k == "sql_handlers")
                 .split("__"),
         );
-        let settings: Settings = figment.extract().map_err(|e| ConfigError::Parse(describe(&e)))?;
+        let mut figment = Figment::from(Serialized::defaults(Settings::default())).merge(given.clone());
+        // RocketMQ's keys that `[broker]` once held are read as `[rocketmq]`'s, each warned of.
+        let mut deprecated = Vec::new();
+        for (old, new) in crate::broker::moved_keys(|key| given.contains(key)) {
+            if given.contains(&new) {
+                return Err(invalid(
+                    &old,
+                    format!("is set beside {new}: it is {new}'s old name; keep {new} alone"),
+                ));
+            }
+            let value = given.find_value(&old).map_err(|e| ConfigError::Parse(describe(&e)))?;
+            figment = figment.merge(Serialized::default(&new, value));
+            deprecated.push(format!(
+                "{old} is deprecated: it is {new} now (IDEMGATE_{}), and was read as that",
+                new.to_uppercase().replace('.', "__")
+            ));
+        }
+        let mut settings: Settings = figment.extract().map_err(|e| ConfigError::Parse(describe(&e)))?;
+        settings.deprecated = deprecated;
         settings.validate()?;
         Ok(settings)
     }
@@ -123,8 +148,10 @@ impl Settings {
         self.database.validate()?;
         self.consumer.validate()?;
         self.broker.validate()?;
+        self.rocketmq.validate()?;
         self.rabbitmq.validate()?;
         self.kafka.validate()?;
+        self.check_broker_limits()?;
         let b = &self.broker;
         let g = &self.group_commit;
         g.validate()?;
@@ -193,13 +220,40 @@ impl Settings {
         Ok(())
     }
 
+    /// The consumer's retry budget and deadline, held to what the chosen broker allows.
+    fn check_broker_limits(&self) -> Result<(), ConfigError> {
+        let limits = self.brokers().limits();
+        let broker = limits.kind.as_str();
+        if self.consumer.max_reconsume_times > limits.max_reconsume_times {
+            return Err(invalid(
+                "consumer.max_reconsume_times",
+                format!(
+                    "is {}; {broker} allows 0 to {}",
+                    self.consumer.max_reconsume_times, limits.max_reconsume_times
+                ),
+            ));
+        }
+        let longest = crate::gate::longest_delivery_timeout(limits.answer_within).as_millis();
+        if u128::from(self.consumer.delivery_timeout_ms) > longest {
+            return Err(invalid(
+                "consumer.delivery_timeout_ms",
+                format!(
+                    "is {}; {broker} allows 1000 to {longest} (a delivery is answered within {} s, its log row's grace included)",
+                    self.consumer.delivery_timeout_ms,
+                    limits.answer_within.as_secs()
+                ),
+            ));
+        }
+        Ok(())
+    }
+
     /// Every broker's settings, and the one `broker.kind` picks.
-    pub fn brokers(&self) -> Brokers<'_> {
+    pub fn brokers(&self) -> Brokers {
         Brokers {
-            kind: self.broker.kind,
-            rocketmq: &self.broker,
-            rabbitmq: &self.rabbitmq,
-            kafka: &self.kafka,
+            broker: self.broker.clone(),
+            rocketmq: self.rocketmq.clone(),
+            rabbitmq: self.rabbitmq.clone(),
+            kafka: self.kafka.clone(),
         }
     }
 
@@ -276,7 +330,7 @@ impl Settings {
                  lower those, or raise consumer.delivery_timeout_ms (at most {})",
                 timeout.as_millis(),
                 total.as_millis(),
-                crate::gate::MAX_DELIVERY_TIMEOUT_MS
+                crate::gate::longest_delivery_timeout(self.brokers().limits().answer_within).as_millis()
             ),
         ))
     }
@@ -411,6 +465,44 @@ mod tests {
     }
 
     #[test]
+    fn the_retry_budget_and_the_deadline_are_the_chosen_broker_s() {
+        let mut s = Settings::default();
+        s.consumer.delivery_timeout_ms = 60_000;
+        s.consumer.max_reconsume_times = 100;
+        let err = s.validate().unwrap_err().to_string();
+        assert!(err.contains("consumer.max_reconsume_times: is 100; rocketmq allows 0 to 32"), "{err}");
+        s.broker.kind = BrokerKind::RabbitMq;
+        s.validate().expect("RabbitMQ counts 100 retries and waits a minute for an answer");
+        s.broker.kind = BrokerKind::Kafka;
+        let err = s.validate().unwrap_err().to_string();
+        assert!(err.contains("consumer.delivery_timeout_ms: is 60000; kafka allows 1000 to 25000"), "{err}");
+    }
+
+    #[test]
+    #[allow(clippy::result_large_err)] // figment::Jail's own error type
+    fn rocketmq_s_old_keys_in_broker_are_read_as_rocketmq_s_and_each_is_warned_of() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = write(&dir, "[broker]\nname_server = \"ns1:9876\"\nconsume_threads = 4\n");
+        figment::Jail::expect_with(|jail| {
+            jail.set_env("IDEMGATE_MOVED_TEST_BROKER__PRODUCER_GROUP", "old_producers");
+            let s = Settings::load_from(Some(&path), Env::prefixed("IDEMGATE_MOVED_TEST_")).unwrap();
+            assert_eq!(s.rocketmq.name_server, "ns1:9876");
+            assert_eq!(s.rocketmq.producer_group, "old_producers");
+            assert_eq!(s.broker.consume_threads, 4, "a shared key stays where it is");
+            assert_eq!(s.deprecated.len(), 2, "{:?}", s.deprecated);
+            assert!(
+                s.deprecated.iter().any(|d| d
+                    == "broker.name_server is deprecated: it is rocketmq.name_server now (IDEMGATE_ROCKETMQ__NAME_SERVER), and was read as that"),
+                "{:?}",
+                s.deprecated
+            );
+            let current = Settings::load_from(None, Env::prefixed("IDEMGATE_MOVED_TEST_NONE_")).unwrap();
+            assert!(current.deprecated.is_empty());
+            Ok(())
+        });
+    }
+
+    #[test]
     #[allow(clippy::result_large_err)] // figment::Jail's own error type
     fn a_file_overrides_defaults_and_the_environment_overrides_the_file() {
         let dir = tempfile::tempdir().unwrap();
@@ -504,8 +596,11 @@ mod tests {
                 "[group_commit]\nenabled = true\nin_flight = 8\n[database]\nmax_connections = 8",
                 "configuration key database.max_connections: is 8, below twice group_commit.in_flight (16)",
             ),
-            ("[broker]\nbuffered_messages = 0", "configuration key broker.buffered_messages"),
-            ("[broker]\nbuffered_mib = 0", "configuration key broker.buffered_mib"),
+            ("[rocketmq]\nbuffered_messages = 0", "configuration key rocketmq.buffered_messages"),
+            ("[broker]\nbuffered_mib = 0", "configuration key rocketmq.buffered_mib"),
+            ("[broker]\nname_server = \"a:1\"\n[rocketmq]\nname_server = \"b:2\"", "configuration key broker.name_server: is set beside rocketmq.name_server"),
+            ("[broker]\nprefetch = 8", "configuration key broker.prefetch: is not a setting of [broker]"),
+            ("[broker]\nstall_seconds = 5", "configuration key broker.stall_seconds: must be 0 (off) or between 30"),
             ("[broker]\nlag_interval_seconds = 3601", "configuration key broker.lag_interval_seconds"),
             ("[broker]\nkind = \"nats\"", "unknown broker kind \"nats\""),
             ("[rabbitmq]\nprefetch = 0", "configuration key rabbitmq.prefetch"),
@@ -524,7 +619,7 @@ mod tests {
             ("[consumer]\ntransient_retries = -1", "key consumer.transient_retries"),
             (
                 "[consumer]\ndelivery_timeout_ms = 30000",
-                "configuration key consumer.delivery_timeout_ms: is 30000; use 1000 to 25000",
+                "configuration key consumer.delivery_timeout_ms: is 30000; rocketmq allows 1000 to 25000",
             ),
             ("[consumer]\ndelivery_timeout_ms = 999", "configuration key consumer.delivery_timeout_ms"),
             (

@@ -93,6 +93,11 @@ pub struct Delivery {
     pub redelivered: bool,
     /// When the producer created the message, epoch milliseconds; 0 when unknown.
     pub born_at_ms: i64,
+    /// What the broker's client could not read of the message, when some part of it could not
+    /// be read (a Kafka header whose name is not UTF-8, a retry copy naming a topic no route
+    /// covers). Such a delivery is logged `invalid` with this reason, kept and acknowledged,
+    /// never a consumer stopped on it.
+    pub unreadable: Option<String>,
 }
 
 /// A fresh id in RocketMQ's form, 32 uppercase hex digits of 128 random bits: the UNIQ_KEY a

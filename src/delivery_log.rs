@@ -69,7 +69,7 @@ static APPEND: Sql = Sql::new(
 /// in the gate's transaction without one, costs nothing more. The conflict names no target: the
 /// statement is the same on the plain log, during its move and on the partitioned one, whose
 /// unique indexes differ ([`partitions`]).
-static APPEND_ONCE: InsertIfAbsent = crate::insert_if_absent!(
+static APPEND_ONCE: InsertIfAbsent = crate::store::insert_if_absent!(
     "INSERT INTO delivery_log (logged_at_ms, instance_id, consumer_group, msg_id, uniq_key, \
      topic, tags, queue_id, queue_offset, reconsume_times, biz_type, biz_id, execute_time, \
      outcome, cause, layer, payload_match, payload_hash, error, latency_us, payload, payload_truncated, \

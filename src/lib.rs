@@ -84,6 +84,7 @@ pub mod state_machine;
 pub mod store;
 pub mod telemetry;
 mod throttle;
+mod version;
 
 pub use app::{Application, Feed, Running};
 pub use config::Settings;
@@ -96,7 +97,4 @@ pub use reconcile::{AnomalyKind, Check, CheckSql};
 pub use route::{RouteConfig, Routes};
 pub use setting::Invalid;
 pub use store::{Backend, Conn, Sql, Store, StoreOptions, query};
-
-/// The service's version: the `version` label of `idemgate_build_info`, and what
-/// `idemgate --version` prints.
-pub const VERSION: &str = env!("CARGO_PKG_VERSION");
+pub use version::VERSION;

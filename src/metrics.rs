@@ -15,6 +15,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
+use prometheus::core::Collector;
 use prometheus::{
     Encoder, GaugeVec, HistogramOpts, HistogramVec, IntCounterVec, IntGaugeVec, Opts, Registry, TextEncoder,
 };
@@ -30,6 +31,7 @@ use crate::outcome::{DuplicateCause, Layer, Outcome};
 use crate::prefilter::{FallbackCause, Settled, Step};
 use crate::reconcile::AnomalyKind;
 use crate::store::{Backend, Retries, Sql, Store, TransientCause};
+use crate::version::VERSION;
 
 /// Latency buckets in seconds: half a millisecond to thirty seconds.
 const BUCKETS: &[f64] =
@@ -90,6 +92,7 @@ pub struct Metrics {
     http_connection_limit: IntCounterVec,
     http_open_connections: IntGaugeVec,
     lag_messages: IntGaugeVec,
+    consumer_stalled: IntGaugeVec,
     lag_seconds: GaugeVec,
     lag_reads: IntCounterVec,
     buffered: IntGaugeVec,
@@ -151,6 +154,33 @@ pub struct BuildInfo {
     pub ui_url: String,
 }
 
+/// Declares a counter with `labels` in `registry`.
+fn counter(registry: &Registry, name: &str, labels: &[&str], help: &str) -> IntCounterVec {
+    register(registry, IntCounterVec::new(Opts::new(name, help), labels))
+}
+
+/// Declares a gauge with `labels` in `registry`.
+fn gauge(registry: &Registry, name: &str, labels: &[&str], help: &str) -> GaugeVec {
+    register(registry, GaugeVec::new(Opts::new(name, help), labels))
+}
+
+/// Declares an integer gauge with `labels` in `registry`.
+fn int_gauge(registry: &Registry, name: &str, labels: &[&str], help: &str) -> IntGaugeVec {
+    register(registry, IntGaugeVec::new(Opts::new(name, help), labels))
+}
+
+/// Declares a histogram with `labels` and `buckets` in `registry`.
+fn histogram(registry: &Registry, name: &str, labels: &[&str], buckets: &[f64], help: &str) -> HistogramVec {
+    register(registry, HistogramVec::new(HistogramOpts::new(name, help).buckets(buckets.to_vec()), labels))
+}
+
+/// Registers a metric just declared, and hands it back.
+fn register<M: Collector + Clone + 'static>(registry: &Registry, metric: prometheus::Result<M>) -> M {
+    let metric = metric.expect("a valid metric definition");
+    registry.register(Box::new(metric.clone())).expect("each metric registered once");
+    metric
+}
+
 impl Metrics {
     /// Declares every metric and starts the known label values at 0: the `biz_types` and
     /// `topics` come from the routes.
@@ -162,241 +192,103 @@ impl Metrics {
             Some(std::collections::HashMap::from([("broker".to_owned(), info.broker.as_str().to_owned())])),
         )
         .expect("a valid constant label");
-        let counter = |name: &str, help: &str, labels: &[&str]| {
-            let c = IntCounterVec::new(Opts::new(name, help), labels).expect("a valid metric definition");
-            registry.register(Box::new(c.clone())).expect("each metric registered once");
-            c
-        };
-        let histogram = |name: &str, help: &str, labels: &[&str]| {
-            let h = HistogramVec::new(HistogramOpts::new(name, help).buckets(BUCKETS.to_vec()), labels)
-                .expect("a valid metric definition");
-            registry.register(Box::new(h.clone())).expect("each metric registered once");
-            h
-        };
-        let gauge = |name: &str, help: &str, labels: &[&str]| {
-            let g = GaugeVec::new(Opts::new(name, help), labels).expect("a valid metric definition");
-            registry.register(Box::new(g.clone())).expect("each metric registered once");
-            g
-        };
-        let int_gauge = |name: &str, help: &str, labels: &[&str]| {
-            let g = IntGaugeVec::new(Opts::new(name, help), labels).expect("a valid metric definition");
-            registry.register(Box::new(g.clone())).expect("each metric registered once");
-            g
-        };
+        // Each metric: its name and labels (and buckets), then its help text.
+        let r = &registry;
+        #[rustfmt::skip]
         let m = Self {
-            deliveries: counter(
-                "idemgate_deliveries_total",
-                "Deliveries by outcome (processed, duplicate, failed, dead_lettered, invalid).",
-                &["biz_type", "topic", "consumer_group", "outcome"],
-            ),
-            conflicts: counter(
-                "idemgate_conflicts_total",
-                "Duplicates stopped, by the defence layer that stopped them and their cause.",
-                &["biz_type", "consumer_group", "layer", "cause"],
-            ),
-            redeliveries: counter(
-                "idemgate_redeliveries_total",
-                "Deliveries with a broker reconsume count above 0 (retries).",
-                &["biz_type", "topic", "consumer_group"],
-            ),
-            key_collisions: counter(
-                "idemgate_key_collisions_total",
-                "Duplicates whose body differs from the claim's: one business key, two payloads.",
-                &["biz_type", "consumer_group"],
-            ),
-            illegal_transitions: counter(
-                "idemgate_illegal_transitions_total",
-                "State-machine moves refused because the row was in a state the move cannot start from (dead-lettered); a move found already made is a conflict at layer state_machine instead.",
-                &["biz_type", "consumer_group"],
-            ),
-            unlogged: counter(
-                "idemgate_unlogged_deliveries_total",
-                "Deliveries whose delivery-log row could not be written (each was not acknowledged).",
-                &["consumer_group"],
-            ),
-            invalid_traceparents: counter(
-                "idemgate_invalid_traceparents_total",
-                "Deliveries whose message carried a traceparent property that is not a valid W3C trace context, by why; each was processed as one without a trace id.",
-                &["consumer_group", "reason"],
-            ),
-            handler_seconds: histogram(
-                "idemgate_handler_duration_seconds",
-                "Time in the business handler.",
-                &["biz_type", "consumer_group"],
-            ),
-            delivery_seconds: histogram(
-                "idemgate_delivery_duration_seconds",
-                "Time in the gate per delivery: claim, handler, log and commit.",
-                &["biz_type", "outcome", "consumer_group"],
-            ),
-            end_to_end_seconds: histogram(
-                "idemgate_end_to_end_seconds",
-                "From the message's birth at the producer to its outcome.",
-                &["biz_type", "consumer_group"],
-            ),
-            duplicate_ratio: gauge(
-                "idemgate_duplicate_ratio",
-                "Duplicates / deliveries over a sliding window (1m, 5m), in this process.",
-                &["biz_type", "consumer_group", "window"],
-            ),
-            conflicts_per_second: gauge(
-                "idemgate_conflicts_per_second",
-                "Duplicates stopped per second over a sliding window (1m, 5m), in this process.",
-                &["biz_type", "consumer_group", "window"],
-            ),
-            dedup_rows: int_gauge(
-                "idemgate_dedup_rows",
-                "Rows in the dedup table (live) and its archive; estimates on PostgreSQL and MariaDB.",
-                &["table"],
-            ),
-            archive_runs: counter(
-                "idemgate_archive_runs_total",
-                "Archive passes over the dedup table that this process ended since it started, by status (success, failed, skipped), from archive_run: a pass is counted by the one instance that ran it, or, left running by a process that died, by the instance that marked it failed; sum over instances.",
-                &["consumer_group", "status"],
-            ),
-            archive_rows_moved: counter(
-                "idemgate_archive_rows_moved_total",
-                "Claims moved to the archive table by this process's archive passes since it started, from archive_run; sum over instances.",
-                &["consumer_group"],
-            ),
-            archive_last_success: gauge(
-                "idemgate_archive_last_success_timestamp_seconds",
-                "When the last successful archive pass over the dedup table finished, whichever instance ran it (Unix time), from archive_run: every instance on the database reports the same; take the max.",
-                &["consumer_group"],
-            ),
-            log_partitions_ahead: gauge(
-                "idemgate_delivery_log_partitions_ahead_seconds",
-                "A partitioned delivery log: from now to the end of its newest day partition (the archive job makes them 3 days ahead; below a day, it has not run). Absent on a plain log.",
-                &["consumer_group"],
-            ),
-            log_overflow_rows: int_gauge(
-                "idemgate_delivery_log_overflow_rows",
-                "A partitioned delivery log: rows in its overflow partition, which takes rows no day partition takes (counted up to 100000). Above zero, the partitions fell behind or a clock is off. Absent on a plain log.",
-                &["consumer_group"],
-            ),
-            archive_last_duration: gauge(
-                "idemgate_archive_last_run_duration_seconds",
-                "How long the last finished archive pass over the dedup table took, whichever instance ran it, from archive_run.",
-                &["consumer_group"],
-            ),
-            reconcile_anomalies: int_gauge(
-                "idemgate_reconcile_anomalies",
-                "Anomalies the latest successful reconcile run of the group found, by kind (lost, stuck, double_applied, orphan, key_collision, late_duplicate), from reconcile_run.",
-                &["consumer_group", "kind"],
-            ),
-            reconcile_last_run: gauge(
-                "idemgate_reconcile_last_run_timestamp_seconds",
-                "When the latest successful reconcile run of the group finished (Unix time).",
-                &["consumer_group"],
-            ),
-            prefilter: counter(
-                "idemgate_prefilter_total",
-                "Deliveries through the Redis pre-filter, by what it said (claimed, duplicate, in_flight, fallback).",
-                &["biz_type", "consumer_group", "step"],
-            ),
-            prefilter_fallbacks: counter(
-                "idemgate_prefilter_fallbacks_total",
-                "Deliveries the database alone decided because Redis failed, was too slow, or was skipped after a failure (timeout, error, circuit_open).",
-                &["consumer_group", "cause"],
-            ),
-            prefilter_settled: counter(
-                "idemgate_prefilter_settled_total",
-                "Redis keys owned by a delivery, by their end (done, released after a rollback, not_owner: left to the delivery that holds it now, failed).",
-                &["consumer_group", "result"],
-            ),
-            group_size: {
-                let h = HistogramVec::new(
-                    HistogramOpts::new(
-                        "idemgate_group_size",
-                        "Deliveries per group-commit transaction (group commit on).",
-                    )
-                    .buckets(GROUP_SIZE_BUCKETS.to_vec()),
-                    &["consumer_group"],
-                )
-                .expect("a valid metric definition");
-                registry.register(Box::new(h.clone())).expect("each metric registered once");
-                h
-            },
-            group_commits: counter(
-                "idemgate_group_commits_total",
-                "Groups of deliveries by how they ended: committed in one transaction, or split (each delivery alone) after the group could not commit.",
-                &["consumer_group", "result"],
-            ),
-            group_retries: counter(
-                "idemgate_group_retries_total",
-                "Whole-group transactions started again after a transient conflict (deadlock, busy file, lost connection).",
-                &["consumer_group"],
-            ),
-            transient_retries: counter(
-                "idemgate_transient_retries_total",
-                "Gate transactions (one delivery's, or a whole group's) started again after a transient conflict, by cause: deadlock, certification (on a Galera node: another node's write won), serialization, lock_wait, busy, connection.",
-                &["consumer_group", "cause"],
-            ),
-            group_wait_seconds: histogram(
-                "idemgate_group_queue_wait_seconds",
-                "Time a delivery waited in the group-commit queue before its group started: grows when the database is the bottleneck.",
-                &["consumer_group"],
-            ),
-            ambiguous_commits: counter(
-                "idemgate_ambiguous_commits_total",
-                "COMMITs whose answer was lost with their connection (the database may have committed or not) and whose outcome was read back on a fresh connection: a group's always (its log rows), one delivery's when its retries ran out (its claim; with retries left its next attempt settles it instead, counted in idemgate_conflicts_total with cause ambiguous_commit). By scope (delivery, group) and by what the read-back said: committed (answered as applied), not_committed (retried as after any failure), unread (the database out of reach in time: a later attempt settles it).",
-                &["consumer_group", "scope", "read_back"],
-            ),
-            group_fallbacks: counter(
-                "idemgate_group_fallbacks_total",
-                "Groups whose handler batch form failed (group_commit.batch): the group went back to just after its claims and ran again one delivery at a time, each in a savepoint of its own. By the handler whose batch failed.",
-                &["consumer_group", "handler"],
-            ),
-            group_queue_full: counter(
-                "idemgate_group_queue_full_total",
-                "Deliveries that found the group-commit queue (group_commit.queue) full and waited for room before queueing: the database is not keeping up.",
-                &["consumer_group"],
-            ),
-            group_deferred: counter(
-                "idemgate_group_deferrals_total",
-                "Times a delivery was set aside while a group formed because a group in flight in this instance claims its key: it joins the first group formed after that one commits, instead of waiting inside the database for the uncommitted claim. High under close duplicates; not an error.",
-                &["consumer_group"],
-            ),
-            http_shed: counter(
-                "idemgate_http_requests_shed_total",
-                "Pages and API calls answered 503 at once because http.max_concurrent_requests were already in flight.",
-                &[],
-            ),
-            http_timeouts: counter(
-                "idemgate_http_timeouts_total",
-                "Client connections cut short by the HTTP server's timeouts, by phase: header (closed because no whole request head arrived within http.header_read_timeout_ms: a half-sent request, or a kept-alive connection left idle), request (answered 408 and closed because the request, its body most often, was not through within http.request_timeout_ms).",
-                &["phase"],
-            ),
-            http_connection_limit: counter(
-                "idemgate_http_connection_limit_reached_total",
-                "Times the HTTP server stopped accepting connections because http.max_client_connections were open; new connections waited in the listen queue until one closed.",
-                &[],
-            ),
-            http_open_connections: int_gauge(
-                "idemgate_http_open_connections",
-                "Client connections the HTTP server has open (at most http.max_client_connections).",
-                &[],
-            ),
-            lag_messages: int_gauge(
-                "idemgate_consumer_lag_messages",
-                "Messages stored in a queue and not yet consumed by the group, read every broker.lag_interval_seconds: RocketMQ, a queue's max offset minus the group's committed offset (broker_name: the broker holding the queue); Kafka, a partition's high watermark minus the committed offset (queue: the partition); RabbitMQ, the ready messages of the group's queue (queue 0) and of its delay queue (queue 1), broker_name the queue's name.",
-                &["consumer_group", "topic", "broker_name", "queue"],
-            ),
-            lag_seconds: gauge(
-                "idemgate_consumer_lag_seconds",
-                "Age of the oldest message of the topic not yet consumed by the group (0 when nothing lags), from its store time at the broker.",
-                &["consumer_group", "topic"],
-            ),
-            lag_reads: counter(
-                "idemgate_consumer_lag_reads_total",
-                "Consumer-lag readings of a topic by result: complete, partial (a broker or an oldest message unread), failed (no figure).",
-                &["consumer_group", "topic", "result"],
-            ),
-            buffered: int_gauge(
-                "idemgate_consumer_buffered_messages",
-                "Messages this instance's broker client has pulled and not yet consumed (those in the gate included), per topic, read every second. The client stops pulling a queue past its share of broker.buffered_messages, so this stays near that bound while the database is slow, and near 0 when the consumer keeps up.",
-                &["consumer_group", "topic"],
-            ),
+            // What became of each delivery, and the duplicates among them.
+            deliveries: counter(r, "idemgate_deliveries_total", &["biz_type", "topic", "consumer_group", "outcome"],
+                "Deliveries by outcome (processed, duplicate, failed, dead_lettered, invalid)."),
+            conflicts: counter(r, "idemgate_conflicts_total", &["biz_type", "consumer_group", "layer", "cause"],
+                "Duplicates stopped, by the defence layer that stopped them and their cause."),
+            redeliveries: counter(r, "idemgate_redeliveries_total", &["biz_type", "topic", "consumer_group"],
+                "Deliveries with a broker reconsume count above 0 (retries)."),
+            key_collisions: counter(r, "idemgate_key_collisions_total", &["biz_type", "consumer_group"],
+                "Duplicates whose body differs from the claim's: one business key, two payloads."),
+            illegal_transitions: counter(r, "idemgate_illegal_transitions_total", &["biz_type", "consumer_group"],
+                "State-machine moves refused because the row was in a state the move cannot start from (dead-lettered); a move found already made is a conflict at layer state_machine instead."),
+            unlogged: counter(r, "idemgate_unlogged_deliveries_total", &["consumer_group"],
+                "Deliveries whose delivery-log row could not be written (each was not acknowledged)."),
+            invalid_traceparents: counter(r, "idemgate_invalid_traceparents_total", &["consumer_group", "reason"],
+                "Deliveries whose message carried a traceparent property that is not a valid W3C trace context, by why; each was processed as one without a trace id."),
+            // Where a delivery's time went.
+            handler_seconds: histogram(r, "idemgate_handler_duration_seconds", &["biz_type", "consumer_group"], BUCKETS,
+                "Time in the business handler."),
+            delivery_seconds: histogram(r, "idemgate_delivery_duration_seconds", &["biz_type", "outcome", "consumer_group"], BUCKETS,
+                "Time in the gate per delivery: claim, handler, log and commit."),
+            end_to_end_seconds: histogram(r, "idemgate_end_to_end_seconds", &["biz_type", "consumer_group"], BUCKETS,
+                "From the message's birth at the producer to its outcome."),
+            // Sliding windows of duplicates, in this process (filled at scrape time).
+            duplicate_ratio: gauge(r, "idemgate_duplicate_ratio", &["biz_type", "consumer_group", "window"],
+                "Duplicates / deliveries over a sliding window (1m, 5m), in this process."),
+            conflicts_per_second: gauge(r, "idemgate_conflicts_per_second", &["biz_type", "consumer_group", "window"],
+                "Duplicates stopped per second over a sliding window (1m, 5m), in this process."),
+            // Read at scrape time from the database: tables, archive passes, log partitions, reconcile runs.
+            dedup_rows: int_gauge(r, "idemgate_dedup_rows", &["table"],
+                "Rows in the dedup table (live) and its archive; estimates on PostgreSQL and MariaDB."),
+            archive_runs: counter(r, "idemgate_archive_runs_total", &["consumer_group", "status"],
+                "Archive passes over the dedup table that this process ended since it started, by status (success, failed, skipped), from archive_run: a pass is counted by the one instance that ran it, or, left running by a process that died, by the instance that marked it failed; sum over instances."),
+            archive_rows_moved: counter(r, "idemgate_archive_rows_moved_total", &["consumer_group"],
+                "Claims moved to the archive table by this process's archive passes since it started, from archive_run; sum over instances."),
+            archive_last_success: gauge(r, "idemgate_archive_last_success_timestamp_seconds", &["consumer_group"],
+                "When the last successful archive pass over the dedup table finished, whichever instance ran it (Unix time), from archive_run: every instance on the database reports the same; take the max."),
+            log_partitions_ahead: gauge(r, "idemgate_delivery_log_partitions_ahead_seconds", &["consumer_group"],
+                "A partitioned delivery log: from now to the end of its newest day partition (the archive job makes them 3 days ahead; below a day, it has not run). Absent on a plain log."),
+            log_overflow_rows: int_gauge(r, "idemgate_delivery_log_overflow_rows", &["consumer_group"],
+                "A partitioned delivery log: rows in its overflow partition, which takes rows no day partition takes (counted up to 100000). Above zero, the partitions fell behind or a clock is off. Absent on a plain log."),
+            archive_last_duration: gauge(r, "idemgate_archive_last_run_duration_seconds", &["consumer_group"],
+                "How long the last finished archive pass over the dedup table took, whichever instance ran it, from archive_run."),
+            reconcile_anomalies: int_gauge(r, "idemgate_reconcile_anomalies", &["consumer_group", "kind"],
+                "Anomalies the latest successful reconcile run of the group found, by kind (lost, stuck, double_applied, orphan, key_collision, late_duplicate), from reconcile_run."),
+            reconcile_last_run: gauge(r, "idemgate_reconcile_last_run_timestamp_seconds", &["consumer_group"],
+                "When the latest successful reconcile run of the group finished (Unix time)."),
+            // The Redis pre-filter.
+            prefilter: counter(r, "idemgate_prefilter_total", &["biz_type", "consumer_group", "step"],
+                "Deliveries through the Redis pre-filter, by what it said (claimed, duplicate, in_flight, fallback)."),
+            prefilter_fallbacks: counter(r, "idemgate_prefilter_fallbacks_total", &["consumer_group", "cause"],
+                "Deliveries the database alone decided because Redis failed, was too slow, or was skipped after a failure (timeout, error, circuit_open)."),
+            prefilter_settled: counter(r, "idemgate_prefilter_settled_total", &["consumer_group", "result"],
+                "Redis keys owned by a delivery, by their end (done, released after a rollback, not_owner: left to the delivery that holds it now, failed)."),
+            // Group commit and the gate's transactions.
+            group_size: histogram(r, "idemgate_group_size", &["consumer_group"], GROUP_SIZE_BUCKETS,
+                "Deliveries per group-commit transaction (group commit on)."),
+            group_commits: counter(r, "idemgate_group_commits_total", &["consumer_group", "result"],
+                "Groups of deliveries by how they ended: committed in one transaction, or split (each delivery alone) after the group could not commit."),
+            group_retries: counter(r, "idemgate_group_retries_total", &["consumer_group"],
+                "Whole-group transactions started again after a transient conflict (deadlock, busy file, lost connection)."),
+            transient_retries: counter(r, "idemgate_transient_retries_total", &["consumer_group", "cause"],
+                "Gate transactions (one delivery's, or a whole group's) started again after a transient conflict, by cause: deadlock, certification (on a Galera node: another node's write won), serialization, lock_wait, busy, connection."),
+            group_wait_seconds: histogram(r, "idemgate_group_queue_wait_seconds", &["consumer_group"], BUCKETS,
+                "Time a delivery waited in the group-commit queue before its group started: grows when the database is the bottleneck."),
+            ambiguous_commits: counter(r, "idemgate_ambiguous_commits_total", &["consumer_group", "scope", "read_back"],
+                "COMMITs whose answer was lost with their connection (the database may have committed or not) and whose outcome was read back on a fresh connection: a group's always (its log rows), one delivery's when its retries ran out (its claim; with retries left its next attempt settles it instead, counted in idemgate_conflicts_total with cause ambiguous_commit). By scope (delivery, group) and by what the read-back said: committed (answered as applied), not_committed (retried as after any failure), unread (the database out of reach in time: a later attempt settles it)."),
+            group_fallbacks: counter(r, "idemgate_group_fallbacks_total", &["consumer_group", "handler"],
+                "Groups whose handler batch form failed (group_commit.batch): the group went back to just after its claims and ran again one delivery at a time, each in a savepoint of its own. By the handler whose batch failed."),
+            group_queue_full: counter(r, "idemgate_group_queue_full_total", &["consumer_group"],
+                "Deliveries that found the group-commit queue (group_commit.queue) full and waited for room before queueing: the database is not keeping up."),
+            group_deferred: counter(r, "idemgate_group_deferrals_total", &["consumer_group"],
+                "Times a delivery was set aside while a group formed because a group in flight in this instance claims its key: it joins the first group formed after that one commits, instead of waiting inside the database for the uncommitted claim. High under close duplicates; not an error."),
+            // The HTTP server.
+            http_shed: counter(r, "idemgate_http_requests_shed_total", &[],
+                "Pages and API calls answered 503 at once because http.max_concurrent_requests were already in flight."),
+            http_timeouts: counter(r, "idemgate_http_timeouts_total", &["phase"],
+                "Client connections cut short by the HTTP server's timeouts, by phase: header (closed because no whole request head arrived within http.header_read_timeout_ms: a half-sent request, or a kept-alive connection left idle), request (answered 408 and closed because the request, its body most often, was not through within http.request_timeout_ms)."),
+            http_connection_limit: counter(r, "idemgate_http_connection_limit_reached_total", &[],
+                "Times the HTTP server stopped accepting connections because http.max_client_connections were open; new connections waited in the listen queue until one closed."),
+            http_open_connections: int_gauge(r, "idemgate_http_open_connections", &[],
+                "Client connections the HTTP server has open (at most http.max_client_connections)."),
+            // The broker consumer: lag, stalls, buffered messages.
+            lag_messages: int_gauge(r, "idemgate_consumer_lag_messages", &["consumer_group", "topic", "broker_name", "queue"],
+                "Messages stored in a queue and not yet consumed by the group, read every broker.lag_interval_seconds: RocketMQ, a queue's max offset minus the group's committed offset (broker_name: the broker holding the queue); Kafka, a partition's high watermark minus the committed offset (queue: the partition, broker_name: partition); RabbitMQ, the ready messages of the group's queue (queue 0) and of its delay queue (queue 1), broker_name the queue's name."),
+            consumer_stalled: int_gauge(r, "idemgate_consumer_stalled", &["consumer_group"],
+                "1 while the consumer has answered no delivery for broker.stall_seconds and the lag readings find messages waiting (/readyz answers 503 meanwhile), else 0."),
+            lag_seconds: gauge(r, "idemgate_consumer_lag_seconds", &["consumer_group", "topic"],
+                "Age of the oldest message of the topic not yet consumed by the group (0 when nothing lags), from its store time at the broker."),
+            lag_reads: counter(r, "idemgate_consumer_lag_reads_total", &["consumer_group", "topic", "result"],
+                "Consumer-lag readings of a topic by result: complete, partial (a broker or an oldest message unread), failed (no figure)."),
+            buffered: int_gauge(r, "idemgate_consumer_buffered_messages", &["consumer_group", "topic"],
+                "Messages this instance's broker client has pulled and not yet consumed (those in the gate included), per topic, read every second. The client stops pulling a queue past its share of rocketmq.buffered_messages, so this stays near that bound while the database is slow, and near 0 when the consumer keeps up."),
+            // Not metrics: what the gauges were last set for, the windows, the cache, this process.
             buffered_topics: Mutex::new(BTreeSet::new()),
             lag: Mutex::new(None),
             windows: Mutex::new(BTreeMap::new()),
@@ -407,12 +299,13 @@ impl Metrics {
             registry: registry.clone(),
         };
         int_gauge(
+            &registry,
             "idemgate_build_info",
-            "Always 1; labels name the version, the database backend, the web UI's base URL and this process's instance id.",
             &["version", "backend", "ui_url", "consumer_group", "instance_id"],
+            "Always 1; labels name the version, the database backend, the web UI's base URL and this process's instance id.",
         )
         .with_label_values(&[
-            crate::VERSION,
+            VERSION,
             info.backend.name(),
             &info.ui_url,
             &info.consumer_group,
@@ -537,6 +430,11 @@ impl Metrics {
 
     /// Sets the lag gauges from a reading: a queue no longer read loses its series, a topic whose
     /// oldest message could not be dated loses its age.
+    /// Whether the consumer is stalled: answering nothing while messages wait.
+    pub(crate) fn observe_consumer_stalled(&self, stalled: bool) {
+        self.consumer_stalled.with_label_values(&[self.group.as_str()]).set(i64::from(stalled));
+    }
+
     pub(crate) fn observe_consumer_lag(&self, reading: &LagReading) {
         let g = self.group.as_str();
         let mut latest = self.lag.lock().unwrap_or_else(|p| p.into_inner());
@@ -545,8 +443,8 @@ impl Metrics {
             self.lag_reads.with_label_values(&[g, &t.topic, t.result.as_str()]).inc();
             for q in &t.queues {
                 let queue = q.queue.to_string();
-                self.lag_messages.with_label_values(&[g, &t.topic, &q.broker, &queue]).set(q.messages());
-                queues.insert([t.topic.clone(), q.broker.clone(), queue]);
+                self.lag_messages.with_label_values(&[g, &t.topic, &q.source, &queue]).set(q.messages());
+                queues.insert([t.topic.clone(), q.source.clone(), queue]);
             }
             match t.age_seconds(reading.read_at_ms) {
                 Some(age) => self.lag_seconds.with_label_values(&[g, &t.topic]).set(age),

@@ -20,7 +20,7 @@ use serde::Serialize;
 use sqlx::Row;
 use sqlx::any::AnyRow;
 
-use crate::broker::{OwnedBrokers, Producer};
+use crate::broker::Brokers;
 use crate::delivery::{Delivery, REPLAY_PROPERTY};
 use crate::delivery_log::{KeptHeaders, MAX_KEPT_PAYLOAD};
 use crate::inspect::trace::{ClaimRecord, KeyRef, claims};
@@ -252,11 +252,9 @@ fn message_for(routes: &Routes, c: &mut Candidate) -> Result<Delivery, Action> {
     let (keys, mut properties) = match (invalid, rebuilt, c.headers.take()) {
         (_, None, _) => return Err(Action::RefusedNoRoute),
         // An invalid delivery goes out as it came, with its own KEYS and properties: what the
-        // refusing route could not read, the fixed one may.
-        (true, Some(_), Some(kept)) => {
-            let user = kept.properties.into_iter().filter(|(name, _)| !Producer::is_system_property(name));
-            (kept.keys, user.collect())
-        }
+        // refusing route could not read, the fixed one may. Each broker's publisher leaves out
+        // what its broker sets itself.
+        (true, Some(_), Some(kept)) => (kept.keys, kept.properties),
         (_, Some(rebuilt), _) => rebuilt,
     };
     properties.insert(REPLAY_PROPERTY.to_owned(), line.dead_letter_msg_id.clone());
@@ -394,19 +392,19 @@ pub fn render_text(lines: &[Line], dry_run: bool) -> String {
 /// Replay from the web UI: the routes to rebuild keys with, and a publisher to the service's
 /// broker started on first use.
 pub struct Replayer {
-    brokers: OwnedBrokers,
+    brokers: Brokers,
     routes: Routes,
     publisher: tokio::sync::OnceCell<Box<dyn Publish>>,
 }
 
 impl std::fmt::Debug for Replayer {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Replayer").field("broker", &self.brokers.borrow().describe()).finish()
+        f.debug_struct("Replayer").field("broker", &self.brokers.describe()).finish()
     }
 }
 
 impl Replayer {
-    pub fn new(brokers: OwnedBrokers, routes: Routes) -> Self {
+    pub fn new(brokers: Brokers, routes: Routes) -> Self {
         Self { brokers, routes, publisher: tokio::sync::OnceCell::new() }
     }
 
@@ -417,7 +415,7 @@ impl Replayer {
         group: &str,
         selection: &Selection,
     ) -> anyhow::Result<Vec<Line>> {
-        let publisher = self.publisher.get_or_try_init(|| self.brokers.borrow().publisher()).await?;
+        let publisher = self.publisher.get_or_try_init(|| self.brokers.publisher()).await?;
         Ok(replay(store, &self.routes, group, selection, Some(publisher.as_ref())).await?)
     }
 }

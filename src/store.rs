@@ -36,6 +36,7 @@ pub use sql::Written;
 pub use sql::values_list;
 pub use sql::{AnyQuery, bind_all};
 pub use sql::{Arg, Bound, InsertIfAbsent};
+pub(crate) use sql::insert_if_absent;
 pub use sql::{Pad, bind_rows, filtered_insert, number_placeholders, padded, padded_values, placeholders};
 pub use sql::{Sql, query, query_built};
 pub(crate) use unique::{UniqueKey, Violated, unique_keys};

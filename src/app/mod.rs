@@ -17,14 +17,15 @@ pub(crate) mod tasks;
 
 use std::collections::BTreeSet;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;
 
 use anyhow::Context;
 
 use crate::archive::ArchiveScheduler;
-use crate::broker::consumer::Subscription;
-use crate::broker::{LagRead, OwnedBrokers};
+use crate::broker::lag::StallWatch;
+use crate::broker::seam::Counted;
+use crate::broker::{LagRead, Sink, Subscription};
 use crate::config::Settings;
 use crate::gate::Gate;
 use crate::handler::Handlers;
@@ -164,7 +165,7 @@ impl Application {
         let web = Web::new(&settings.http, &settings.archive, handlers.by_biz_type(&routes));
         let web = Arc::new(match feed {
             Feed::Broker => {
-                web.with_replay(Replayer::new(OwnedBrokers::of(settings.brokers()), routes.clone()))
+                web.with_replay(Replayer::new(settings.brokers(), routes.clone()))
             }
             Feed::Caller => web,
         });
@@ -174,6 +175,7 @@ impl Application {
             store: ui_store.clone(),
             consumer_store: store.clone(),
             consumer_ready: Arc::new(AtomicBool::new(false)),
+            consumer_progressing: Arc::new(AtomicBool::new(true)),
             metrics,
             web,
         };
@@ -217,8 +219,10 @@ impl Application {
         let ready = state.consumer_ready.clone();
         let mut tasks = Tasks::clearing(ready.clone());
         let metrics = state.metrics.clone();
+        let progressing = state.consumer_progressing.clone();
         tasks.spawn("http server", |stop| server.run(state, stop));
-        let started = start_parts(&settings, feed, &store, &gate, checks, metrics, &mut tasks).await;
+        let started =
+            start_parts(&settings, feed, &store, &gate, checks, (metrics, progressing), &mut tasks).await;
         let running = Running { gate, url, store, ui_store, ready, tasks };
         if let Err(e) = started {
             let _ = running.stop().await;
@@ -239,17 +243,15 @@ async fn start_parts(
     store: &Store,
     gate: &Arc<Gate>,
     checks: Vec<Check>,
-    metrics: Arc<Metrics>,
+    (metrics, progressing): (Arc<Metrics>, Arc<AtomicBool>),
     tasks: &mut Tasks,
 ) -> anyhow::Result<()> {
     let identity = gate.identity();
-    let archiver = ArchiveScheduler::start_for_serve(
-        store.clone(),
-        &settings.archive,
-        &identity.instance_id,
-        settings.consumer.max_reconsume_times,
-    )
-    .await?;
+    // How long a copy of a message can still come back through the broker's own retries.
+    let redelivery_ms = settings.brokers().limits().redelivery_horizon_ms(settings.consumer.max_reconsume_times);
+    let archiver =
+        ArchiveScheduler::start_for_serve(store.clone(), &settings.archive, &identity.instance_id, redelivery_ms)
+            .await?;
     if let Some(mut archiver) = archiver {
         tasks.spawn("archive schedule", |stop| async move {
             tokio::select! {
@@ -300,7 +302,11 @@ async fn start_parts(
     if feed == Feed::Broker {
         let brokers = settings.brokers();
         let subscription = Subscription::of(gate);
-        let mut consumer = brokers.subscribe(gate.clone(), &subscription).await?;
+        // Every verdict the consumer gives is counted: its progress, for the stall watch.
+        let answered = Arc::new(AtomicU64::new(0));
+        let sink: Arc<dyn Sink> = Arc::new(Counted::new(gate.clone(), answered.clone()));
+        let mut consumer = brokers.subscribe(sink, &subscription).await?;
+        let kind = brokers.kind();
         let buffered_metrics = metrics.clone();
         tasks.spawn("consumer", |mut stop| async move {
             // What the client holds fetched is read once a second, for the gauge.
@@ -314,7 +320,7 @@ async fn start_parts(
                     }
                     what = consumer.fault() => {
                         consumer.shutdown().await;
-                        anyhow::bail!("the handling of a delivery panicked: {what}")
+                        anyhow::bail!("the {} consumer stopped: {what}", kind.as_str())
                     }
                     _ = ticks.tick() => {
                         if let Some(held) = consumer.buffered_messages().await {
@@ -327,10 +333,48 @@ async fn start_parts(
         if let Some((every, timeout)) = settings.broker.lag_schedule() {
             let probe = brokers.lag_reader(&identity.consumer_group, timeout).await?;
             let topics = gate.routes().topics().into_iter().map(|(topic, _)| topic).collect();
-            tasks.spawn("consumer lag", move |stop| read_lag_every(probe, topics, every, metrics, stop));
+            let stall = settings.broker.stall_after().map(|after| Stall {
+                watch: StallWatch::new(after, std::time::Instant::now()),
+                answered,
+                progressing: progressing.clone(),
+                broker: kind,
+            });
+            tasks.spawn("consumer lag", move |stop| read_lag_every(probe, topics, every, metrics, stall, stop));
         }
     }
     Ok(())
+}
+
+/// The consumer's progress, judged at each lag reading: `progressing` (which `/readyz` reads)
+/// is cleared while the consumer answers nothing and messages wait.
+struct Stall {
+    watch: StallWatch,
+    answered: Arc<AtomicU64>,
+    progressing: Arc<AtomicBool>,
+    broker: crate::broker::BrokerKind,
+}
+
+impl Stall {
+    fn observe(&mut self, reading: &crate::broker::lag::LagReading, metrics: &Metrics) {
+        let now = std::time::Instant::now();
+        let answered = self.answered.load(Ordering::Relaxed);
+        match self.watch.observe(reading.waiting(), answered, now) {
+            Some(true) => {
+                self.progressing.store(false, Ordering::Release);
+                tracing::error!(
+                    broker = self.broker.as_str(), waiting = reading.waiting().unwrap_or(0),
+                    idle_s = self.watch.idle_for(now).as_secs(),
+                    "the consumer answers no delivery while messages wait: it is stalled, and the service is not ready until it answers again"
+                );
+            }
+            Some(false) => {
+                self.progressing.store(true, Ordering::Release);
+                tracing::info!(broker = self.broker.as_str(), "the consumer answers deliveries again");
+            }
+            None => {}
+        }
+        metrics.observe_consumer_stalled(!self.progressing.load(Ordering::Acquire));
+    }
 }
 
 /// Reads the consumer lag of `topics` every `every` until `stop`, and hands each reading to the
@@ -341,6 +385,7 @@ async fn read_lag_every(
     topics: Vec<String>,
     every: Duration,
     metrics: Arc<Metrics>,
+    mut stall: Option<Stall>,
     mut stop: Stop,
 ) -> anyhow::Result<()> {
     let mut ticks = tokio::time::interval(every);
@@ -367,6 +412,9 @@ async fn read_lag_every(
             }
         }
         metrics.observe_consumer_lag(&reading);
+        if let Some(stall) = stall.as_mut() {
+            stall.observe(&reading, &metrics);
+        }
     }
     probe.shutdown().await;
     Ok(())

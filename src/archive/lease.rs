@@ -9,8 +9,7 @@
 
 use sqlx::Row;
 
-use crate::insert_if_absent;
-use crate::store::{InsertIfAbsent, Sql, Store};
+use crate::store::{InsertIfAbsent, Sql, Store, insert_if_absent};
 
 /// The lease every archive run takes.
 pub(crate) const ARCHIVE_LEASE: &str = "archive";

@@ -1,8 +1,8 @@
 //! How long claims and log rows are kept, and whether that is long enough.
 //!
 //! A claim may be archived only once no copy of its message can still arrive: the broker's
-//! retries (`max_reconsume_times` steps up RocketMQ's back-off ladder), delayed messages and
-//! replays of dead letters. [`check_dedup_retention`] compares the dedup retention with that
+//! retries (how long they can take is the broker's to say: `broker::Limits`), delayed messages
+//! and replays of dead letters. [`check_dedup_retention`] compares the dedup retention with that
 //! horizon at start. The delivery log's window is shorter; [`LogRetention`] tells the trace page
 //! when the history it shows may have been cut.
 //!
@@ -14,37 +14,6 @@ pub(crate) const SECOND_MS: i64 = 1_000;
 pub(crate) const MINUTE_MS: i64 = 60 * SECOND_MS;
 pub const HOUR_MS: i64 = 60 * MINUTE_MS;
 pub const DAY_MS: i64 = 24 * HOUR_MS;
-
-/// RocketMQ's delay levels 1 to 18 (`messageDelayLevel`: 1s 5s 10s 30s 1m 2m 3m 4m 5m 6m 7m 8m
-/// 9m 10m 20m 30m 1h 2h), in milliseconds.
-pub(crate) const DELAY_LEVELS_MS: [i64; 18] = [
-    SECOND_MS,
-    5 * SECOND_MS,
-    10 * SECOND_MS,
-    30 * SECOND_MS,
-    MINUTE_MS,
-    2 * MINUTE_MS,
-    3 * MINUTE_MS,
-    4 * MINUTE_MS,
-    5 * MINUTE_MS,
-    6 * MINUTE_MS,
-    7 * MINUTE_MS,
-    8 * MINUTE_MS,
-    9 * MINUTE_MS,
-    10 * MINUTE_MS,
-    20 * MINUTE_MS,
-    30 * MINUTE_MS,
-    HOUR_MS,
-    2 * HOUR_MS,
-];
-
-/// The longest a message can keep coming back through broker retries: the k-th retry waits at
-/// delay level `2 + k` (the first at level 3, 10 s), capped at the last level (2 h).
-pub(crate) fn redelivery_horizon_ms(max_reconsume_times: i32) -> i64 {
-    (1..=max_reconsume_times.max(0) as usize)
-        .map(|k| DELAY_LEVELS_MS[(k + 1).min(DELAY_LEVELS_MS.len() - 1)])
-        .sum()
-}
 
 /// The dedup retention is shorter than the longest time a copy of a message can arrive.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -81,20 +50,15 @@ impl fmt::Display for RetentionWarning {
     }
 }
 
-/// A warning when `retention_ms` is shorter than the retry horizon of `max_reconsume_times`
+/// A warning when `retention_ms` is shorter than the broker's retry horizon (`redelivery_ms`)
 /// plus `replay_ms` (delayed messages, dead-letter replays).
 pub fn check_dedup_retention(
     retention_ms: i64,
-    max_reconsume_times: i32,
+    redelivery_ms: i64,
     replay_ms: i64,
     guarded: bool,
 ) -> Option<RetentionWarning> {
-    let w = RetentionWarning {
-        retention_ms,
-        redelivery_ms: redelivery_horizon_ms(max_reconsume_times),
-        replay_ms,
-        guarded,
-    };
+    let w = RetentionWarning { retention_ms, redelivery_ms, replay_ms, guarded };
     (retention_ms < w.horizon_ms()).then_some(w)
 }
 
@@ -176,19 +140,11 @@ mod tests {
     use super::*;
 
     #[test]
-    fn sixteen_retries_climb_rocketmqs_back_off_ladder_to_four_hours_45_minutes_40_seconds() {
-        assert_eq!(redelivery_horizon_ms(0), 0);
-        assert_eq!(redelivery_horizon_ms(1), 10 * SECOND_MS);
-        assert_eq!(redelivery_horizon_ms(2), 40 * SECOND_MS);
-        assert_eq!(redelivery_horizon_ms(16), 4 * HOUR_MS + 45 * MINUTE_MS + 40 * SECOND_MS);
-        // Past level 18 every retry waits 2 h.
-        assert_eq!(redelivery_horizon_ms(18), redelivery_horizon_ms(16) + 4 * HOUR_MS);
-    }
-
-    #[test]
     fn a_retention_shorter_than_the_horizon_is_warned_about_and_a_long_one_is_not() {
-        assert_eq!(check_dedup_retention(90 * DAY_MS, 16, 72 * HOUR_MS, false), None);
-        let w = check_dedup_retention(3 * DAY_MS, 16, 72 * HOUR_MS, false).expect("a warning");
+        // Sixteen RocketMQ retries: 4 h 45 min 40 s.
+        let sixteen = 4 * HOUR_MS + 45 * MINUTE_MS + 40 * SECOND_MS;
+        assert_eq!(check_dedup_retention(90 * DAY_MS, sixteen, 72 * HOUR_MS, false), None);
+        let w = check_dedup_retention(3 * DAY_MS, sixteen, 72 * HOUR_MS, false).expect("a warning");
         assert_eq!(w.horizon_ms(), 3 * DAY_MS + 4 * HOUR_MS + 45 * MINUTE_MS + 40 * SECOND_MS);
         let text = w.to_string();
         assert!(text.contains("(3 days) is shorter than") && text.contains("late_duplicate_guard"), "{text}");

@@ -37,15 +37,15 @@ impl ArchiveScheduler {
     }
 
     /// What `serve` does at start: warns when the dedup retention is shorter than the
-    /// redelivery and replay horizon, then, if `[archive]` is enabled, schedules the job for
+    /// redelivery horizon (`redelivery_ms`, the broker's retries) and the replay horizon, then, if `[archive]` is enabled, schedules the job for
     /// this instance. `None` when archiving is off.
     pub async fn start_for_serve(
         store: Store,
         settings: &ArchiveSettings,
         instance_id: &str,
-        max_reconsume_times: i32,
+        redelivery_ms: i64,
     ) -> Result<Option<Self>, SchedulerError> {
-        if let Some(warning) = settings.retention_warning(max_reconsume_times) {
+        if let Some(warning) = settings.retention_warning(redelivery_ms) {
             tracing::warn!("{warning}");
         }
         if !settings.enabled {

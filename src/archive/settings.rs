@@ -140,11 +140,11 @@ impl ArchiveSettings {
     }
 
     /// The start-up check: a warning when claims are archived before every copy of a message
-    /// can have arrived (`consumer.max_reconsume_times` retries plus the replay horizon).
-    pub(crate) fn retention_warning(&self, max_reconsume_times: i32) -> Option<RetentionWarning> {
+    /// can have arrived (the broker's retries, `redelivery_ms`, plus the replay horizon).
+    pub(crate) fn retention_warning(&self, redelivery_ms: i64) -> Option<RetentionWarning> {
         check_dedup_retention(
             i64::from(self.dedup_retention_days) * DAY_MS,
-            max_reconsume_times,
+            redelivery_ms,
             i64::from(self.replay_horizon_hours) * 3_600_000,
             self.late_duplicate_guard,
         )

@@ -1,5 +1,5 @@
-//! The one place that picks the broker `[broker] kind` names: its consumer, its lag reader
-//! and its publisher, behind the seam's traits ([`super::seam`]).
+//! The one place that picks the broker `[broker] kind` names: its consumer, its lag reader,
+//! its publisher and its limits, behind the seam's traits ([`super::seam`]).
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -8,10 +8,11 @@ use std::time::Duration;
 use async_trait::async_trait;
 
 use super::kafka::{KafkaSettings, KafkaSubscriber};
-use super::lag::{LagProbe, LagReading};
+use super::lag::LagReading;
 use super::rabbitmq::{RabbitMqSettings, RabbitSubscriber};
-use super::seam::{BrokerKind, LagRead, Publish, Sink, Subscriber, Subscription};
-use super::{BrokerAccess, BrokerSettings, Consumer, Producer};
+use super::rocketmq::{BrokerAccess, ClientHost, Consumer, LagProbe, Producer, RocketMqSettings};
+use super::seam::{BrokerKind, LagRead, Limits, Publish, Sink, Subscriber, Subscription};
+use super::settings::BrokerSettings;
 use crate::delivery::Delivery;
 
 #[async_trait]
@@ -55,119 +56,109 @@ impl Publish for Producer {
 /// every caller's past the compiler's layout depth.
 type Erased<'a, T> = std::pin::Pin<Box<dyn Future<Output = anyhow::Result<T>> + Send + 'a>>;
 
-/// Every broker's settings, and the kind `[broker] kind` picks.
-#[derive(Debug, Clone, Copy)]
-pub struct Brokers<'a> {
-    pub kind: BrokerKind,
-    /// `[broker]`: RocketMQ's own settings, and those every broker shares (`kind`,
-    /// `consume_threads`, `lag_interval_seconds`, `producer_group`).
-    pub rocketmq: &'a BrokerSettings,
+/// The broker `[broker] kind` picks, with every broker's settings: what the service, `produce`,
+/// replay and the benchmarks open their clients from.
+#[derive(Debug, Clone, Default)]
+pub struct Brokers {
+    /// `[broker]`: the kind, and what every broker shares.
+    pub broker: BrokerSettings,
+    /// `[rocketmq]`.
+    pub rocketmq: RocketMqSettings,
     /// `[rabbitmq]`.
-    pub rabbitmq: &'a RabbitMqSettings,
+    pub rabbitmq: RabbitMqSettings,
     /// `[kafka]`.
-    pub kafka: &'a KafkaSettings,
+    pub kafka: KafkaSettings,
 }
 
-impl Brokers<'_> {
+impl Brokers {
+    /// The broker the consumer reads.
+    pub fn kind(&self) -> BrokerKind {
+        self.broker.kind
+    }
+
+    /// What the chosen broker allows a consumer: its answer deadline, its retry budget, how
+    /// long its retries wait.
+    pub fn limits(&self) -> Limits {
+        match self.kind() {
+            BrokerKind::RocketMq => Limits::ROCKETMQ,
+            BrokerKind::RabbitMq => Limits::rabbitmq(self.rabbitmq.retry_delay_ms),
+            BrokerKind::Kafka => Limits::kafka(self.kafka.retry_delay_ms),
+        }
+    }
+
     /// Starts the consumer of the chosen broker, handing every delivery to `sink`.
     pub async fn subscribe(
-        self,
+        &self,
         sink: Arc<dyn Sink>,
         subscription: &Subscription,
     ) -> anyhow::Result<Box<dyn Subscriber>> {
-        Ok(match self.kind {
+        let (threads, start_from) = (self.broker.consume_threads, self.broker.start_from);
+        Ok(match self.kind() {
             BrokerKind::RocketMq => {
                 let topics: Vec<String> = subscription.topics.iter().map(|(t, _)| t.clone()).collect();
-                let access = BrokerAccess::of(self.rocketmq)?;
+                let access = BrokerAccess::of(&self.rocketmq)?;
                 // Boxed: the check's future is deep, and would push every caller's past the
                 // compiler's layout depth.
-                Box::pin(super::preflight::check_consume_rights(&access, &subscription.group, &topics))
+                Box::pin(super::rocketmq::preflight::check_consume_rights(&access, &subscription.group, &topics))
                     .await?;
-                let host = super::ClientHost::new("consumer", self.rocketmq.consume_threads as usize)?;
-                let start: Erased<'_, Consumer> =
-                    Box::pin(Consumer::start_with(sink, subscription, self.rocketmq, host));
-                Box::new(start.await?)
-            }
-            BrokerKind::RabbitMq => Box::new(
-                RabbitSubscriber::start(sink, subscription, self.rabbitmq, self.rocketmq.consume_threads)
-                    .await?,
-            ),
-            BrokerKind::Kafka => Box::new(
-                KafkaSubscriber::start(
+                let host = ClientHost::new("consumer", threads as usize)?;
+                let start: Erased<'_, Consumer> = Box::pin(Consumer::start_with(
                     sink,
                     subscription,
-                    self.kafka,
-                    self.rocketmq.start_from,
-                    self.rocketmq.consume_threads,
-                )
-                .await?,
-            ),
+                    &self.rocketmq,
+                    threads,
+                    start_from,
+                    host,
+                ));
+                Box::new(start.await?)
+            }
+            BrokerKind::RabbitMq => {
+                Box::new(RabbitSubscriber::start(sink, subscription, &self.rabbitmq, threads).await?)
+            }
+            BrokerKind::Kafka => {
+                Box::new(KafkaSubscriber::start(sink, subscription, &self.kafka, start_from, threads).await?)
+            }
         })
     }
 
     /// Starts the reader of `group`'s lag; each reading of a topic waits at most `timeout`.
-    pub async fn lag_reader(self, group: &str, timeout: Duration) -> anyhow::Result<Box<dyn LagRead>> {
-        Ok(match self.kind {
+    pub async fn lag_reader(&self, group: &str, timeout: Duration) -> anyhow::Result<Box<dyn LagRead>> {
+        Ok(match self.kind() {
             BrokerKind::RocketMq => {
-                let access = BrokerAccess::of(self.rocketmq)?;
+                let access = BrokerAccess::of(&self.rocketmq)?;
                 let start: Erased<'_, LagProbe> = Box::pin(LagProbe::start(&access, group, timeout));
                 Box::new(start.await?)
             }
             BrokerKind::RabbitMq => {
-                Box::new(super::rabbitmq::QueueDepth::start(self.rabbitmq, group, timeout).await?)
+                Box::new(super::rabbitmq::QueueDepth::start(&self.rabbitmq, group, timeout).await?)
             }
-            BrokerKind::Kafka => Box::new(super::kafka::PartitionLag::start(self.kafka, group, timeout)?),
+            BrokerKind::Kafka => Box::new(super::kafka::PartitionLag::start(&self.kafka, group, timeout)?),
         })
     }
 
     /// Starts a publisher to the chosen broker.
-    pub async fn publisher(self) -> anyhow::Result<Box<dyn Publish>> {
-        Ok(match self.kind {
+    pub async fn publisher(&self) -> anyhow::Result<Box<dyn Publish>> {
+        Ok(match self.kind() {
             BrokerKind::RocketMq => {
-                let access = BrokerAccess::of(self.rocketmq)?;
+                let access = BrokerAccess::of(&self.rocketmq)?;
                 let start: Erased<'_, Producer> =
                     Box::pin(Producer::start(&access, &self.rocketmq.producer_group));
                 Box::new(start.await?)
             }
-            BrokerKind::RabbitMq => Box::new(super::rabbitmq::Publisher::start(self.rabbitmq).await?),
-            BrokerKind::Kafka => Box::new(super::kafka::KafkaPublisher::start(self.kafka)?),
+            BrokerKind::RabbitMq => Box::new(super::rabbitmq::Publisher::start(&self.rabbitmq).await?),
+            BrokerKind::Kafka => Box::new(super::kafka::KafkaPublisher::start(&self.kafka)?),
         })
     }
 
     /// Where the chosen broker is, with no secret in it: for logs and refusals.
-    pub fn describe(self) -> String {
-        match self.kind {
-            BrokerKind::RocketMq => match BrokerAccess::of(self.rocketmq) {
+    pub fn describe(&self) -> String {
+        match self.kind() {
+            BrokerKind::RocketMq => match BrokerAccess::of(&self.rocketmq) {
                 Ok(access) => access.describe(),
                 Err(_) => format!("name server {}", self.rocketmq.name_server),
             },
             BrokerKind::RabbitMq => self.rabbitmq.describe(),
             BrokerKind::Kafka => self.kafka.describe(),
         }
-    }
-}
-
-/// Owned copies of every broker's settings, for a part that opens its client later (replay
-/// from the web UI).
-#[derive(Debug, Clone)]
-pub struct OwnedBrokers {
-    pub kind: BrokerKind,
-    pub rocketmq: BrokerSettings,
-    pub rabbitmq: RabbitMqSettings,
-    pub kafka: KafkaSettings,
-}
-
-impl OwnedBrokers {
-    pub fn of(b: Brokers<'_>) -> Self {
-        Self {
-            kind: b.kind,
-            rocketmq: b.rocketmq.clone(),
-            rabbitmq: b.rabbitmq.clone(),
-            kafka: b.kafka.clone(),
-        }
-    }
-
-    pub fn borrow(&self) -> Brokers<'_> {
-        Brokers { kind: self.kind, rocketmq: &self.rocketmq, rabbitmq: &self.rabbitmq, kafka: &self.kafka }
     }
 }

@@ -1,49 +1,31 @@
-//! Consumer lag: how far the consumer group's committed offsets trail the brokers' queues, and
-//! how old the oldest message not yet consumed is, read through the RocketMQ admin API.
-//!
-//! One reading of a topic costs one route lookup at the name server, one consume-stats request
-//! per broker of the route (each queue's max offset and the group's committed offset), and, for
-//! each queue that lags, one pull of a single message at the committed offset: its store time
-//! is the age of the oldest message not yet consumed. The broker's consume stats carry only the
-//! store time of the last message *consumed* (`lastTimestamp`), which says nothing about how long
-//! the next one has waited, hence the pull. Every request has the reading's timeout.
-//!
-//! The committed offsets are what the brokers hold: the client commits them every few seconds,
-//! so a queue consumed to its end shows its last few messages as lag until the next commit.
-//!
-//! This module reads; the schedule that calls [`LagProbe::read`] lives with the service's other
-//! parts (`app`), the figures go to `metrics`. It must not change any offset.
+//! Consumer lag in every broker's words: how far a consumer group trails each queue (a
+//! RocketMQ queue, a Kafka partition, a RabbitMQ queue) of the topics it consumes, and how old
+//! the oldest message not yet consumed is. Each broker's lag reader ([`super::seam::LagRead`])
+//! answers a [`LagReading`]; the schedule that asks for one lives with the service's other
+//! parts (`app`), and the figures go to `metrics` and the overview page.
 
-use std::time::Duration;
+use crate::delivery::BrokerKind;
 
-use anyhow::Context;
-use cheetah_string::CheetahString;
-#[allow(deprecated)]
-use rocketmq_client_rust::DefaultMQPullConsumer;
-use rocketmq_client_rust::{ClientOptions, DefaultMQAdminExt, MQAdminReadExt};
-use rocketmq_model::common::message::message_queue::MessageQueue;
-
-use super::{BrokerAccess, ClientHost};
-use crate::clock::now_ms;
-
-/// RocketMQ's response code for a topic the name server has no route for.
-const TOPIC_NOT_EXIST: i32 = 17;
-
-/// One queue's lag.
+/// One queue's lag: a RocketMQ queue, a Kafka partition, a RabbitMQ queue.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct QueueLag {
-    pub broker: String,
+    /// What holds the queue, in the broker's words: the RocketMQ broker's name, `partition`
+    /// on Kafka, the queue's name on RabbitMQ. The `source` label of the lag's gauges.
+    pub source: String,
+    /// The queue's number: RocketMQ's queue id, Kafka's partition, 0 for RabbitMQ's queue.
     pub queue: i32,
-    /// The queue's max offset: the offset the next message stored will get.
-    pub broker_offset: i64,
-    /// The group's committed offset (0 when the group has none yet).
-    pub consumer_offset: i64,
+    /// Where the queue ends: the position the next message stored will get (RocketMQ's max
+    /// offset, Kafka's high watermark); RabbitMQ's messages ready, its `committed` always 0.
+    pub end: i64,
+    /// Where the group has consumed to: its committed offset (0, or the partition's start,
+    /// when it has none yet).
+    pub committed: i64,
 }
 
 impl QueueLag {
     /// Messages stored in the queue and not yet consumed by the group.
     pub fn messages(&self) -> i64 {
-        (self.broker_offset - self.consumer_offset).max(0)
+        (self.end - self.committed).max(0)
     }
 }
 
@@ -116,189 +98,101 @@ impl TopicLag {
 /// One reading of every topic the group consumes.
 #[derive(Debug, Clone, PartialEq)]
 pub struct LagReading {
+    /// The broker read: how its queues are named (queues on brokers, partitions, a queue).
+    pub broker: BrokerKind,
     pub read_at_ms: i64,
     pub topics: Vec<TopicLag>,
 }
 
-/// The admin client and the one-message puller that read a group's lag.
-pub struct LagProbe {
-    /// The group measured, as the broker names it (in its namespace).
-    group: String,
-    access: BrokerAccess,
-    timeout: Duration,
-    admin: DefaultMQAdminExt,
-    /// The one-message puller, or why it did not start.
-    #[allow(deprecated)]
-    puller: Result<DefaultMQPullConsumer, String>,
-    host: ClientHost,
-}
-
-impl LagProbe {
-    /// Starts the clients that read `group`'s lag through `access` (its account and namespace);
-    /// every request of a reading has `timeout`. The puller joins a group of its own
-    /// (`<group>_lag_probe`), so it never takes queues from the group it measures; when it
-    /// cannot start, the probe reads the messages behind without their age (each reading
-    /// `partial`, saying why).
-    pub async fn start(access: &BrokerAccess, group: &str, timeout: Duration) -> anyhow::Result<Self> {
-        let host = ClientHost::new("lag", 1)?;
-        let admin_group = format!("{group}_lag_admin");
-        let mut admin = match access.rpc_hook() {
-            Some(hook) => DefaultMQAdminExt::with_admin_ext_group_rpc_hook_and_timeout(
-                host.client_runtime(),
-                admin_group,
-                hook,
-                timeout,
-            ),
-            None => DefaultMQAdminExt::with_admin_ext_group_and_timeout(
-                host.client_runtime(),
-                admin_group,
-                timeout,
-            ),
-        };
-        *admin.client_config_mut() = access.client_config();
-        admin
-            .start()
-            .await
-            .with_context(|| format!("starting the lag reader against {}", access.describe()))?;
-        let puller = start_puller(&host, access, &format!("{group}_lag_probe"), timeout).await.map_err(|e| {
-            tracing::warn!(error = %format!("{e:#}"), "the consumer lag is read without the age of the oldest message");
-            format!("{e:#}")
-        });
-        Ok(Self { group: access.resource(group), access: access.clone(), timeout, admin, puller, host })
-    }
-
-    /// Reads the lag of every topic in `topics`, each within the probe's timeout.
-    pub async fn read(&self, topics: &[String]) -> LagReading {
-        let mut out = Vec::with_capacity(topics.len());
-        for topic in topics {
-            let lag = match tokio::time::timeout(self.timeout, self.read_topic(topic)).await {
-                Ok(Ok(lag)) => lag,
-                Ok(Err(e)) => TopicLag::failed(topic, format!("{e:#}")),
-                Err(_) => TopicLag::failed(topic, format!("no answer within {:?}", self.timeout)),
-            };
-            out.push(lag);
-        }
-        LagReading { read_at_ms: now_ms(), topics: out }
-    }
-
-    async fn read_topic(&self, topic: &str) -> anyhow::Result<TopicLag> {
-        let timeout_ms = self.timeout.as_millis() as u64;
-        // The admin client names topics and groups as the broker does: in the namespace.
-        let broker_topic = self.access.resource(topic);
-        let route =
-            match self.admin.examine_topic_route_info(CheetahString::from(broker_topic.as_str())).await {
-                Ok(route) => route,
-                Err(e) if e.broker_response_code() == Some(TOPIC_NOT_EXIST) => None,
-                Err(e) => return Err(e).context("looking up the topic's route"),
-            };
-        let mut lag = TopicLag {
-            topic: topic.to_owned(),
-            queues: Vec::new(),
-            oldest_unconsumed_ms: None,
-            result: ReadResult::Complete,
-            problem: None,
-        };
-        let Some(route) = route else { return Ok(lag) };
-        let mut problems = Vec::new();
-        let mut lagging = Vec::new();
-        for broker in &route.broker_datas {
-            let name = broker.broker_name().to_string();
-            let Some(addr) = broker.broker_addrs().get(&rocketmq_model::common::mix_all::MASTER_ID) else {
-                problems.push(format!("{name} has no master"));
-                continue;
-            };
-            let stats = MQAdminReadExt::examine_consume_stats(
-                &self.admin,
-                CheetahString::from(self.group.as_str()),
-                Some(CheetahString::from(broker_topic.as_str())),
-                None,
-                Some(addr.clone()),
-                Some(timeout_ms),
-            )
-            .await;
-            let stats = match stats {
-                Ok(stats) => stats,
-                Err(e) => {
-                    problems.push(format!("{name}: {e}"));
-                    continue;
-                }
-            };
-            for (mq, offsets) in stats.get_offset_table() {
-                if mq.topic_str() != broker_topic {
-                    continue;
-                }
-                let queue = QueueLag {
-                    broker: mq.broker_name().to_string(),
-                    queue: mq.queue_id(),
-                    broker_offset: offsets.get_broker_offset(),
-                    consumer_offset: offsets.get_consumer_offset().max(0),
-                };
-                if queue.messages() > 0 {
-                    lagging.push((mq.clone(), queue.consumer_offset));
-                }
-                lag.queues.push(queue);
+impl LagReading {
+    /// How many of a topic's queues lag, of those read, in the broker's words: "2 of 8 queues on
+    /// 2 brokers" (RocketMQ), "1 of 3 partitions" (Kafka), "1 of 2 queues" (RabbitMQ: the
+    /// group's queue and its delay queue).
+    pub fn queues_in_words(&self, t: &TopicLag) -> String {
+        let lagging = t.queues.iter().filter(|q| q.messages() > 0).count();
+        let n = t.queues.len();
+        match self.broker {
+            BrokerKind::RocketMq => {
+                let sources: std::collections::BTreeSet<&str> = t.queues.iter().map(|q| q.source.as_str()).collect();
+                let brokers = sources.len();
+                format!("{lagging} of {n} queues on {brokers} broker{}", if brokers == 1 { "" } else { "s" })
             }
+            BrokerKind::Kafka => format!("{lagging} of {n} partitions"),
+            BrokerKind::RabbitMq => format!("{lagging} of {n} queues"),
         }
-        lag.queues.sort_by(|a, b| (&a.broker, a.queue).cmp(&(&b.broker, b.queue)));
-        for (mq, offset) in lagging {
-            match self.store_time_at(&mq, offset).await {
-                Ok(stored) => {
-                    lag.oldest_unconsumed_ms =
-                        Some(lag.oldest_unconsumed_ms.map_or(stored, |o| o.min(stored)));
-                }
-                Err(e) => problems.push(format!("{} queue {}: {e:#}", mq.broker_name(), mq.queue_id())),
-            }
-        }
-        if !problems.is_empty() {
-            lag.result = ReadResult::Partial;
-            lag.problem = Some(problems.join("; "));
-        }
-        Ok(lag)
-    }
-
-    /// The store time of the message at `offset` of `mq`.
-    #[allow(deprecated)]
-    async fn store_time_at(&self, mq: &MessageQueue, offset: i64) -> anyhow::Result<i64> {
-        let puller = self.puller.as_ref().map_err(|why| anyhow::anyhow!("no puller: {why}"))?;
-        let pulled = puller.pull(mq, "*", offset, 1).await.context("pulling the oldest message")?;
-        pulled
-            .msg_found_list()
-            .and_then(|found| found.first())
-            .map(|m| m.store_timestamp())
-            .with_context(|| format!("no message at offset {offset} ({:?})", pulled.pull_status()))
-    }
-
-    /// Stops both clients and their runtime.
-    #[allow(deprecated)]
-    pub async fn shutdown(mut self) {
-        if let Ok(puller) = &self.puller
-            && let Err(e) = puller.shutdown().await
-        {
-            tracing::debug!(error = %e, "the lag reader's puller did not shut down cleanly");
-        }
-        self.admin.shutdown().await;
-        self.host.shutdown().await;
     }
 }
 
-/// A one-message puller in `group` (named without the namespace, which `access` adds), each
-/// pull bounded by `timeout`: the lag reader's, which dates the oldest unconsumed message of a
-/// queue in a group of its own, and the start-up check's ([`super::preflight`]).
-#[allow(deprecated)]
-pub(crate) async fn start_puller(
-    host: &ClientHost,
-    access: &BrokerAccess,
-    group: &str,
-    timeout: Duration,
-) -> anyhow::Result<DefaultMQPullConsumer> {
-    let mut builder = DefaultMQPullConsumer::builder(host.client_runtime())
-        .client_options(ClientOptions::legacy(access.client_config()))
-        .consumer_group(group.to_owned())
-        .consumer_pull_timeout(timeout);
-    if let Some(hook) = access.rpc_hook() {
-        builder = builder.rpc_hook(hook);
+/// Whether a consumer makes progress: it is stalled once the lag readings have found messages
+/// waiting, and it has answered no delivery, for `after`. A consumer that answers deliveries,
+/// retries and dead letters included, makes progress, however slowly; one whose readings cannot
+/// be taken is not judged.
+#[derive(Debug)]
+pub struct StallWatch {
+    after: std::time::Duration,
+    answered: u64,
+    progress_at: std::time::Instant,
+    stalled: bool,
+}
+
+impl StallWatch {
+    pub fn new(after: std::time::Duration, now: std::time::Instant) -> Self {
+        Self { after, answered: 0, progress_at: now, stalled: false }
     }
-    let puller = builder.build().context("building a puller")?;
-    puller.start().await.with_context(|| format!("starting a puller against {}", access.describe()))?;
-    Ok(puller)
+
+    /// One reading at `now`: `waiting` the messages it found not yet consumed (`None` when it
+    /// could not tell), `answered` the consumer's count of verdicts so far. `Some(stalled)`
+    /// when the judgement changes.
+    pub fn observe(&mut self, waiting: Option<i64>, answered: u64, now: std::time::Instant) -> Option<bool> {
+        if answered != self.answered || waiting == Some(0) {
+            self.answered = answered;
+            self.progress_at = now;
+        }
+        let stalled = match waiting {
+            Some(n) if n > 0 => now.duration_since(self.progress_at) >= self.after,
+            Some(_) => false,
+            None => self.stalled,
+        };
+        (stalled != self.stalled).then(|| {
+            self.stalled = stalled;
+            stalled
+        })
+    }
+
+    /// How long the consumer has gone without progress at `now`.
+    pub fn idle_for(&self, now: std::time::Instant) -> std::time::Duration {
+        now.duration_since(self.progress_at)
+    }
+}
+
+impl LagReading {
+    /// The messages waiting over every topic read in full or in part; `None` when no topic
+    /// could be read.
+    pub fn waiting(&self) -> Option<i64> {
+        let read: Vec<&TopicLag> = self.topics.iter().filter(|t| t.result != ReadResult::Failed).collect();
+        (!read.is_empty()).then(|| read.iter().map(|t| t.messages()).sum())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::{Duration, Instant};
+
+    use super::*;
+
+    #[test]
+    fn a_consumer_that_answers_nothing_while_messages_wait_is_stalled_until_it_answers_again() {
+        let t0 = Instant::now();
+        let at = |s: u64| t0 + Duration::from_secs(s);
+        let mut w = StallWatch::new(Duration::from_secs(60), t0);
+        assert_eq!(w.observe(Some(5), 0, at(10)), None, "waiting, but not for long");
+        assert_eq!(w.observe(None, 0, at(50)), None, "an unread reading judges nothing");
+        assert_eq!(w.observe(Some(5), 0, at(61)), Some(true), "a minute with messages waiting and no answer");
+        assert_eq!(w.observe(Some(9), 0, at(70)), None, "still stalled");
+        assert_eq!(w.observe(Some(9), 1, at(75)), Some(false), "a delivery answered");
+        assert_eq!(w.observe(Some(9), 1, at(130)), None, "55 s since");
+        assert_eq!(w.observe(Some(9), 1, at(136)), Some(true));
+        assert_eq!(w.observe(Some(0), 1, at(140)), Some(false), "nothing waiting is no stall");
+        assert_eq!(w.observe(Some(0), 1, at(1_000)), None, "an idle consumer with nothing to do");
+    }
 }

@@ -1,33 +1,25 @@
-//! The brokers: the seam every broker's consumer, lag reader and publisher fits (`seam`), the
-//! choice among the three behind it (`choice`), and the three. RocketMQ's modules sit at the top: the client runtime that hosts the
-//! RocketMQ client, how every client reaches the cluster (`access`: account, namespace, trace),
-//! the push consumer that runs every delivery through the gate, its lag, and the producer
-//! behind `idemgate produce` and replay. RabbitMQ (`rabbitmq`) and Kafka (`kafka`) have one
-//! module each.
+//! The brokers: the seam every broker's consumer, lag reader and publisher fits (`seam`, with
+//! the lag's broker-neutral words in `lag`), `[broker]`'s shared settings (`settings`), the
+//! choice among the three behind it (`choice`), and the three, one folder each: `rocketmq`,
+//! `rabbitmq` and `kafka`.
 //!
 //! This module translates between the broker's messages and [`Delivery`](crate::delivery::Delivery)
-//! and between the gate's [`Verdict`](crate::outcome::Verdict) and the broker's consume status. It
+//! and between the gate's [`Verdict`](crate::outcome::Verdict) and the broker's answer. It
 //! must not decide outcomes.
 
-pub mod access;
 mod choice;
-pub mod consumer;
 pub mod kafka;
 pub mod lag;
-mod preflight;
-pub(crate) mod producer;
 pub mod rabbitmq;
-mod runtime;
+pub mod rocketmq;
 pub mod seam;
 pub(crate) mod settings;
 
-pub use access::BrokerAccess;
-pub use choice::{Brokers, OwnedBrokers};
-pub use consumer::Consumer;
+pub use choice::Brokers;
 pub use kafka::KafkaSettings;
-pub use preflight::Refused;
-pub use producer::Producer;
 pub use rabbitmq::RabbitMqSettings;
-pub use runtime::ClientHost;
-pub use seam::{BrokerKind, LagRead, Publish, Sink, Subscriber, Subscription};
-pub use settings::{BrokerSettings, DEFAULT_TRACE_TOPIC, SecretKey, StartFrom};
+pub use rocketmq::{
+    BrokerAccess, ClientHost, Consumer, DEFAULT_TRACE_TOPIC, Producer, Refused, RocketMqSettings, SecretKey,
+};
+pub use seam::{BrokerKind, LagRead, Limits, Publish, Sink, Subscriber, Subscription};
+pub use settings::{BrokerSettings, MOVED_TO_ROCKETMQ, StartFrom, moved_keys};

@@ -18,7 +18,6 @@ use async_trait::async_trait;
 use futures_util::FutureExt;
 
 use super::lag::LagReading;
-use super::runtime::CONSUME_DEADLINE;
 pub use crate::delivery::BrokerKind;
 use crate::delivery::Delivery;
 use crate::gate::Gate;
@@ -30,6 +29,31 @@ pub(crate) async fn next_fault(faults: &mut tokio::sync::mpsc::UnboundedReceiver
         Some(what) => what,
         None => std::future::pending().await,
     }
+}
+
+/// Spawns one of a consumer's own tasks, `name` naming it with its broker ("the Kafka consumer
+/// of the retry topic"): an end before `stopped` is set, by a return or a panic, is sent on
+/// `faults` as the consumer's fault, so that the service clears its readiness and stops, naming
+/// the task, instead of running on with a consumer that consumes nothing.
+pub(crate) fn spawn_watched<F>(
+    name: String,
+    faults: tokio::sync::mpsc::UnboundedSender<String>,
+    stopped: tokio::sync::watch::Receiver<bool>,
+    task: F,
+) -> tokio::task::JoinHandle<()>
+where
+    F: Future<Output = ()> + Send + 'static,
+{
+    tokio::spawn(async move {
+        let ended = std::panic::AssertUnwindSafe(task).catch_unwind().await;
+        let what = match ended {
+            Ok(()) if *stopped.borrow() => return,
+            Ok(()) => format!("{name} ended while the service runs"),
+            Err(panic) => format!("{name} panicked: {}", crate::cron::panic_message(panic.as_ref())),
+        };
+        tracing::error!(task = %name, "{what}");
+        let _ = faults.send(what);
+    })
 }
 
 /// What a broker without a dead-letter queue of its own is told to do with `verdict` on `d`:
@@ -44,39 +68,120 @@ pub(crate) fn last_attempt(verdict: Verdict, d: &Delivery, max_reconsume_times: 
 
 /// Hands `d`, a delivery taken at `began`, to `sink` and waits for its verdict until `within`
 /// after `began`: past it, the answer is `Retry` whatever the sink is still doing (the gate
-/// itself rolls back what is not ready to commit well before). `Err` with the panic's message
-/// when the sink panicked: a defect, which the consumer reports as its fault.
+/// itself rolls back what is not ready to commit well before). A panic of the sink is a defect:
+/// the delivery is answered `Retry` (it comes back), and the panic is sent on `faults`, naming
+/// the broker and the delivery, so that the service stops rather than run on in an unknown
+/// state. Every broker's consumer answers through this one scaffold.
 pub(crate) async fn verdict_of(
     sink: &dyn Sink,
     d: &Delivery,
     began: Instant,
     within: Duration,
-) -> Result<Verdict, String> {
+    faults: &tokio::sync::mpsc::UnboundedSender<String>,
+) -> Verdict {
     let answer_by = tokio::time::Instant::from_std(began + within);
     let consume = std::panic::AssertUnwindSafe(sink.consume(d, began)).catch_unwind();
     match tokio::time::timeout_at(answer_by, consume).await {
-        Ok(Ok(verdict)) => Ok(verdict),
-        Ok(Err(panic)) => Err(crate::cron::panic_message(panic.as_ref())),
+        Ok(Ok(verdict)) => verdict,
+        Ok(Err(panic)) => {
+            let what = crate::cron::panic_message(panic.as_ref());
+            tracing::error!(panic = %what, msg_id = %d.msg_id, "the handling of a delivery panicked; it is answered retry and comes back");
+            let _ = faults.send(format!(
+                "the handling of the {} delivery {} panicked: {what}",
+                d.broker.as_str(),
+                d.msg_id
+            ));
+            Verdict::Retry
+        }
         Err(_) => {
             tracing::error!(
                 msg_id = %d.msg_id, waited_ms = began.elapsed().as_millis() as u64,
                 "a delivery ran out of time; answering retry"
             );
-            Ok(Verdict::Retry)
+            Verdict::Retry
         }
     }
 }
 
-/// The listener's own answer time, from the start of a call: two seconds before the client's
-/// [`CONSUME_DEADLINE`]. The gate's deadline (at most `crate::gate::MAX_DELIVERY_TIMEOUT_MS`)
-/// and a log row's grace after it end before this.
-pub const LISTENER_DEADLINE: Duration = CONSUME_DEADLINE.saturating_sub(Duration::from_secs(2));
+/// What a broker allows a consumer, which the gate's settings, the archive's retention check and
+/// the consumers ask of the chosen broker instead of assuming one broker's.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Limits {
+    /// The broker, for the words of a refusal.
+    pub kind: BrokerKind,
+    /// The longest a consumer may take to answer a delivery, from its turn in the gate: past
+    /// it the broker takes the delivery back (RocketMQ's client abandons a listener call after
+    /// 30 s; a Kafka member past `max.poll.interval.ms` leaves its group; RabbitMQ closes a
+    /// channel past its `consumer_timeout`). Each consumer answers by this itself.
+    pub answer_within: Duration,
+    /// The most retries the broker can count for a message (`consumer.max_reconsume_times`).
+    pub max_reconsume_times: i32,
+    /// How long a retry waits before it comes back: RocketMQ's back-off ladder, or the fixed
+    /// delay of RabbitMQ's delay queue and Kafka's retry topic.
+    retry_delay: RetryDelay,
+}
 
-// The gate's longest deadline and a log row's grace after it end before the listener's own.
-const _: () = assert!(
-    crate::gate::MAX_DELIVERY_TIMEOUT_MS as u128 + crate::gate::ANSWER_GRACE.as_millis()
-        < LISTENER_DEADLINE.as_millis()
-);
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum RetryDelay {
+    /// RocketMQ: the k-th retry waits at delay level `2 + k`.
+    Ladder,
+    /// The same wait for every retry, in milliseconds.
+    Fixed(i64),
+}
+
+/// RocketMQ's delay levels 1 to 18 (`messageDelayLevel`: 1s 5s 10s 30s 1m 2m 3m 4m 5m 6m 7m 8m
+/// 9m 10m 20m 30m 1h 2h), in milliseconds.
+const DELAY_LEVELS_MS: [i64; 18] = [
+    1_000, 5_000, 10_000, 30_000, 60_000, 120_000, 180_000, 240_000, 300_000, 360_000, 420_000,
+    480_000, 540_000, 600_000, 1_200_000, 1_800_000, 3_600_000, 7_200_000,
+];
+
+impl Limits {
+    /// RocketMQ: the client abandons a listener call after 30 s, so a call is answered by 28 s;
+    /// at most 32 retries (the broker's own bound), climbing its back-off ladder.
+    pub const ROCKETMQ: Self = Self {
+        kind: BrokerKind::RocketMq,
+        answer_within: Duration::from_secs(28),
+        max_reconsume_times: 32,
+        retry_delay: RetryDelay::Ladder,
+    };
+
+    /// RabbitMQ with a delay queue of `retry_delay_ms`: a delivery is answered within 5
+    /// minutes, far inside RabbitMQ's `consumer_timeout` (30 minutes by default); retries are
+    /// counted by `x-death` without a bound of the broker's, so the budget's is 1,000.
+    pub const fn rabbitmq(retry_delay_ms: u32) -> Self {
+        Self {
+            kind: BrokerKind::RabbitMq,
+            answer_within: Duration::from_secs(300),
+            max_reconsume_times: 1_000,
+            retry_delay: RetryDelay::Fixed(retry_delay_ms as i64),
+        }
+    }
+
+    /// Kafka with a retry topic of `retry_delay_ms`: a delivery is answered within 28 s, so
+    /// that a whole polled batch (`kafka.max_poll_records` in `broker.consume_threads` turns)
+    /// ends well inside the consumer's `max.poll.interval.ms` (5 minutes at least); the retry
+    /// count is idemgate's own header, bounded at 1,000.
+    pub const fn kafka(retry_delay_ms: u32) -> Self {
+        Self {
+            kind: BrokerKind::Kafka,
+            answer_within: Duration::from_secs(28),
+            max_reconsume_times: 1_000,
+            retry_delay: RetryDelay::Fixed(retry_delay_ms as i64),
+        }
+    }
+
+    /// The longest a message can keep coming back through `max_reconsume_times` retries.
+    pub fn redelivery_horizon_ms(&self, max_reconsume_times: i32) -> i64 {
+        let n = max_reconsume_times.max(0) as usize;
+        match self.retry_delay {
+            RetryDelay::Ladder => {
+                (1..=n).map(|k| DELAY_LEVELS_MS[(k + 1).min(DELAY_LEVELS_MS.len() - 1)]).sum()
+            }
+            RetryDelay::Fixed(ms) => ms.saturating_mul(n as i64),
+        }
+    }
+}
 
 /// What the consumer hands each delivery to: the gate in the service, simpler sinks in the
 /// benchmark.
@@ -111,6 +216,32 @@ impl Sink for Gate {
 
     fn takes_batches(&self) -> bool {
         self.group_commit().is_some()
+    }
+}
+
+/// A sink that counts the verdicts it gives: a consumer's progress in the same words for every
+/// broker, which the service's [`StallWatch`](super::lag::StallWatch) reads.
+pub struct Counted {
+    inner: Arc<dyn Sink>,
+    answered: Arc<std::sync::atomic::AtomicU64>,
+}
+
+impl Counted {
+    pub fn new(inner: Arc<dyn Sink>, answered: Arc<std::sync::atomic::AtomicU64>) -> Self {
+        Self { inner, answered }
+    }
+}
+
+#[async_trait]
+impl Sink for Counted {
+    async fn consume(&self, d: &Delivery, began: Instant) -> Verdict {
+        let verdict = self.inner.consume(d, began).await;
+        self.answered.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        verdict
+    }
+
+    fn takes_batches(&self) -> bool {
+        self.inner.takes_batches()
     }
 }
 
@@ -175,6 +306,25 @@ pub trait Publish: Send + Sync {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn sixteen_rocketmq_retries_climb_its_back_off_ladder_to_four_hours_45_minutes_40_seconds() {
+        let (second, minute, hour) = (1_000, 60_000, 3_600_000);
+        let rocketmq = Limits::ROCKETMQ;
+        assert_eq!(rocketmq.redelivery_horizon_ms(0), 0);
+        assert_eq!(rocketmq.redelivery_horizon_ms(1), 10 * second);
+        assert_eq!(rocketmq.redelivery_horizon_ms(2), 40 * second);
+        assert_eq!(rocketmq.redelivery_horizon_ms(16), 4 * hour + 45 * minute + 40 * second);
+        // Past level 18 every retry waits 2 h.
+        assert_eq!(rocketmq.redelivery_horizon_ms(18), rocketmq.redelivery_horizon_ms(16) + 4 * hour);
+    }
+
+    #[test]
+    fn a_fixed_retry_delay_makes_a_straight_horizon() {
+        assert_eq!(Limits::kafka(5_000).redelivery_horizon_ms(16), 80_000);
+        assert_eq!(Limits::rabbitmq(30_000).redelivery_horizon_ms(3), 90_000);
+        assert_eq!(Limits::rabbitmq(30_000).redelivery_horizon_ms(-1), 0);
+    }
 
     #[test]
     fn the_last_allowed_retry_goes_to_the_dead_letters() {

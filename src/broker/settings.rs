@@ -1,231 +1,102 @@
-//! `[broker]`: where the name server is, how hard the consumer pulls, how often its lag is
-//! read, and what a secured cluster asks of every client: the account and its secret, the
-//! namespace, and message trace. The secret is read here (from the setting or its file) and
-//! never shown: `Debug` and [`BrokerSettings::redacted`] mask it.
+//! `[broker]`: which broker the consumer reads, and what every broker shares: how many
+//! deliveries are in the gate at once, where a new group starts, how often the lag is read and
+//! how long a consumer may go without progress while its queues hold messages. Each broker's
+//! own settings are a section of their own: `[rocketmq]`, `[rabbitmq]`, `[kafka]`.
+//!
+//! `[broker]` once held RocketMQ's own settings too. Those keys are still read, each moved to
+//! `[rocketmq]` with a deprecation warning naming the new key ([`moved_keys`]).
 
+use std::collections::BTreeMap;
 use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
-use crate::route::{MAX_ID_CHARS, check_key_text};
+use crate::delivery::BrokerKind;
 use crate::setting::{Invalid, invalid};
 
 /// The longest one consumer-lag reading may take.
 const MAX_LAG_READ: Duration = Duration::from_secs(10);
 
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
+/// The keys `[broker]` once held for RocketMQ, now in `[rocketmq]` under the same names.
+pub const MOVED_TO_ROCKETMQ: [&str; 13] = [
+    "name_server",
+    "batch_size",
+    "pull_batch_size",
+    "buffered_messages",
+    "buffered_mib",
+    "producer_group",
+    "heartbeat_interval_seconds",
+    "access_key",
+    "secret_key",
+    "secret_key_file",
+    "namespace",
+    "message_trace",
+    "trace_topic",
+];
+
 /// `[broker]`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
 pub struct BrokerSettings {
-    /// `IDEMGATE_BROKER__KIND`: the broker the consumer reads, `rocketmq` (the rest of this
-    /// section), `rabbitmq` (`[rabbitmq]`) or `kafka` (`[kafka]`). `consume_threads`,
-    /// `start_from`, `lag_interval_seconds` and `producer_group` apply to all three.
-    pub kind: crate::delivery::BrokerKind,
-    /// `IDEMGATE_BROKER__NAME_SERVER`: the RocketMQ name server(s), `host:port[;host:port]`.
-    pub name_server: String,
-    /// `IDEMGATE_BROKER__CONSUME_THREADS`: listener calls in flight at once. Each holds one
-    /// database connection, so `database.max_connections` must be at least this (with group
-    /// commit, only each group does: see `group_commit`).
+    /// `IDEMGATE_BROKER__KIND`: the broker the consumer reads, `rocketmq` (`[rocketmq]`),
+    /// `rabbitmq` (`[rabbitmq]`) or `kafka` (`[kafka]`).
+    pub kind: BrokerKind,
+    /// `IDEMGATE_BROKER__CONSUME_THREADS`: deliveries in the gate at once (RocketMQ's listener
+    /// calls, RabbitMQ's and Kafka's deliveries handed over). Each holds one database
+    /// connection, so `database.max_connections` must be at least this (with group commit,
+    /// only each group does: see `group_commit`).
     pub consume_threads: u32,
-    /// `IDEMGATE_BROKER__BATCH_SIZE`: messages per listener call. 1 keeps a retry to its own
-    /// message; a larger batch redelivers the whole batch when one message asks for a retry.
-    pub batch_size: u32,
-    /// `IDEMGATE_BROKER__PULL_BATCH_SIZE`: messages fetched from a queue per pull.
-    pub pull_batch_size: u32,
-    /// `IDEMGATE_BROKER__BUFFERED_MESSAGES`: messages pulled but not yet consumed, per topic,
-    /// at most; the client stops pulling beyond it, so a slow database never fills memory.
-    pub buffered_messages: u32,
-    /// `IDEMGATE_BROKER__BUFFERED_MIB`: the same bound in MiB of message bodies, per topic.
-    pub buffered_mib: u32,
     /// `IDEMGATE_BROKER__START_FROM`: where a new consumer group starts, `first` (miss nothing)
-    /// or `last`.
+    /// or `last`. RocketMQ and Kafka read it; a RabbitMQ queue holds what arrived since it was
+    /// declared, so it has no start to choose.
     pub start_from: StartFrom,
-    /// `IDEMGATE_BROKER__PRODUCER_GROUP`: the producer group of `produce` and replay.
-    pub producer_group: String,
     /// `IDEMGATE_BROKER__LAG_INTERVAL_SECONDS`: how often `serve` reads the group's consumer lag
-    /// from the brokers (0: never). A reading that takes longer than the interval, or than 10 s,
+    /// from the broker (0: never). A reading that takes longer than the interval, or than 10 s,
     /// is abandoned and counted failed.
     pub lag_interval_seconds: u32,
-    /// `IDEMGATE_BROKER__HEARTBEAT_INTERVAL_SECONDS`: how often each client tells the brokers
-    /// it is alive (10 to 600; RocketMQ's default 30). A broker drops a consumer it has not
-    /// heard from for its `channelExpiredTimeout` (120 s by default) and hands its queues to the
-    /// rest of the group: keep this at a third of that or less.
-    pub heartbeat_interval_seconds: u32,
-
-    // A secured cluster: the same account, namespace and trace for every client idemgate opens
-    // (the consumer, the lag reader's two clients, replay's producer and `produce`).
-    /// `IDEMGATE_BROKER__ACCESS_KEY`: the account (access key) idemgate signs its requests
-    /// with, on a cluster with authentication on. Empty: requests are not signed.
-    pub access_key: String,
-    /// `IDEMGATE_BROKER__SECRET_KEY`: the account's secret. Give it here or in
-    /// `secret_key_file`, not both; never logged, and masked by `idemgate config`.
-    pub secret_key: SecretKey,
-    /// `IDEMGATE_BROKER__SECRET_KEY_FILE`: a file holding the account's secret (its
-    /// surrounding whitespace ignored), such as a mounted Kubernetes secret; read at start.
-    pub secret_key_file: String,
-    /// `IDEMGATE_BROKER__NAMESPACE`: the RocketMQ namespace of the topics and groups; the
-    /// broker sees each as `<namespace>%<name>`. Empty: none.
-    pub namespace: String,
-    /// `IDEMGATE_BROKER__MESSAGE_TRACE`: record each consumption in the broker's trace topic
-    /// as the Java client does, for the RocketMQ dashboard's message trace.
-    pub message_trace: bool,
-    /// `IDEMGATE_BROKER__TRACE_TOPIC`: the topic trace records go to with `message_trace`;
-    /// RocketMQ's default `RMQ_SYS_TRACE_TOPIC`.
-    pub trace_topic: String,
-}
-
-/// RocketMQ's default trace topic, where the dashboard reads message traces.
-pub const DEFAULT_TRACE_TOPIC: &str = "RMQ_SYS_TRACE_TOPIC";
-
-/// The broker account's secret: shown as `***` by `Debug`, so that no log of the settings
-/// carries it.
-#[derive(Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(transparent)]
-pub struct SecretKey(String);
-
-impl SecretKey {
-    pub fn new(secret: impl Into<String>) -> Self {
-        Self(secret.into())
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.0.is_empty()
-    }
-
-    /// The secret itself, for signing requests only.
-    pub(crate) fn expose(&self) -> &str {
-        &self.0
-    }
-
-    /// `***` for a secret, empty for none: what a printed configuration shows.
-    fn masked(&self) -> Self {
-        Self(if self.0.is_empty() { String::new() } else { "***".to_owned() })
-    }
-}
-
-impl std::fmt::Debug for SecretKey {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(if self.0.is_empty() { "\"\"" } else { "\"***\"" })
-    }
+    /// `IDEMGATE_BROKER__STALL_SECONDS`: how long the consumer may answer no delivery while the
+    /// lag readings find messages waiting before the service is reported stalled: `/readyz`
+    /// answers 503 and `idemgate_consumer_stalled` is 1 until a delivery is answered again (0:
+    /// never, and never while the lag is not read; at least three lag readings). Longer than a
+    /// rebalance and the longest retry wait.
+    pub stall_seconds: u32,
+    /// Keys `[broker]` no longer has: RocketMQ's, moved to `[rocketmq]` when the settings are
+    /// loaded; any other is refused by [`BrokerSettings::validate`].
+    #[serde(flatten, skip_serializing)]
+    pub unknown: BTreeMap<String, serde::de::IgnoredAny>,
 }
 
 impl Default for BrokerSettings {
     fn default() -> Self {
         Self {
-            kind: crate::delivery::BrokerKind::RocketMq,
-            name_server: "127.0.0.1:9876".to_owned(),
+            kind: BrokerKind::RocketMq,
             consume_threads: 8,
-            batch_size: 1,
-            pull_batch_size: 32,
-            buffered_messages: 4_000,
-            buffered_mib: 64,
             start_from: StartFrom::First,
-            producer_group: "idemgate_producer".to_owned(),
             lag_interval_seconds: 15,
-            heartbeat_interval_seconds: 30,
-            access_key: String::new(),
-            secret_key: SecretKey::default(),
-            secret_key_file: String::new(),
-            namespace: String::new(),
-            message_trace: false,
-            trace_topic: DEFAULT_TRACE_TOPIC.to_owned(),
+            stall_seconds: 300,
+            unknown: BTreeMap::new(),
         }
     }
 }
 
 impl BrokerSettings {
     pub fn validate(&self) -> Result<(), Invalid> {
-        if self.name_server.trim().is_empty() {
-            return Err(invalid("broker.name_server", "is empty"));
+        if let Some(key) = self.unknown.keys().find(|k| !MOVED_TO_ROCKETMQ.contains(&k.as_str())) {
+            return Err(invalid(
+                &format!("broker.{key}"),
+                "is not a setting of [broker] (kind, consume_threads, start_from, lag_interval_seconds, stall_seconds); each broker's own settings are in [rocketmq], [rabbitmq] or [kafka]",
+            ));
         }
         if !(1..=256).contains(&self.consume_threads) {
             return Err(invalid("broker.consume_threads", "must be between 1 and 256"));
         }
-        if !(1..=32).contains(&self.batch_size) {
-            return Err(invalid("broker.batch_size", "must be between 1 and 32"));
-        }
-        if !(1..=1024).contains(&self.pull_batch_size) {
-            return Err(invalid("broker.pull_batch_size", "must be between 1 and 1024"));
-        }
-        if !(1..=1_000_000).contains(&self.buffered_messages) {
-            return Err(invalid("broker.buffered_messages", "must be between 1 and 1000000"));
-        }
-        if !(1..=4096).contains(&self.buffered_mib) {
-            return Err(invalid("broker.buffered_mib", "must be between 1 and 4096"));
-        }
-        check_key_text(&self.producer_group, MAX_ID_CHARS)
-            .map_err(|m| invalid("broker.producer_group", m))?;
         if self.lag_interval_seconds > 3600 {
             return Err(invalid("broker.lag_interval_seconds", "must be between 0 (off) and 3600"));
         }
-        if !(10..=600).contains(&self.heartbeat_interval_seconds) {
-            // The client's own bounds: it refuses anything else.
-            return Err(invalid("broker.heartbeat_interval_seconds", "must be between 10 and 600"));
+        if self.stall_seconds != 0 && !(30..=86_400).contains(&self.stall_seconds) {
+            return Err(invalid("broker.stall_seconds", "must be 0 (off) or between 30 and 86400"));
         }
-        if self.access_key.chars().any(|c| c.is_whitespace() || c.is_control()) {
-            return Err(invalid("broker.access_key", "contains whitespace or control characters"));
-        }
-        self.secret()?;
-        if !self.namespace.is_empty() {
-            check_resource_name(&self.namespace, MAX_NAMESPACE_CHARS, false)
-                .map_err(|why| invalid("broker.namespace", format!("{:?} {why}", self.namespace)))?;
-        }
-        check_resource_name(&self.trace_topic, MAX_TOPIC_NAME_CHARS, true)
-            .map_err(|why| invalid("broker.trace_topic", format!("{:?} {why}", self.trace_topic)))?;
         Ok(())
-    }
-
-    /// The account's secret, from `secret_key` or read from `secret_key_file`; `None` without
-    /// an account. Refused when the account has no secret, two, or an unreadable or empty file;
-    /// no refusal quotes the secret.
-    pub(crate) fn secret(&self) -> Result<Option<SecretKey>, Invalid> {
-        let from_file = !self.secret_key_file.is_empty();
-        if self.access_key.is_empty() {
-            if !self.secret_key.is_empty() || from_file {
-                let key = if from_file { "broker.secret_key_file" } else { "broker.secret_key" };
-                return Err(invalid(key, "is set without broker.access_key: set both or neither"));
-            }
-            return Ok(None);
-        }
-        let secret = match (self.secret_key.is_empty(), from_file) {
-            (false, true) => {
-                return Err(invalid(
-                    "broker.secret_key_file",
-                    "is set beside broker.secret_key: give the secret in one of them",
-                ));
-            }
-            (true, false) => {
-                return Err(invalid(
-                    "broker.secret_key",
-                    "is empty while broker.access_key is set: give the secret here or in \
-                     broker.secret_key_file",
-                ));
-            }
-            (false, false) => self.secret_key.expose().trim().to_owned(),
-            (true, true) => std::fs::read_to_string(&self.secret_key_file)
-                .map_err(|e| {
-                    invalid(
-                        "broker.secret_key_file",
-                        format!("{:?} cannot be read: {e}", self.secret_key_file),
-                    )
-                })?
-                .trim()
-                .to_owned(),
-        };
-        if secret.is_empty() {
-            let key = if from_file { "broker.secret_key_file" } else { "broker.secret_key" };
-            return Err(invalid(key, "holds an empty secret"));
-        }
-        if secret.chars().any(char::is_control) {
-            let key = if from_file { "broker.secret_key_file" } else { "broker.secret_key" };
-            return Err(invalid(key, "holds control characters"));
-        }
-        Ok(Some(SecretKey(secret)))
-    }
-
-    /// A copy with the secret masked, for printing.
-    pub fn redacted(&self) -> Self {
-        Self { secret_key: self.secret_key.masked(), ..self.clone() }
     }
 
     /// How often the consumer lag is read, and how long one reading may take; `None` when off.
@@ -233,31 +104,24 @@ impl BrokerSettings {
         let every = Duration::from_secs(u64::from(self.lag_interval_seconds));
         (!every.is_zero()).then(|| (every, every.min(MAX_LAG_READ)))
     }
+
+    /// How long the consumer may go without progress while messages wait, at least three lag
+    /// readings; `None` when off or when the lag is not read.
+    pub(crate) fn stall_after(&self) -> Option<Duration> {
+        (self.stall_seconds > 0 && self.lag_interval_seconds > 0).then(|| {
+            Duration::from_secs(u64::from(self.stall_seconds.max(3 * self.lag_interval_seconds)))
+        })
+    }
 }
 
-/// RocketMQ's limits: a namespace of at most 64 characters, a topic of at most 127.
-const MAX_NAMESPACE_CHARS: usize = 64;
-const MAX_TOPIC_NAME_CHARS: usize = 127;
-
-/// Checks a namespace or a topic name by RocketMQ's rule: ASCII letters, digits, `_` and `-`
-/// (a topic also `%` and `|`), at most `max` characters.
-fn check_resource_name(name: &str, max: usize, topic: bool) -> Result<(), String> {
-    if name.is_empty() {
-        return Err("is empty".to_owned());
-    }
-    if name.len() > max {
-        return Err(format!("is longer than {max} characters"));
-    }
-    let allowed =
-        |c: char| c.is_ascii_alphanumeric() || c == '_' || c == '-' || (topic && (c == '%' || c == '|'));
-    if !name.chars().all(allowed) {
-        return Err(if topic {
-            "may hold only ASCII letters, digits, '_', '-', '%' and '|'".to_owned()
-        } else {
-            "may hold only ASCII letters, digits, '_' and '-'".to_owned()
-        });
-    }
-    Ok(())
+/// The old `[broker]` keys that `given` names, each with the `[rocketmq]` key it is now: what
+/// the settings' loader moves, warning of each.
+pub fn moved_keys(given: impl Fn(&str) -> bool) -> Vec<(String, String)> {
+    MOVED_TO_ROCKETMQ
+        .iter()
+        .filter(|k| given(&format!("broker.{k}")))
+        .map(|k| (format!("broker.{k}"), format!("rocketmq.{k}")))
+        .collect()
 }
 
 /// Where a new consumer group starts reading.

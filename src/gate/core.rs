@@ -37,6 +37,13 @@ use crate::throttle::{Permit, Throttle};
 /// room for it below the broker client's deadline.
 pub(crate) const ANSWER_GRACE: Duration = Duration::from_secs(2);
 
+/// The longest `consumer.delivery_timeout_ms` a broker that wants every delivery answered within
+/// `answer_within` allows: the failed delivery's log row its grace ([`ANSWER_GRACE`])
+/// and a second for the answer to travel, before the broker's deadline.
+pub(crate) fn longest_delivery_timeout(answer_within: Duration) -> Duration {
+    answer_within.saturating_sub(ANSWER_GRACE + Duration::from_secs(1))
+}
+
 /// Runs `work` until `due`; `None` when `due` came first. The work is dropped then: a
 /// transaction it held rolls back, a statement it waited on is abandoned.
 pub(super) async fn until<T>(due: Instant, work: impl Future<Output = T>) -> Option<T> {

@@ -37,13 +37,12 @@ use std::time::{Duration, Instant};
 
 pub use claim::ClaimPath;
 pub use committer::{Committer, GroupRunner};
-pub(crate) use core::ANSWER_GRACE;
 pub use disposition::Disposition;
 pub use disposition::Phases;
 pub use observer::{CommitScope, GroupEnd, GroupReport, Observer, ReadBack};
 pub(crate) use settings::ConsumerSettings;
 pub use settings::MAX_BATCH;
-pub(crate) use settings::MAX_DELIVERY_TIMEOUT_MS;
+pub(crate) use core::longest_delivery_timeout;
 pub use settings::{GroupSettings, Identity, Policy};
 
 use self::core::Core;
@@ -215,7 +214,7 @@ impl Gate {
     /// With group commit on, the delivery waits in the group queue (the queue is bounded, so a
     /// slow database slows the callers down) and the answer comes after its group's commit.
     ///
-    /// The answer comes within the policy's `delivery_timeout` (and [`ANSWER_GRACE`] for a log
+    /// The answer comes within the policy's `delivery_timeout` (and the answer grace for a log
     /// row after it): a delivery not ready to commit by then is rolled back and answered retry.
     pub async fn process(&self, d: &Delivery) -> Disposition {
         self.process_since(d, Instant::now()).await

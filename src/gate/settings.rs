@@ -28,10 +28,12 @@ pub struct ConsumerSettings {
     /// `IDEMGATE_CONSUMER__DUPLICATE_WARNINGS_PER_SECOND`: WARN lines for duplicates per second;
     /// the rest are counted and reported with the next one.
     pub duplicate_warnings_per_second: u32,
-    /// `IDEMGATE_CONSUMER__DELIVERY_TIMEOUT_MS`: the longest the gate works on the deliveries of
-    /// one listener call, from the call's start, 1000 to [`MAX_DELIVERY_TIMEOUT_MS`]. A delivery
-    /// still unfinished then is rolled back and answered retry itself, before the broker
-    /// client's own consume deadline abandons the call while its transaction may still commit.
+    /// `IDEMGATE_CONSUMER__DELIVERY_TIMEOUT_MS`: the longest the gate works on a delivery, from
+    /// its turn (on RocketMQ, from its listener call's start), at least 1000 and at most what the
+    /// broker allows (`longest_delivery_timeout` of its `answer_within`: 25,000 on RocketMQ and
+    /// Kafka, 297,000 on RabbitMQ). A delivery still unfinished then is rolled back and answered
+    /// retry itself, before the broker's own deadline takes it back while its transaction may
+    /// still commit.
     pub delivery_timeout_ms: u64,
 }
 
@@ -40,10 +42,10 @@ pub struct ConsumerSettings {
 /// redelivery later.
 pub(crate) const MAX_TRANSIENT_RETRIES: u32 = 10;
 
-/// The longest `consumer.delivery_timeout_ms`: five seconds below the RocketMQ client's consume
-/// deadline (`crate::broker::CONSUME_DEADLINE`, 30 s), which leaves the failed delivery's log row
-/// its grace and the listener its answer before the client gives up on the call.
-pub(crate) const MAX_DELIVERY_TIMEOUT_MS: u64 = 25_000;
+/// `consumer.delivery_timeout_ms` by default: the longest RocketMQ allows
+/// (`longest_delivery_timeout` of its 28 s answer).
+pub(crate) const DEFAULT_DELIVERY_TIMEOUT_MS: u64 = 25_000;
+
 
 /// The pause before the n-th retry of a transient conflict is at most this many ms `<< n`
 /// (and never more than [`crate::store::MAX_RETRY_PAUSE`]).
@@ -93,7 +95,7 @@ impl Default for Policy {
             max_reconsume_times: 16,
             transient_retries: 3,
             duplicate_warnings_per_second: 20,
-            delivery_timeout: Duration::from_millis(MAX_DELIVERY_TIMEOUT_MS),
+            delivery_timeout: Duration::from_millis(DEFAULT_DELIVERY_TIMEOUT_MS),
         }
     }
 }
@@ -121,11 +123,9 @@ impl ConsumerSettings {
         if self.instance.chars().count() > MAX_ID_CHARS {
             return Err(invalid("consumer.instance", "is longer than 128 characters"));
         }
-        if !(0..=32).contains(&self.max_reconsume_times) {
-            return Err(invalid(
-                "consumer.max_reconsume_times",
-                "must be between 0 and 32 (RocketMQ's own limit)",
-            ));
+        if self.max_reconsume_times < 0 {
+            // Its upper bound is the broker's (`Limits::max_reconsume_times`), checked with it.
+            return Err(invalid("consumer.max_reconsume_times", "must not be negative"));
         }
         if self.transient_retries > MAX_TRANSIENT_RETRIES {
             return Err(invalid(
@@ -133,13 +133,11 @@ impl ConsumerSettings {
                 format!("is {}; use 0 to {MAX_TRANSIENT_RETRIES}", self.transient_retries),
             ));
         }
-        if !(1_000..=MAX_DELIVERY_TIMEOUT_MS).contains(&self.delivery_timeout_ms) {
+        if self.delivery_timeout_ms < 1_000 {
+            // Its upper bound is the broker's (`longest_delivery_timeout`), checked with it.
             return Err(invalid(
                 "consumer.delivery_timeout_ms",
-                format!(
-                    "is {}; use 1000 to {MAX_DELIVERY_TIMEOUT_MS} (the RocketMQ client abandons a listener call after 30 s)",
-                    self.delivery_timeout_ms
-                ),
+                format!("is {}; use 1000 or more", self.delivery_timeout_ms),
             ));
         }
         Ok(())

@@ -1,6 +1,7 @@
 //! `/healthz` (the process answers) and `/readyz` (the database answers the consumer's pool
-//! within a second and the consumer has started; pages busy on their own pool do not make the
-//! service unready). Neither needs authentication.
+//! within a second, the consumer has started, and it is not stalled: answering nothing while
+//! messages wait; pages busy on their own pool do not make the service unready). Neither needs
+//! authentication.
 
 use std::sync::atomic::Ordering;
 use std::time::Duration;
@@ -31,6 +32,8 @@ async fn readyz(State(state): State<AppState>) -> (StatusCode, Json<serde_json::
         .map(|r| r.is_ok())
         .unwrap_or(false);
     let consumer = state.consumer_ready.load(Ordering::Acquire);
-    let status = if database && consumer { StatusCode::OK } else { StatusCode::SERVICE_UNAVAILABLE };
-    (status, Json(json!({ "database": database, "consumer": consumer })))
+    let progressing = state.consumer_progressing.load(Ordering::Acquire);
+    let status =
+        if database && consumer && progressing { StatusCode::OK } else { StatusCode::SERVICE_UNAVAILABLE };
+    (status, Json(json!({ "database": database, "consumer": consumer, "progressing": progressing })))
 }

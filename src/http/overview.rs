@@ -9,7 +9,7 @@ use super::problem::Problem;
 use super::state::AppState;
 use super::view::json;
 use super::view::{RowView, RunView, href, render};
-use crate::broker::lag::TopicLag;
+use crate::broker::lag::{LagReading, TopicLag};
 use crate::clock::format_ms;
 use crate::inspect::overview::{self, Minute, Overview, Window};
 use crate::inspect::{InspectError, LogRow};
@@ -78,16 +78,15 @@ struct LagView {
     messages: i64,
     /// The oldest unconsumed message's age, or why it is not known.
     age: String,
-    /// Queues that lag, of the queues read, and on how many brokers.
+    /// Queues that lag, of the queues read, in the broker's words.
     queues: String,
     result: &'static str,
     problem: String,
 }
 
 impl LagView {
-    fn new(t: &TopicLag, read_at_ms: i64) -> Self {
-        let lagging = t.queues.iter().filter(|q| q.messages() > 0).count();
-        let brokers: std::collections::BTreeSet<&str> = t.queues.iter().map(|q| q.broker.as_str()).collect();
+    fn new(t: &TopicLag, reading: &LagReading) -> Self {
+        let read_at_ms = reading.read_at_ms;
         Self {
             topic: t.topic.clone(),
             messages: t.messages(),
@@ -96,7 +95,7 @@ impl LagView {
                 Some(s) => span(s),
                 None => "unknown".to_owned(),
             },
-            queues: format!("{lagging} of {} on {} brokers", t.queues.len(), brokers.len()),
+            queues: reading.queues_in_words(t),
             result: t.result.as_str(),
             problem: t.problem.clone().unwrap_or_default(),
         }
@@ -224,7 +223,7 @@ pub(super) async fn overview_page(State(state): State<AppState>) -> Result<Respo
             })
             .unwrap_or_default(),
         lag_when: lag.as_ref().map(|r| format_ms(r.read_at_ms)).unwrap_or_default(),
-        lag: lag.iter().flat_map(|r| r.topics.iter().map(|t| LagView::new(t, r.read_at_ms))).collect(),
+        lag: lag.iter().flat_map(|r| r.topics.iter().map(|t| LagView::new(t, r))).collect(),
     };
     Ok(render(&page))
 }

@@ -24,6 +24,9 @@ pub struct AppState {
     pub consumer_store: Store,
     /// Set once the consumer has started (or, in the demo, the traffic source).
     pub consumer_ready: Arc<AtomicBool>,
+    /// Cleared while the consumer answers no delivery and messages wait (`broker.stall_seconds`):
+    /// `/readyz` answers 503 until it answers again.
+    pub consumer_progressing: Arc<AtomicBool>,
     pub metrics: Arc<Metrics>,
     pub web: Arc<Web>,
 }

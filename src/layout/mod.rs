@@ -277,7 +277,7 @@ pub enum LayoutError {
 
 static READ_LAYOUT: Sql =
     Sql::new("SELECT shards, created_at_ms, created_by FROM dedup_layout WHERE name = ?");
-static RECORD_LAYOUT: InsertIfAbsent = crate::insert_if_absent!(
+static RECORD_LAYOUT: InsertIfAbsent = crate::store::insert_if_absent!(
     "INSERT INTO dedup_layout (name, shards, created_at_ms, created_by) VALUES (?, ?, ?, ?)",
     conflict = "(name)",
     index = "PRIMARY"

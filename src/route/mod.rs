@@ -220,6 +220,9 @@ impl Routes {
             biz_type: biz_type.to_owned(),
             biz_id: String::new(),
         };
+        if let Some(why) = &d.unreadable {
+            return Err(reject(format!("the message could not be read: {}", excerpt(why, 200)), ""));
+        }
         for (what, value, max) in [
             ("msgId", &d.msg_id, MAX_ID_CHARS),
             ("UNIQ_KEY", &d.uniq_key, MAX_ID_CHARS),

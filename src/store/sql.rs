@@ -151,6 +151,10 @@ macro_rules! insert_if_absent {
     };
 }
 
+// Other crates name the macro at the crate root, where `#[macro_export]` puts it; this crate
+// names it through its module, `crate::store::insert_if_absent`.
+pub(crate) use insert_if_absent;
+
 impl InsertIfAbsent {
     #[doc(hidden)]
     pub const fn new(plain: &'static str, on_conflict: &'static str, index: &'static str) -> Self {

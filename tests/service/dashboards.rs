@@ -4,8 +4,8 @@
 //! (`scripts/check-rules.sh`), and the mixin in `mixin/` they are generated from (the shipped
 //! files are what it generates; another selector leaves no default job behind). promtool is
 //! required: a machine without it fails these tests (`scripts/install-prometheus.sh` installs
-//! it). jsonnet is required under CI (`CI` set); elsewhere the tests that run it are skipped
-//! without it (`scripts/install-jsonnet.sh` installs it).
+//! it). jsonnet is required as well: a machine without it fails the tests that regenerate the
+//! files (`scripts/install-jsonnet.sh` installs it).
 
 use std::collections::{HashMap, HashSet};
 use std::path::PathBuf;
@@ -832,22 +832,14 @@ fn every_alert_keeps_the_broker_label_and_its_queries_select_it() {
 // ---------------------------------------------------------------------------------------------
 // The mixin the files are generated from.
 
-/// jsonnet, if this machine has it. Under CI (`CI` set) a missing jsonnet fails the test;
-/// elsewhere the test is skipped, saying so.
-fn jsonnet() -> Option<PathBuf> {
+/// jsonnet, which the mixin's tests need: a machine without it fails them, naming the script
+/// that installs it.
+fn jsonnet() -> PathBuf {
     let path = std::env::var_os("PATH").unwrap_or_default();
-    let found = std::env::split_paths(&path).map(|dir| dir.join("jsonnet")).find(|c| c.is_file());
-    let under_ci = std::env::var("CI").is_ok_and(|v| !v.is_empty() && v != "false" && v != "0");
-    match found {
-        Some(jsonnet) => Some(jsonnet),
-        None if under_ci => {
-            panic!("jsonnet is required under CI and is not on PATH: run scripts/install-jsonnet.sh")
-        }
-        None => {
-            eprintln!("skipped: jsonnet is not on PATH (scripts/install-jsonnet.sh installs it)");
-            None
-        }
-    }
+    std::env::split_paths(&path)
+        .map(|dir| dir.join("jsonnet"))
+        .find(|c| c.is_file())
+        .expect("jsonnet is required and is not on PATH: run scripts/install-jsonnet.sh")
 }
 
 /// The files `scripts/generate-mixin.sh` writes, relative to its output folder.
@@ -865,9 +857,7 @@ fn generate(options: &[&str]) -> tempfile::TempDir {
 
 #[test]
 fn the_shipped_dashboard_and_rules_are_what_the_mixin_generates() {
-    if jsonnet().is_none() {
-        return;
-    }
+    jsonnet();
     let out = generate(&[]);
     for file in GENERATED {
         let generated = std::fs::read_to_string(out.path().join(file)).expect("a generated file");
@@ -890,9 +880,7 @@ fn the_shipped_dashboard_and_rules_are_what_the_mixin_generates() {
 
 #[test]
 fn another_job_selector_leaves_no_default_job_and_the_rule_tests_pass_under_it() {
-    if jsonnet().is_none() {
-        return;
-    }
+    jsonnet();
     let promtool = promtool();
     let out = generate(&["--tla-code", r#"config={idemgateSelector: 'job="payments-idemgate"'}"#]);
     let dir = out.path();
@@ -929,9 +917,7 @@ fn another_job_selector_leaves_no_default_job_and_the_rule_tests_pass_under_it()
 
 #[test]
 fn the_mixin_sources_are_as_jsonnetfmt_formats_them() {
-    let Some(jsonnet) = jsonnet() else {
-        return;
-    };
+    let jsonnet = jsonnet();
     // jsonnetfmt comes with jsonnet, in the same package.
     let jsonnetfmt = jsonnet.with_file_name("jsonnetfmt");
     let mut sources = Vec::new();

@@ -19,9 +19,9 @@ use anyhow::Context;
 use async_trait::async_trait;
 
 use super::{peak_rss_mib, rate};
-use idemgate::broker::consumer::{Sink, Subscription};
+use idemgate::broker::{Limits, Sink, Subscription};
 use idemgate::broker::{
-    BrokerKind, BrokerSettings, ClientHost, Consumer, KafkaSettings, OwnedBrokers, RabbitMqSettings,
+    BrokerKind, BrokerSettings, Brokers as Clients, ClientHost, Consumer, KafkaSettings, RabbitMqSettings, RocketMqSettings,
     StartFrom, Subscriber,
 };
 use idemgate::delivery::Delivery;
@@ -305,7 +305,7 @@ struct Alone(idemgate::gate::Committer);
 #[async_trait]
 impl Sink for Alone {
     async fn consume(&self, d: &Delivery, began: Instant) -> Verdict {
-        self.0.submit(d.clone(), began + idemgate::broker::consumer::LISTENER_DEADLINE).await.verdict
+        self.0.submit(d.clone(), began + Limits::ROCKETMQ.answer_within).await.verdict
     }
 
     fn takes_batches(&self) -> bool {
@@ -377,18 +377,18 @@ impl Mode {
 
 /// The brokers a run reaches: a private RocketMQ broker or tansu unless one is named.
 struct Brokers {
-    owned: OwnedBrokers,
+    owned: Clients,
     _rocketmq: Option<LocalBroker>,
     _kafka: Option<LocalKafka>,
 }
 
 async fn brokers(options: &Options) -> anyhow::Result<Brokers> {
     let kind = options.kind()?;
-    let mut owned = OwnedBrokers {
-        kind,
-        rocketmq: BrokerSettings {
+    let mut owned = Clients {
+        broker: BrokerSettings { kind, ..BrokerSettings::default() },
+        rocketmq: RocketMqSettings {
             producer_group: "idemgate_bench_producer".to_owned(),
-            ..BrokerSettings::default()
+            ..RocketMqSettings::default()
         },
         rabbitmq: RabbitMqSettings {
             url: options.rabbitmq_url.clone(),
@@ -428,7 +428,7 @@ async fn brokers(options: &Options) -> anyhow::Result<Brokers> {
 
 pub(crate) async fn run(options: &Options, mut report: impl FnMut(&Run)) -> anyhow::Result<Vec<Run>> {
     let brokers = brokers(options).await?;
-    let kind = brokers.owned.kind;
+    let kind = brokers.owned.kind();
     let backend = options.backend()?;
     let threads = options.consume_threads.max(20).max(options.group_threads * options.listener_batch());
     let db = ScratchDb::create(backend, &StoreOptions { max_connections: threads + 4, ..Default::default() })
@@ -465,7 +465,7 @@ pub(crate) async fn run(options: &Options, mut report: impl FnMut(&Run)) -> anyh
             .await?;
         }
     }
-    let producer = brokers.owned.borrow().publisher().await?;
+    let producer = brokers.owned.publisher().await?;
     let started = Instant::now();
     for d in &stream {
         producer.publish(d).await?;
@@ -531,16 +531,13 @@ pub(crate) async fn run(options: &Options, mut report: impl FnMut(&Run)) -> anyh
             topics: vec![(topic.clone(), "*".to_owned())],
             max_reconsume_times: 16,
         };
-        let consumer_options = BrokerSettings {
-            name_server: brokers.owned.rocketmq.name_server.clone(),
-            consume_threads,
+        let consumer_options = RocketMqSettings {
             batch_size: if mode.grouped() && kind == BrokerKind::RocketMq {
                 options.listener_batch()
             } else {
                 1
             },
-            start_from: StartFrom::First,
-            ..BrokerSettings::default()
+            ..brokers.owned.rocketmq.clone()
         };
         let consumer: Box<dyn Subscriber> = match kind {
             BrokerKind::RocketMq => {
@@ -548,12 +545,23 @@ pub(crate) async fn run(options: &Options, mut report: impl FnMut(&Run)) -> anyh
                     Mode::GateClientDefaults => ClientHost::with_client_defaults("bench")?,
                     _ => ClientHost::new("bench", consume_threads as usize)?,
                 };
-                Box::new(Consumer::start_with(timed.clone(), &subscription, &consumer_options, host).await?)
+                Box::new(
+                    Consumer::start_with(
+                        timed.clone(),
+                        &subscription,
+                        &consumer_options,
+                        consume_threads,
+                        StartFrom::First,
+                        host,
+                    )
+                    .await?,
+                )
             }
             _ => {
-                let brokers =
-                    idemgate::broker::Brokers { rocketmq: &consumer_options, ..brokers.owned.borrow() };
-                brokers.subscribe(timed.clone(), &subscription).await?
+                let mut clients = brokers.owned.clone();
+                clients.broker.consume_threads = consume_threads;
+                clients.broker.start_from = StartFrom::First;
+                clients.subscribe(timed.clone(), &subscription).await?
             }
         };
         let deadline = Instant::now() + Duration::from_secs(600);

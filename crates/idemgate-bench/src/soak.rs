@@ -118,18 +118,13 @@ pub(crate) async fn command(options: Options) -> anyhow::Result<()> {
     for p in 0..options.producers {
         // The first producers take the remainder of the rate, one message per second each.
         let rate = share + u32::from(p < options.rate % options.producers);
-        let rocketmq = idemgate::broker::BrokerSettings {
+        let rocketmq = idemgate::broker::RocketMqSettings {
             name_server: name_server.clone(),
             producer_group: format!("idemgate_soak_producer_{p}"),
             ..Default::default()
         };
         let produce_options = ProduceOptions {
-            brokers: idemgate::broker::OwnedBrokers {
-                kind: idemgate::broker::BrokerKind::RocketMq,
-                rocketmq,
-                rabbitmq: Default::default(),
-                kafka: Default::default(),
-            },
+            brokers: idemgate::broker::Brokers { rocketmq, ..Default::default() },
             topic: topic.clone(),
             count: u64::from(rate) * 60 * options.minutes,
             rate,
@@ -228,7 +223,7 @@ fn serve_settings(db_url: &str, name_server: &str, topic: &str) -> Settings {
     s.database.url = format!("{db_url}{sep}application_name={APPLICATION}");
     s.consumer.group = "soak".to_owned();
     s.consumer.instance = "soak-1".to_owned();
-    s.broker.name_server = name_server.to_owned();
+    s.rocketmq.name_server = name_server.to_owned();
     s.http.bind = "127.0.0.1:0".to_owned();
     s.routes = shop::routes(topic);
     s.archive.enabled = true;

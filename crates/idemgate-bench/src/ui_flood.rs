@@ -282,7 +282,7 @@ pub(crate) async fn run(options: &Options, progress: impl Fn(&str)) -> anyhow::R
 fn settings(db_url: &str, name_server: &str, topic: &str, group: &str, wiring: Wiring) -> Settings {
     let mut s = Settings::default();
     s.database.url = db_url.to_owned();
-    s.broker.name_server = name_server.to_owned();
+    s.rocketmq.name_server = name_server.to_owned();
     s.consumer.group = group.to_owned();
     s.consumer.instance = "bench".to_owned();
     s.http.bind = "127.0.0.1:0".to_owned();
@@ -401,6 +401,7 @@ async fn shared_pool_server(
         consumer_store: store.clone(),
         store,
         consumer_ready: Arc::new(AtomicBool::new(true)),
+        consumer_progressing: Arc::new(AtomicBool::new(true)),
         metrics,
         web: Arc::new(Web::new(&naive.http, &naive.archive, handlers.by_biz_type(&naive.routes()))),
     };

@@ -35,7 +35,7 @@ pub(crate) async fn command(
     store: &Store,
     settings: &ArchiveSettings,
     instance_id: &str,
-    max_reconsume_times: i32,
+    redelivery_ms: i64,
     request: &Request,
     out: &mut (dyn Write + Send),
 ) -> anyhow::Result<Option<ArchiveReport>> {
@@ -50,7 +50,7 @@ pub(crate) async fn command(
     let replay_ms = i64::from(settings.replay_horizon_hours) * HOUR_MS;
     if let Some(w) = check_dedup_retention(
         options.dedup_retention_ms,
-        max_reconsume_times,
+        redelivery_ms,
         replay_ms,
         settings.late_duplicate_guard,
     ) {

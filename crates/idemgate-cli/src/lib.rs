@@ -318,6 +318,9 @@ pub async fn run_with(cli: Cli, own: Handlers, defaults: impl FnOnce(&mut Settin
         }
         _ => idemgate::telemetry::init(&settings.log),
     }
+    for deprecated in &settings.deprecated {
+        tracing::warn!("{deprecated}");
+    }
     match cli.command {
         Command::Serve => {
             serve::run(&settings, settings.handlers_with(own)?).await?;
@@ -339,7 +342,7 @@ pub async fn run_with(cli: Cli, own: Handlers, defaults: impl FnOnce(&mut Settin
             shown.database.url = redact_url(&shown.database.url);
             shown.http = shown.http.redacted();
             shown.redis = shown.redis.redacted();
-            shown.broker = shown.broker.redacted();
+            shown.rocketmq = shown.rocketmq.redacted();
             shown.rabbitmq = shown.rabbitmq.redacted();
             print!("{}", toml::to_string_pretty(&shown).context("rendering the configuration")?);
             Ok(Exit::Success)
@@ -508,7 +511,7 @@ async fn produce_command(settings: &Settings, args: ProduceArgs) -> anyhow::Resu
         early_payments: share("early-payments", args.early_payments, 1.0)?,
     };
     let options = idemgate_shop::produce::ProduceOptions {
-        brokers: idemgate::broker::OwnedBrokers::of(settings.brokers()),
+        brokers: settings.brokers(),
         topic: args.topic,
         count: args.count,
         rate: args.rate,
@@ -555,7 +558,7 @@ async fn archive_command(service: ByHand, args: ArchiveArgs) -> anyhow::Result<E
         service.store(),
         &settings.archive,
         &service.identity().instance_id,
-        settings.consumer.max_reconsume_times,
+        settings.brokers().limits().redelivery_horizon_ms(settings.consumer.max_reconsume_times),
         &request,
         &mut std::io::stdout(),
     )

@@ -23,9 +23,13 @@
 //! its UNIQ_KEY is the record's `UNIQ_KEY` header, or its first coordinates when it has none;
 //! KEYS is the record's key; its tag is the `kafka.tag_header` header.
 
+mod record;
 mod settings;
 
+pub use record::coordinates;
 pub use settings::{KafkaSettings, check_topic};
+
+use record::{DUE_HEADER, OWN_HEADERS, REASON_HEADER, RETRIES_HEADER, ReadFrom, copy_headers, header_map, number, to_delivery};
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -39,30 +43,18 @@ use rdkafka::client::DefaultClientContext;
 use rdkafka::config::ClientConfig;
 use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer, StreamConsumer};
 use rdkafka::error::RDKafkaErrorCode;
-use rdkafka::message::{Header, Headers, Message, OwnedHeaders, OwnedMessage};
+use rdkafka::message::{Header, Message, OwnedHeaders, OwnedMessage};
 use rdkafka::producer::{FutureProducer, FutureRecord};
 use rdkafka::{Offset, TopicPartitionList};
 
 use super::lag::{LagReading, QueueLag, ReadResult, TopicLag};
 use super::seam::{
-    LISTENER_DEADLINE, LagRead, Publish, Sink, Subscriber, Subscription, last_attempt, next_fault, verdict_of,
+    LagRead, Limits, Publish, Sink, Subscriber, Subscription, last_attempt, next_fault, spawn_watched, verdict_of,
 };
 use super::settings::StartFrom;
 use crate::clock::now_ms;
-use crate::delivery::{BrokerKind, Delivery, UNIQ_KEY_PROPERTY};
+use crate::delivery::{Delivery, UNIQ_KEY_PROPERTY};
 use crate::outcome::Verdict;
-
-/// The headers a retried or dead-lettered copy carries: the record's first coordinates, its
-/// creation time, its retry count, when it is due, and why it was dead-lettered.
-const TOPIC_HEADER: &str = "idemgate-topic";
-const PARTITION_HEADER: &str = "idemgate-partition";
-const OFFSET_HEADER: &str = "idemgate-offset";
-const BORN_HEADER: &str = "idemgate-born";
-const RETRIES_HEADER: &str = "idemgate-retries";
-const DUE_HEADER: &str = "idemgate-due";
-const REASON_HEADER: &str = "idemgate-reason";
-const OWN_HEADERS: [&str; 7] =
-    [TOPIC_HEADER, PARTITION_HEADER, OFFSET_HEADER, BORN_HEADER, RETRIES_HEADER, DUE_HEADER, REASON_HEADER];
 
 fn client_config(settings: &KafkaSettings) -> ClientConfig {
     let mut c = ClientConfig::new();
@@ -93,95 +85,6 @@ pub(crate) async fn create_topics(settings: &KafkaSettings, topics: &[String]) -
         }
     }
     Ok(())
-}
-
-fn header_map(m: &OwnedMessage) -> BTreeMap<String, Vec<u8>> {
-    let mut out = BTreeMap::new();
-    if let Some(headers) = m.headers() {
-        for h in headers.iter() {
-            out.insert(h.key.to_owned(), h.value.map(<[u8]>::to_vec).unwrap_or_default());
-        }
-    }
-    out
-}
-
-fn text(headers: &BTreeMap<String, Vec<u8>>, name: &str) -> Option<String> {
-    headers.get(name).and_then(|v| String::from_utf8(v.clone()).ok())
-}
-
-fn number(headers: &BTreeMap<String, Vec<u8>>, name: &str) -> Option<i64> {
-    text(headers, name)?.parse().ok()
-}
-
-/// The record's coordinates as a msgId: `topic-partition@offset`.
-pub fn coordinates(topic: &str, partition: i32, offset: i64) -> String {
-    format!("{topic}-{partition}@{offset}")
-}
-
-/// A record as the gate sees it: a copy from the retry topic has its first coordinates back.
-pub(crate) fn to_delivery(m: &OwnedMessage, tag_header: &str) -> Delivery {
-    let headers = header_map(m);
-    let first_topic = text(&headers, TOPIC_HEADER);
-    let (topic, partition, offset) = match &first_topic {
-        Some(topic) => (
-            topic.clone(),
-            number(&headers, PARTITION_HEADER).and_then(|p| i32::try_from(p).ok()).unwrap_or(m.partition()),
-            number(&headers, OFFSET_HEADER).unwrap_or(m.offset()),
-        ),
-        None => (m.topic().to_owned(), m.partition(), m.offset()),
-    };
-    let uniq_key = text(&headers, UNIQ_KEY_PROPERTY)
-        .filter(|u| !u.is_empty())
-        .unwrap_or_else(|| coordinates(&topic, partition, offset));
-    let tags = text(&headers, tag_header).unwrap_or_default();
-    let born_at_ms = number(&headers, BORN_HEADER).or_else(|| m.timestamp().to_millis()).unwrap_or(0);
-    let properties = headers
-        .iter()
-        .filter(|(k, _)| {
-            !OWN_HEADERS.contains(&k.as_str()) && k.as_str() != UNIQ_KEY_PROPERTY && k.as_str() != tag_header
-        })
-        .filter_map(|(k, v)| Some((k.clone(), String::from_utf8(v.clone()).ok()?)))
-        .collect();
-    Delivery {
-        broker: BrokerKind::Kafka,
-        msg_id: coordinates(m.topic(), m.partition(), m.offset()),
-        uniq_key,
-        topic,
-        tags,
-        keys: m
-            .key()
-            .and_then(|k| std::str::from_utf8(k).ok())
-            .map(|k| vec![k.to_owned()])
-            .unwrap_or_default(),
-        properties,
-        body: m.payload().map(<[u8]>::to_vec).unwrap_or_default(),
-        queue_id: partition,
-        queue_offset: offset,
-        reconsume_times: number(&headers, RETRIES_HEADER).and_then(|n| i32::try_from(n).ok()).unwrap_or(0),
-        redelivered: false,
-        born_at_ms,
-    }
-}
-
-/// The headers of a retried or dead-lettered copy of `m` (delivered as `d`).
-fn copy_headers(m: &OwnedMessage, d: &Delivery, extra: &[(&str, String)]) -> OwnedHeaders {
-    let mut headers = OwnedHeaders::new();
-    for (k, v) in header_map(m) {
-        if !OWN_HEADERS.contains(&k.as_str()) && k != UNIQ_KEY_PROPERTY {
-            headers = headers.insert(Header { key: &k, value: Some(&v) });
-        }
-    }
-    let own = [
-        (TOPIC_HEADER, d.topic.clone()),
-        (PARTITION_HEADER, d.queue_id.to_string()),
-        (OFFSET_HEADER, d.queue_offset.to_string()),
-        (BORN_HEADER, d.born_at_ms.to_string()),
-        (UNIQ_KEY_PROPERTY, d.uniq_key.clone()),
-    ];
-    for (k, v) in own.iter().map(|(k, v)| (*k, v)).chain(extra.iter().map(|(k, v)| (*k, v))) {
-        headers = headers.insert(Header { key: k, value: Some(v.as_bytes()) });
-    }
-    headers
 }
 
 async fn send(
@@ -232,6 +135,8 @@ struct Shared {
     held: Arc<Held>,
     in_gate: tokio::sync::Semaphore,
     max_reconsume_times: i32,
+    /// The routes' topics: the only first topics a copy on the retry topic may name.
+    routed: std::collections::BTreeSet<String>,
 }
 
 /// How many times a retried or dead-lettered copy's write is tried before the consumer stops.
@@ -281,12 +186,23 @@ impl KafkaSubscriber {
             held: held.clone(),
             in_gate: tokio::sync::Semaphore::new(consume_threads as usize),
             max_reconsume_times: subscription.max_reconsume_times,
+            routed: topics.iter().cloned().collect(),
         });
         let (stop, stopped) = tokio::sync::watch::channel(false);
         tracing::info!(%group, ?topics, %retry_topic, broker = %settings.describe(), "consumer started");
         let tasks = vec![
-            tokio::spawn(consume_until_stopped(shared.clone(), main, false, stopped.clone())),
-            tokio::spawn(consume_until_stopped(shared, retry, true, stopped)),
+            spawn_watched(
+                format!("the Kafka consumer of {topics:?}"),
+                shared.faults.clone(),
+                stopped.clone(),
+                consume_until_stopped(shared.clone(), main, false, stopped.clone()),
+            ),
+            spawn_watched(
+                format!("the Kafka consumer of the retry topic {retry_topic:?}"),
+                shared.faults.clone(),
+                stopped.clone(),
+                consume_until_stopped(shared, retry, true, stopped),
+            ),
         ];
         Ok(Self { stop, tasks, faults, held })
     }
@@ -401,7 +317,11 @@ async fn consume_until_stopped(
         if retry {
             // Records come in the order they were written, each due a fixed delay after; the
             // batch waits for its last one, at most that delay.
-            let due = batch.iter().filter_map(|m| number(&header_map(m), DUE_HEADER)).max().unwrap_or(0);
+            let due = batch
+                .iter()
+                .filter_map(|m| number(&header_map(m).ok()?, DUE_HEADER))
+                .max()
+                .unwrap_or(0);
             let wait =
                 u64::try_from(due - now_ms()).unwrap_or(0).min(u64::from(shared.settings.retry_delay_ms));
             tokio::select! {
@@ -411,7 +331,7 @@ async fn consume_until_stopped(
         }
         let topics: Vec<String> = batch.iter().map(|m| m.topic().to_owned()).collect();
         shared.held.add(&topics, true);
-        let (committed, go_on) = handle_batch(&shared, &consumer, batch).await;
+        let (committed, go_on) = handle_batch(&shared, &consumer, batch, retry).await;
         shared.held.add(&topics, false);
         answered.extend(committed);
         if !go_on {
@@ -492,28 +412,26 @@ async fn handle_batch(
     shared: &Shared,
     consumer: &StreamConsumer,
     batch: Vec<OwnedMessage>,
+    retry: bool,
 ) -> (BTreeMap<(String, i32), i64>, bool) {
+    let from = if retry { ReadFrom::Retry { routed: &shared.routed } } else { ReadFrom::Route };
     let ready: Vec<(OwnedMessage, Delivery)> = batch
         .into_iter()
         .map(|m| {
-            let d = to_delivery(&m, &shared.settings.tag_header);
+            let d = to_delivery(&m, &shared.settings.tag_header, from);
             (m, d)
         })
         .collect();
     let verdicts = futures_util::future::join_all(ready.iter().map(|(_, d)| async move {
         // The deadline runs from the delivery's turn in the gate, not from the batch's start.
         let _permit = shared.in_gate.acquire().await;
-        verdict_of(shared.sink.as_ref(), d, Instant::now(), LISTENER_DEADLINE).await
+        let within = Limits::kafka(shared.settings.retry_delay_ms).answer_within;
+        verdict_of(shared.sink.as_ref(), d, Instant::now(), within, &shared.faults).await
     }))
     .await;
     let mut commit: BTreeMap<(String, i32), i64> = BTreeMap::new();
     let mut go_on = true;
     for ((m, d), verdict) in ready.iter().zip(verdicts) {
-        let verdict = verdict.unwrap_or_else(|what| {
-            tracing::error!(panic = %what, msg_id = %d.msg_id, "the handling of a record panicked; it goes to the retry topic");
-            let _ = shared.faults.send(what);
-            Verdict::Retry
-        });
         let verdict = last_attempt(verdict, d, shared.max_reconsume_times);
         let written = match verdict {
             Verdict::Ack => Ok(()),
@@ -680,12 +598,7 @@ impl PartitionLag {
                 Some(Offset::Offset(o)) => o,
                 _ => low,
             };
-            queues.push(QueueLag {
-                broker: "kafka".to_owned(),
-                queue: p,
-                broker_offset: high,
-                consumer_offset: at,
-            });
+            queues.push(QueueLag { source: "partition".to_owned(), queue: p, end: high, committed: at });
             if high > at {
                 match oldest_at(reader, topic, p, at, left()) {
                     Ok(Some(ms)) => oldest = Some(oldest.map_or(ms, |o| o.min(ms))),
@@ -753,81 +666,9 @@ impl LagRead for PartitionLag {
             read.push(lag);
         }
         tracing::trace!(group = %self.group, topics = read.len(), "lag read");
-        LagReading { read_at_ms: now_ms(), topics: read }
+        LagReading { broker: crate::delivery::BrokerKind::Kafka, read_at_ms: now_ms(), topics: read }
     }
 
     async fn shutdown(self: Box<Self>) {}
 }
 
-#[cfg(test)]
-mod tests {
-    use rdkafka::Timestamp;
-
-    use super::*;
-
-    fn record(topic: &str, partition: i32, offset: i64, headers: &[(&str, &str)]) -> OwnedMessage {
-        let mut h = OwnedHeaders::new();
-        for (k, v) in headers {
-            h = h.insert(Header { key: k, value: Some(v.as_bytes()) });
-        }
-        OwnedMessage::new(
-            Some(b"{}".to_vec()),
-            Some(b"ORDER-1".to_vec()),
-            topic.to_owned(),
-            Timestamp::CreateTime(1_700_000_000_000),
-            partition,
-            offset,
-            Some(h),
-        )
-    }
-
-    #[test]
-    fn a_record_is_a_delivery_at_its_coordinates() {
-        let d =
-            to_delivery(&record("shop", 2, 41, &[("TAGS", "order.create"), ("traceparent", "00-x")]), "TAGS");
-        assert_eq!(d.broker, BrokerKind::Kafka);
-        assert_eq!((d.topic.as_str(), d.queue_id, d.queue_offset), ("shop", 2, 41));
-        assert_eq!(d.msg_id, "shop-2@41");
-        assert_eq!(d.uniq_key, "shop-2@41", "no UNIQ_KEY header: the coordinates");
-        assert_eq!(d.tags, "order.create");
-        assert_eq!(d.keys, vec!["ORDER-1"]);
-        assert_eq!(d.born_at_ms, 1_700_000_000_000);
-        assert_eq!(d.property("traceparent"), Some("00-x"));
-        assert!(d.property("TAGS").is_none());
-        assert_eq!(d.reconsume_times, 0);
-    }
-
-    #[test]
-    fn a_retried_copy_has_its_first_coordinates_uniq_key_and_count() {
-        let d = to_delivery(
-            &record(
-                "g.retry",
-                0,
-                7,
-                &[
-                    (TOPIC_HEADER, "shop"),
-                    (PARTITION_HEADER, "2"),
-                    (OFFSET_HEADER, "41"),
-                    (BORN_HEADER, "1699999999000"),
-                    (RETRIES_HEADER, "2"),
-                    (DUE_HEADER, "1"),
-                    (UNIQ_KEY_PROPERTY, "shop-2@41"),
-                    ("TAGS", "payment.confirm"),
-                ],
-            ),
-            "TAGS",
-        );
-        assert_eq!((d.topic.as_str(), d.queue_id, d.queue_offset), ("shop", 2, 41));
-        assert_eq!(d.msg_id, "g.retry-0@7");
-        assert_eq!(d.uniq_key, "shop-2@41");
-        assert_eq!(d.reconsume_times, 2);
-        assert_eq!(d.born_at_ms, 1_699_999_999_000);
-        assert!(d.properties.keys().all(|k| !k.starts_with("idemgate-")), "{:?}", d.properties);
-    }
-
-    #[test]
-    fn a_producer_s_uniq_key_header_wins() {
-        let d = to_delivery(&record("shop", 0, 1, &[(UNIQ_KEY_PROPERTY, "U-9")]), "TAGS");
-        assert_eq!(d.uniq_key, "U-9");
-    }
-}

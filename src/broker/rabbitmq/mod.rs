@@ -28,7 +28,7 @@ mod settings;
 
 pub use settings::RabbitMqSettings;
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
@@ -45,7 +45,7 @@ use lapin::{BasicProperties, Channel, Confirmation, Connection, ConnectionProper
 
 use super::lag::{LagReading, ReadResult, TopicLag};
 use super::seam::{
-    LISTENER_DEADLINE, LagRead, Publish, Sink, Subscriber, Subscription, last_attempt, next_fault, verdict_of,
+    LagRead, Limits, Publish, Sink, Subscriber, Subscription, last_attempt, next_fault, spawn_watched, verdict_of,
 };
 use crate::clock::now_ms;
 use crate::delivery::{BrokerKind, Delivery};
@@ -268,9 +268,35 @@ fn rejections(headers: Option<&FieldTable>, queue: &str) -> i32 {
         .unwrap_or(0)
 }
 
-/// A delivery of `names.queue` as the gate sees it. A message back from the delay queue has
-/// its first exchange restored from `x-first-death-exchange`; its routing key is its own.
-pub(crate) fn to_delivery(names: &Names, consumer_tag: &str, m: &lapin::message::Delivery) -> Delivery {
+/// Whether the message's `x-death` trail shows it expired from `queue`: it came back through
+/// idemgate's delay queue.
+fn expired_from(headers: Option<&FieldTable>, queue: &str) -> bool {
+    let Some(AMQPValue::FieldArray(deaths)) = headers.and_then(|h| h.inner().get("x-death")) else {
+        return false;
+    };
+    deaths.as_slice().iter().any(|d| match d {
+        AMQPValue::FieldTable(t) => {
+            let t = t.inner();
+            t.get("queue").and_then(header_text).as_deref() == Some(queue)
+                && t.get("reason").and_then(header_text).as_deref() == Some("expired")
+        }
+        _ => false,
+    })
+}
+
+/// A delivery of `names.queue` as the gate sees it. A message back from the delay queue (through
+/// `names.back`) has its first exchange restored from `x-first-death-exchange` and its reconsume
+/// count read from `x-death`; those headers are believed only there, only when the trail shows
+/// the delay queue's expiry, and only for an exchange one of the routes (`routed`) binds. A
+/// message published to the return exchange by anyone else is `unreadable`: logged `invalid`
+/// and kept, its topic never a header's. Anywhere else its exchange is its own and its
+/// reconsume count 0, whatever its headers say.
+pub(crate) fn to_delivery(
+    names: &Names,
+    routed: &BTreeSet<String>,
+    consumer_tag: &str,
+    m: &lapin::message::Delivery,
+) -> Delivery {
     let (properties, exchange, routing_key) = (&m.properties, m.exchange.as_str(), m.routing_key.as_str());
     let headers = properties.headers().as_ref();
     let mut kept = BTreeMap::new();
@@ -289,14 +315,24 @@ pub(crate) fn to_delivery(names: &Names, consumer_tag: &str, m: &lapin::message:
             }
         }
     }
-    let topic = if exchange == names.back {
-        headers
-            .and_then(|h| h.inner().get("x-first-death-exchange"))
-            .and_then(header_text)
-            .unwrap_or_else(|| exchange.to_owned())
+    let via_delay_queue = exchange == names.back;
+    let mut unreadable = None;
+    let topic = if via_delay_queue {
+        let first = headers.and_then(|h| h.inner().get("x-first-death-exchange")).and_then(header_text);
+        match first {
+            Some(first) if routed.contains(&first) && expired_from(headers, &names.retry) => first,
+            _ => {
+                unreadable = Some(format!(
+                    "a message came through the exchange {:?} that idemgate's delay queue did not send back (its x-death trail or first exchange names no route's)",
+                    names.back
+                ));
+                exchange.to_owned()
+            }
+        }
     } else {
         exchange.to_owned()
     };
+    let reconsume_times = if via_delay_queue && unreadable.is_none() { rejections(headers, &names.queue) } else { 0 };
     Delivery {
         broker: BrokerKind::RabbitMq,
         msg_id: format!("{consumer_tag}:{}", m.delivery_tag),
@@ -308,8 +344,9 @@ pub(crate) fn to_delivery(names: &Names, consumer_tag: &str, m: &lapin::message:
         body: m.data.clone(),
         queue_id: 0,
         queue_offset: i64::try_from(m.delivery_tag).unwrap_or(i64::MAX),
-        reconsume_times: rejections(headers, &names.queue),
+        reconsume_times,
         redelivered: m.redelivered,
+        unreadable,
         born_at_ms: properties
             .timestamp()
             .and_then(|s| i64::try_from(s).ok())
@@ -368,6 +405,9 @@ struct Shared {
     held: Arc<AtomicU64>,
     in_gate: Arc<tokio::sync::Semaphore>,
     max_reconsume_times: i32,
+    /// The routes' exchanges: the only first exchanges a message back from the delay queue may
+    /// name.
+    routed: BTreeSet<String>,
 }
 
 /// The longest pause between two attempts at a lost connection.
@@ -398,13 +438,19 @@ impl RabbitSubscriber {
             held: held.clone(),
             in_gate: Arc::new(tokio::sync::Semaphore::new(consume_threads as usize)),
             max_reconsume_times: subscription.max_reconsume_times,
+            routed: subscription.topics.iter().map(|(t, _)| t.clone()).collect(),
         });
         let (stop, stopped) = tokio::sync::watch::channel(false);
         tracing::info!(
             group = %subscription.group, queue = %names.queue, broker = %settings.describe(),
             prefetch = settings.prefetch, "consumer started"
         );
-        let task = tokio::spawn(consume_until_stopped(shared, connection, channel, stopped));
+        let task = spawn_watched(
+            format!("the RabbitMQ consumer of the queue {:?}", names.queue),
+            shared.faults.clone(),
+            stopped.clone(),
+            consume_until_stopped(shared, connection, channel, stopped),
+        );
         Ok(Self { stop, task, faults, held, queue: names.queue })
     }
 }
@@ -560,7 +606,7 @@ async fn session(
         .await;
     }
     // The deliveries in flight are answered (each by its deadline) before the channel closes.
-    let drained = tokio::time::timeout(LISTENER_DEADLINE + limit, async {
+    let drained = tokio::time::timeout(Limits::rabbitmq(shared.settings.retry_delay_ms).answer_within + limit, async {
         while in_flight.join_next().await.is_some() {}
     })
     .await;
@@ -581,17 +627,13 @@ async fn session(
 
 /// Runs one delivery through the gate and answers RabbitMQ by its verdict.
 async fn answer(shared: &Shared, publisher: &Channel, tag: &str, m: lapin::message::Delivery) {
-    let d = to_delivery(&shared.names, tag, &m);
+    let d = to_delivery(&shared.names, &shared.routed, tag, &m);
     let verdict = {
         // The deadline runs from the delivery's turn in the gate, not from its arrival.
         let _permit = shared.in_gate.acquire().await;
-        verdict_of(shared.sink.as_ref(), &d, Instant::now(), LISTENER_DEADLINE).await
+        let within = Limits::rabbitmq(shared.settings.retry_delay_ms).answer_within;
+        verdict_of(shared.sink.as_ref(), &d, Instant::now(), within, &shared.faults).await
     };
-    let verdict = verdict.unwrap_or_else(|what| {
-        tracing::error!(panic = %what, "the handling of a delivery panicked; it goes to the delay queue");
-        let _ = shared.faults.send(what);
-        Verdict::Retry
-    });
     let verdict = last_attempt(verdict, &d, shared.max_reconsume_times);
     let answered = match verdict {
         Verdict::Ack => m.acker.ack(BasicAckOptions::default()).await.map(|_| ()),
@@ -784,10 +826,10 @@ impl LagRead for QueueDepth {
         for (i, queue) in [&self.names.queue, &self.names.retry].into_iter().enumerate() {
             match tokio::time::timeout(self.timeout, self.ready(queue)).await {
                 Ok(Ok(ready)) => queues.push(super::lag::QueueLag {
-                    broker: queue.clone(),
+                    source: queue.clone(),
                     queue: i as i32,
-                    broker_offset: i64::from(ready),
-                    consumer_offset: 0,
+                    end: i64::from(ready),
+                    committed: 0,
                 }),
                 Ok(Err(e)) => problems.push(format!("{e:#}")),
                 Err(_) => problems
@@ -800,6 +842,7 @@ impl LagRead for QueueDepth {
             (true, false) => ReadResult::Failed,
         };
         LagReading {
+            broker: BrokerKind::RabbitMq,
             read_at_ms: now_ms(),
             topics: vec![TopicLag {
                 topic: self.names.queue.clone(),
@@ -863,7 +906,7 @@ mod tests {
             b"{}".to_vec(),
         );
         m.properties = properties;
-        let d = to_delivery(&names, "ctag", &m);
+        let d = to_delivery(&names, &routed(), "ctag", &m);
         assert_eq!(d.broker, BrokerKind::RabbitMq);
         assert_eq!((d.topic.as_str(), d.tags.as_str()), ("shop", "order.create"));
         assert_eq!(d.reconsume_times, 2);
@@ -882,8 +925,56 @@ mod tests {
     fn a_first_delivery_keeps_its_exchange_and_has_no_reconsume_count() {
         let names = Names::of("g1");
         let m = lapin::message::Delivery::mock(1, "shop".into(), "stock.deduct".into(), false, vec![]);
-        let d = to_delivery(&names, "c", &m);
+        let d = to_delivery(&names, &routed(), "c", &m);
         assert_eq!((d.topic.as_str(), d.reconsume_times, d.uniq_key.as_str()), ("shop", 0, ""));
         assert!(!d.redelivered);
+        assert_eq!(d.unreadable, None);
+    }
+
+    fn routed() -> BTreeSet<String> {
+        BTreeSet::from(["shop".to_owned()])
+    }
+
+    fn with_headers(exchange: &str, headers: FieldTable) -> lapin::message::Delivery {
+        let mut m = lapin::message::Delivery::mock(3, exchange.into(), "order.create".into(), false, b"{}".to_vec());
+        m.properties = BasicProperties::default().with_headers(headers);
+        m
+    }
+
+    #[test]
+    fn a_forged_trail_on_a_route_s_exchange_is_not_believed() {
+        let names = Names::of("g1");
+        let mut deaths = lapin::types::FieldArray::default();
+        deaths.push(death("g1", "rejected", 99));
+        let headers = table(&[
+            ("x-death", AMQPValue::FieldArray(deaths)),
+            ("x-first-death-exchange", AMQPValue::LongString("payments".into())),
+        ]);
+        let d = to_delivery(&names, &routed(), "c", &with_headers("shop", headers));
+        assert_eq!((d.topic.as_str(), d.reconsume_times), ("shop", 0));
+        assert_eq!(d.unreadable, None);
+    }
+
+    #[test]
+    fn the_return_exchange_believes_only_a_trail_through_the_delay_queue_to_a_route() {
+        let names = Names::of("g1");
+        let trail = |first: &str, through_delay: bool| {
+            let mut deaths = lapin::types::FieldArray::default();
+            if through_delay {
+                deaths.push(death("g1.retry", "expired", 1));
+            }
+            deaths.push(death("g1", "rejected", 1));
+            table(&[
+                ("x-death", AMQPValue::FieldArray(deaths)),
+                ("x-first-death-exchange", AMQPValue::LongString(first.into())),
+            ])
+        };
+        let d = to_delivery(&names, &routed(), "c", &with_headers("g1.return", trail("shop", true)));
+        assert_eq!((d.topic.as_str(), d.reconsume_times, d.unreadable.is_none()), ("shop", 1, true));
+        for (first, through_delay) in [("payments", true), ("shop", false)] {
+            let d = to_delivery(&names, &routed(), "c", &with_headers("g1.return", trail(first, through_delay)));
+            assert_eq!((d.topic.as_str(), d.reconsume_times), ("g1.return", 0), "{first} {through_delay}");
+            assert!(d.unreadable.as_deref().is_some_and(|u| u.contains("did not send back")), "{:?}", d.unreadable);
+        }
     }
 }

@@ -44,10 +44,10 @@ fn checks_root() -> PathBuf {
 }
 
 /// The longest `idemgate serve` takes to stop after SIGTERM with `http`'s settings: each
-/// delivery in flight is answered within the listener's deadline, then the HTTP server lets the
+/// delivery in flight is answered within the broker's answer deadline (RocketMQ's, the default), then the HTTP server lets the
 /// requests it holds finish, each within `http.request_timeout_ms`.
 fn drain_time(request_timeout_ms: u64) -> Duration {
-    idemgate::broker::consumer::LISTENER_DEADLINE + Duration::from_millis(request_timeout_ms)
+    idemgate::broker::Limits::ROCKETMQ.answer_within + Duration::from_millis(request_timeout_ms)
 }
 
 /// `idemgate --config FILE config` for the TOML `config`, with `env` (and no other

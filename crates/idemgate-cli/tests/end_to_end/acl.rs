@@ -10,7 +10,8 @@ use std::process::{Command, Stdio};
 use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
-use idemgate::broker::lag::{LagProbe, ReadResult};
+use idemgate::broker::lag::ReadResult;
+use idemgate::broker::rocketmq::LagProbe;
 use idemgate::broker::{BrokerAccess, DEFAULT_TRACE_TOPIC, Producer, SecretKey};
 use idemgate::config::Settings;
 use idemgate::store::Backend;
@@ -47,8 +48,8 @@ fn consume_rights(topic: &str, group: &str) -> Vec<Right> {
 
 /// `s` signed as `user` with [`SECRET`].
 fn signed(mut s: Settings, user: &str) -> Settings {
-    s.broker.access_key = user.to_owned();
-    s.broker.secret_key = SecretKey::new(SECRET);
+    s.rocketmq.access_key = user.to_owned();
+    s.rocketmq.secret_key = SecretKey::new(SECRET);
     s
 }
 
@@ -243,7 +244,7 @@ async fn with_message_trace_on_each_consumption_is_in_the_trace_topic_as_the_jav
     secured().create_user(&user, SECRET, &rights).expect("the user");
     create_topic(&topic).await;
     let mut settings = secured_settings(&db.url, &topic, &group, &user);
-    settings.broker.message_trace = true;
+    settings.rocketmq.message_trace = true;
     let service = Service::start(&settings);
     let producer = Producer::start(&secured().access(), &unique("pgroup")).await.expect("producer");
     let order_no = unique("O");
@@ -278,7 +279,7 @@ async fn two_namespaces_on_one_broker_each_consume_only_their_own_topic_of_the_s
     let (topic, group) = (unique("tenant"), unique("group"));
     let in_namespace = |namespace: &str| {
         let mut s = settings(&db.url, &topic, &group, namespace, 2);
-        s.broker.namespace = namespace.to_owned();
+        s.rocketmq.namespace = namespace.to_owned();
         s
     };
     let (a, b) = (unique("ns_a"), unique("ns_b"));

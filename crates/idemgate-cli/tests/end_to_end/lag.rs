@@ -6,7 +6,8 @@
 use std::time::{Duration, Instant};
 
 use idemgate::broker::Producer;
-use idemgate::broker::lag::{LagProbe, ReadResult, TopicLag};
+use idemgate::broker::lag::{ReadResult, TopicLag};
+use idemgate::broker::rocketmq::LagProbe;
 use idemgate::store::{Backend, Sql};
 use sqlx::Row;
 
@@ -53,7 +54,7 @@ async fn messages_sent_before_the_group_starts_are_its_lag_and_none_is_left_once
     let read_at = Instant::now();
     assert_eq!(before.messages(), SENT, "{before:?}");
     assert_eq!(before.result, ReadResult::Complete, "{before:?}");
-    assert!(before.queues.iter().all(|q| q.broker == "broker-a" && q.consumer_offset == 0), "{before:?}");
+    assert!(before.queues.iter().all(|q| q.source == "broker-a" && q.committed == 0), "{before:?}");
     let age = before.age_seconds(idemgate::clock::now_ms()).expect("the oldest message dated");
     let (least, most) = (read_at.duration_since(last_sent).as_secs_f64(), first_sent.elapsed().as_secs_f64());
     assert!(age >= least - 1.0 && age <= most + 1.0, "age {age} s, sends {least:.1}–{most:.1} s ago");

@@ -5,6 +5,7 @@ mod brokers;
 mod browser;
 mod cluster;
 mod command_line;
+mod kafka;
 mod lag;
 mod lifecycle;
 mod prometheus;

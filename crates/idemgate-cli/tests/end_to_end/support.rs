@@ -131,7 +131,7 @@ pub fn settings_on(name_server: &str, db_url: &str, topic: &str, group: &str, in
     s.database.max_connections = 16;
     s.consumer.group = group.to_owned();
     s.consumer.instance = instance.to_owned();
-    s.broker.name_server = name_server.to_owned();
+    s.rocketmq.name_server = name_server.to_owned();
     s.broker.consume_threads = 8;
     s.http.bind = "127.0.0.1:0".to_owned();
     s.routes = shop::routes(topic);
@@ -144,7 +144,7 @@ pub fn settings_on(name_server: &str, db_url: &str, topic: &str, group: &str, in
 pub fn with_group_commit(mut s: Settings, listener_batch: u32) -> Settings {
     s.group_commit.enabled = true;
     s.group_commit.max_batch = 32;
-    s.broker.batch_size = listener_batch;
+    s.rocketmq.batch_size = listener_batch;
     s.broker.consume_threads = if listener_batch == 1 { 64 } else { 4 };
     s
 }

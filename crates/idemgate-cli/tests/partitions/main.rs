@@ -96,7 +96,7 @@ fn rounds() -> u32 {
 /// and a heartbeat the broker's short expiry allows.
 fn tuned(mut s: Settings, group_commit: bool) -> Settings {
     s.consumer.max_reconsume_times = 16;
-    s.broker.heartbeat_interval_seconds = HEARTBEAT_SECONDS;
+    s.rocketmq.heartbeat_interval_seconds = HEARTBEAT_SECONDS;
     s.consumer.delivery_timeout_ms = DELIVERY_TIMEOUT_MS;
     s.database.acquire_timeout_ms = 2_000;
     s.database.lock_timeout_ms = 1_000;

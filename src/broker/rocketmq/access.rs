@@ -13,7 +13,7 @@ use std::sync::Arc;
 use cheetah_string::CheetahString;
 use rocketmq_client_rust::{AclClientRPCHook, ClientConfig, SessionCredentials};
 
-use super::settings::{BrokerSettings, SecretKey};
+use super::settings::{RocketMqSettings, SecretKey};
 use crate::setting::Invalid;
 
 /// What a client needs to reach the cluster. Cheap to clone.
@@ -43,9 +43,9 @@ impl std::fmt::Debug for BrokerAccess {
 }
 
 impl BrokerAccess {
-    /// The access `[broker]` describes; its secret read from `broker.secret_key_file` when
+    /// The access `[broker]` describes; its secret read from `rocketmq.secret_key_file` when
     /// given there.
-    pub fn of(settings: &BrokerSettings) -> Result<Self, Invalid> {
+    pub fn of(settings: &RocketMqSettings) -> Result<Self, Invalid> {
         let account = settings.secret()?.map(|secret| (settings.access_key.clone(), secret));
         Ok(Self {
             name_server: settings.name_server.clone(),
@@ -63,7 +63,7 @@ impl BrokerAccess {
             account: None,
             namespace: None,
             trace_topic: None,
-            heartbeat_interval_ms: BrokerSettings::default().heartbeat_interval_seconds * 1_000,
+            heartbeat_interval_ms: RocketMqSettings::default().heartbeat_interval_seconds * 1_000,
         }
     }
 
@@ -134,8 +134,8 @@ impl BrokerAccess {
 mod tests {
     use super::*;
 
-    fn settings(edit: impl FnOnce(&mut BrokerSettings)) -> BrokerSettings {
-        let mut s = BrokerSettings::default();
+    fn settings(edit: impl FnOnce(&mut RocketMqSettings)) -> RocketMqSettings {
+        let mut s = RocketMqSettings::default();
         edit(&mut s);
         s
     }
@@ -166,26 +166,26 @@ mod tests {
         assert_eq!(default, 30_000);
         for outside in [0, 9, 601] {
             let e = settings(|s| s.heartbeat_interval_seconds = outside).validate().unwrap_err();
-            assert_eq!(e.key, "broker.heartbeat_interval_seconds", "{e}");
+            assert_eq!(e.key, "rocketmq.heartbeat_interval_seconds", "{e}");
         }
     }
 
     #[test]
     fn the_account_and_its_secret_come_together_or_not_at_all() {
-        let refused = |edit: fn(&mut BrokerSettings)| settings(edit).validate().unwrap_err();
+        let refused = |edit: fn(&mut RocketMqSettings)| settings(edit).validate().unwrap_err();
         let e = refused(|s| s.secret_key = SecretKey::new("x"));
-        assert_eq!(e.key, "broker.secret_key", "{e}");
+        assert_eq!(e.key, "rocketmq.secret_key", "{e}");
         let e = refused(|s| s.secret_key_file = "/etc/idemgate/secret".to_owned());
-        assert_eq!(e.key, "broker.secret_key_file", "{e}");
+        assert_eq!(e.key, "rocketmq.secret_key_file", "{e}");
         let e = refused(|s| s.access_key = "idemgate".to_owned());
-        assert_eq!(e.key, "broker.secret_key", "{e}");
+        assert_eq!(e.key, "rocketmq.secret_key", "{e}");
         assert!(e.message.contains("secret_key_file"), "{e}");
         let e = refused(|s| {
             s.access_key = "idemgate".to_owned();
             s.secret_key = SecretKey::new("x");
             s.secret_key_file = "/etc/idemgate/secret".to_owned();
         });
-        assert_eq!(e.key, "broker.secret_key_file", "{e}");
+        assert_eq!(e.key, "rocketmq.secret_key_file", "{e}");
         let none = settings(|_| {});
         assert_eq!(none.validate(), Ok(()));
         assert_eq!(BrokerAccess::of(&none).unwrap().access_key(), None);
@@ -210,12 +210,12 @@ mod tests {
 
         let missing = dir.join("missing");
         let e = with_file(&missing).validate().unwrap_err();
-        assert_eq!(e.key, "broker.secret_key_file");
+        assert_eq!(e.key, "rocketmq.secret_key_file");
         assert!(e.message.contains("missing") && e.message.contains("cannot be read"), "{e}");
 
         std::fs::write(&file, " \n").unwrap();
         let e = with_file(&file).validate().unwrap_err();
-        assert_eq!(e.key, "broker.secret_key_file");
+        assert_eq!(e.key, "rocketmq.secret_key_file");
         assert!(e.message.contains("empty"), "{e}");
         std::fs::remove_dir_all(&dir).unwrap();
     }
@@ -227,9 +227,9 @@ mod tests {
         assert_eq!(access.resource("orders_group_lag_probe"), "tenant-a%orders_group_lag_probe");
         assert_eq!(BrokerAccess::open("127.0.0.1:9876").resource("orders"), "orders");
         let e = settings(|s| s.namespace = "a b".to_owned()).validate().unwrap_err();
-        assert_eq!(e.key, "broker.namespace");
+        assert_eq!(e.key, "rocketmq.namespace");
         let e = settings(|s| s.trace_topic = String::new()).validate().unwrap_err();
-        assert_eq!(e.key, "broker.trace_topic");
+        assert_eq!(e.key, "rocketmq.trace_topic");
     }
 
     #[test]

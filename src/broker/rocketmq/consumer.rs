@@ -11,10 +11,12 @@
 //! at the last allowed attempt that makes the broker move the message to `%DLQ%<group>`.
 //!
 //! **The answer comes before the client's deadline.** The client abandons a listener call after
-//! [`CONSUME_DEADLINE`](super::runtime::CONSUME_DEADLINE) and redelivers its messages while the call runs on. The gate answers
-//! each delivery by `consumer.delivery_timeout_ms` from the call's start (rolling back what is
-//! not ready to commit), and the listener itself answers `ReconsumeLater` at
-//! [`LISTENER_DEADLINE`] whatever the sink is still doing.
+//! [`CONSUME_DEADLINE`](super::runtime::CONSUME_DEADLINE) and redelivers its messages while the
+//! call runs on. The gate answers each delivery by `consumer.delivery_timeout_ms` from the
+//! call's start (rolling back what is not ready to commit), and the listener itself answers
+//! `ReconsumeLater` at RocketMQ's [`Limits`](crate::broker::seam::Limits) (`answer_within`, 28 s)
+//! whatever the sink is still doing, through the seam's one scaffold
+//! ([`verdict_of`](crate::broker::seam::verdict_of)).
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -22,7 +24,6 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use anyhow::Context;
-use futures_util::FutureExt;
 use rocketmq_client_rust::{
     ClientResult, ConsumeConcurrentlyContext, ConsumeConcurrentlyStatus, DefaultMQPushConsumer,
     MQConsumerInner, MQPushConsumer, MessageListenerConcurrently,
@@ -30,9 +31,11 @@ use rocketmq_client_rust::{
 use rocketmq_model::common::consumer::consume_from_where::ConsumeFromWhere;
 use rocketmq_model::common::message::message_ext::MessageExt;
 
-pub use super::seam::{LISTENER_DEADLINE, Sink, Subscription};
-use super::settings::{BrokerSettings, StartFrom};
-use super::{BrokerAccess, ClientHost};
+use super::access::BrokerAccess;
+use super::runtime::ClientHost;
+use super::settings::RocketMqSettings;
+use crate::broker::seam::{Limits, Sink, Subscription, next_fault, verdict_of};
+use crate::broker::settings::StartFrom;
 use crate::delivery::{Delivery, UNIQ_KEY_PROPERTY};
 use crate::outcome::Verdict;
 
@@ -64,7 +67,9 @@ impl Consumer {
     pub async fn start_with(
         sink: Arc<dyn Sink>,
         subscription: &Subscription,
-        options: &BrokerSettings,
+        options: &RocketMqSettings,
+        consume_threads: u32,
+        start_from: StartFrom,
         host: ClientHost,
     ) -> anyhow::Result<Self> {
         let counters = Arc::new(ConsumerCounters::default());
@@ -74,19 +79,19 @@ impl Consumer {
             runtime: tokio::runtime::Handle::current(),
             counters: counters.clone(),
             faults: faults_tx,
-            answer_within: LISTENER_DEADLINE,
+            answer_within: Limits::ROCKETMQ.answer_within,
         };
         let access = BrokerAccess::of(options)?;
         let mut consumer = DefaultMQPushConsumer::builder(host.client_runtime())
             .client_config(access.client_config())
             .rpc_hook(access.rpc_hook().map(|hook| hook as _))
             .consumer_group(subscription.group.clone())
-            .consume_from_where(match options.start_from {
+            .consume_from_where(match start_from {
                 StartFrom::First => ConsumeFromWhere::ConsumeFromFirstOffset,
                 StartFrom::Last => ConsumeFromWhere::ConsumeFromLastOffset,
             })
-            .consume_thread_min(options.consume_threads)
-            .consume_thread_max(options.consume_threads)
+            .consume_thread_min(consume_threads)
+            .consume_thread_max(consume_threads)
             .consume_message_batch_max_size(options.batch_size)
             .pull_batch_size(options.pull_batch_size)
             .pull_threshold_for_topic(i32::try_from(options.buffered_messages).unwrap_or(i32::MAX))
@@ -137,7 +142,7 @@ impl Consumer {
     /// The delivery it held was answered `ReconsumeLater`, so nothing is lost, but the process
     /// is no longer trustworthy: the service stops on it.
     pub(crate) async fn fault(&mut self) -> String {
-        super::seam::next_fault(&mut self.faults).await
+        next_fault(&mut self.faults).await
     }
 
     /// Stops pulling, waits for the listener calls in flight (each finishes or rolls back its
@@ -231,42 +236,21 @@ impl MessageListenerConcurrently for SinkListener {
         let began = Instant::now();
         self.counters.listener_calls.fetch_add(1, Ordering::Relaxed);
         let deliveries: Vec<Delivery> = msgs.iter().map(|m| to_delivery(m)).collect();
-        let sink = &self.sink;
-        let consumed = self.runtime.block_on(
-            std::panic::AssertUnwindSafe(async {
-                let consume = async {
-                    if sink.takes_batches() {
-                        let verdicts = futures_util::future::join_all(
-                            deliveries.iter().map(|d| sink.consume(d, began)),
-                        )
-                        .await;
-                        return verdicts.contains(&Verdict::Retry);
-                    }
-                    let mut retry = false;
-                    for d in &deliveries {
-                        retry |= sink.consume(d, began).await == Verdict::Retry;
-                    }
-                    retry
-                };
-                let answer_by = tokio::time::Instant::from_std(began + self.answer_within);
-                tokio::time::timeout_at(answer_by, consume).await.unwrap_or_else(|_| {
-                    tracing::error!(
-                        deliveries = deliveries.len(), waited_ms = began.elapsed().as_millis() as u64,
-                        "a listener call ran out of time; answering ReconsumeLater before the client's deadline"
-                    );
-                    true
-                })
-            })
-            .catch_unwind(),
-        );
-        // A panic is a defect, not an answer: the batch comes back later, and the service
-        // is told so that it can stop rather than run on in an unknown state.
-        let retry = consumed.unwrap_or_else(|panic| {
-            let what = crate::cron::panic_message(panic.as_ref());
-            tracing::error!(panic = %what, "a listener call panicked; its messages will be redelivered");
-            let _ = self.faults.send(what);
-            true
+        let (sink, within, faults) = (self.sink.as_ref(), self.answer_within, &self.faults);
+        // Each delivery is answered by the call's deadline, a panic caught and reported.
+        let verdicts = self.runtime.block_on(async {
+            if sink.takes_batches() {
+                futures_util::future::join_all(deliveries.iter().map(|d| verdict_of(sink, d, began, within, faults)))
+                    .await
+            } else {
+                let mut verdicts = Vec::with_capacity(deliveries.len());
+                for d in &deliveries {
+                    verdicts.push(verdict_of(sink, d, began, within, faults).await);
+                }
+                verdicts
+            }
         });
+        let retry = verdicts.contains(&Verdict::Retry);
         let redelivered = deliveries.iter().filter(|d| d.reconsume_times > 0).count() as u64;
         self.counters.redelivered.fetch_add(redelivered, Ordering::Relaxed);
         self.counters.deliveries.fetch_add(deliveries.len() as u64, Ordering::Relaxed);
@@ -299,6 +283,7 @@ pub(crate) fn to_delivery(m: &MessageExt) -> Delivery {
         reconsume_times: m.reconsume_times(),
         // The reconsume count says it.
         redelivered: false,
+        unreadable: None,
         born_at_ms: m.born_timestamp(),
     }
 }
@@ -355,8 +340,7 @@ mod tests {
     #[test]
     fn the_listener_answers_before_the_client_abandons_the_call() {
         assert_eq!(CONSUME_DEADLINE, Duration::from_secs(30));
-        let gate_longest =
-            Duration::from_millis(crate::gate::MAX_DELIVERY_TIMEOUT_MS) + crate::gate::ANSWER_GRACE;
-        assert!(gate_longest < LISTENER_DEADLINE && LISTENER_DEADLINE < CONSUME_DEADLINE);
+        let answer_within = Limits::ROCKETMQ.answer_within;
+        assert!(answer_within < CONSUME_DEADLINE, "{answer_within:?}");
     }
 }
