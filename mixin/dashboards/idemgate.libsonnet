@@ -647,7 +647,7 @@ local text = import '../lib/text.libsonnet';
           35,
           'Consumer: messages pulled and held',
           'short',
-          "Messages each instance's broker client has pulled and not yet consumed (those in the gate included), per topic. The client stops pulling a queue past its share of broker.buffered_messages, so while the database is slow this rises to about that bound (plus at most one pull per queue) and stays there instead of filling memory; near 0 when consumers keep up.",
+          "Messages each instance's broker client has pulled and not yet consumed (those in the gate included), per topic. The client stops pulling a queue past its share of rocketmq.buffered_messages, so while the database is slow this rises to about that bound (plus at most one pull per queue) and stays there instead of filling memory; near 0 when consumers keep up.",
           [
             ['sum by (instance, topic) (%s)' % m('idemgate_consumer_buffered_messages', noBizType), '{{instance}} {{topic}}'],
           ],
@@ -737,7 +737,7 @@ local text = import '../lib/text.libsonnet';
             42,
             'Process: resident memory',
             'bytes',
-            "Memory the process holds in RAM (process_resident_memory_bytes). The broker client's buffer is bounded by broker.buffered_messages, the pools by their sizes: a steady climb under steady traffic is worth a look.",
+            "Memory the process holds in RAM (process_resident_memory_bytes). The broker client's buffer is bounded by rocketmq.buffered_messages, the pools by their sizes: a steady climb under steady traffic is worth a look.",
             [
               ['sum by (instance) (%s)' % ofGroup(m('process_resident_memory_bytes', ['broker', 'instance'])), '{{instance}}'],
             ],

@@ -83,7 +83,7 @@ impl BrokerSettings {
     pub fn validate(&self) -> Result<(), Invalid> {
         if let Some(key) = self.unknown.keys().find(|k| !MOVED_TO_ROCKETMQ.contains(&k.as_str())) {
             return Err(invalid(
-                &format!("broker.{key}"),
+                format!("broker.{key}"),
                 "is not a setting of [broker] (kind, consume_threads, start_from, lag_interval_seconds, stall_seconds); each broker's own settings are in [rocketmq], [rabbitmq] or [kafka]",
             ));
         }

@@ -31,7 +31,7 @@ pub struct HttpSettings {
     /// are shown as text.
     pub trace_url_template: String,
     /// `IDEMGATE_HTTP__ROCKETMQ_DASHBOARD_URL`: the RocketMQ dashboard, for the trace page's
-    /// link from each delivery to the message's trace there (with `broker.message_trace` on,
+    /// link from each delivery to the message's trace there (with `rocketmq.message_trace` on,
     /// the consumption is in it). Either the dashboard's base URL, such as
     /// `https://rocketmq-dashboard.example`, linked as `<base>/#/messageTrace?messageId=<id>`, or a
     /// template with `{msg_id}` where the message's id goes. An absolute `http` or `https` URL

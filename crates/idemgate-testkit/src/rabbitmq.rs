@@ -153,3 +153,50 @@ pub async fn remove_stale() -> anyhow::Result<()> {
     connection.close(200, "bye".into()).await?;
     Ok(())
 }
+
+/// One entry of a message's `x-death` trail: the queue, why it left it, how often.
+pub struct Death<'a> {
+    pub queue: &'a str,
+    pub reason: &'a str,
+    pub count: i64,
+}
+
+/// Publishes `body` to `exchange` with `routing_key`, as anyone allowed to write it could: a
+/// `message-id`, its `KEYS` header, an `x-first-death-exchange` header naming `first_exchange`
+/// and an `x-death` trail of `deaths`, whatever RabbitMQ's own dead-lettering would have
+/// written. Confirmed.
+pub async fn publish_with_trail(
+    exchange: &str,
+    routing_key: &str,
+    message_id: &str,
+    keys: &str,
+    first_exchange: &str,
+    deaths: &[Death<'_>],
+    body: &[u8],
+) -> anyhow::Result<()> {
+    use lapin::options::{BasicPublishOptions, ConfirmSelectOptions};
+    use lapin::types::{FieldArray, FieldTable, ShortString};
+    let connection = connect().await?;
+    let channel = connection.create_channel().await?;
+    channel.confirm_select(ConfirmSelectOptions::default()).await?;
+    let mut trail = FieldArray::default();
+    for d in deaths {
+        let mut t = FieldTable::default();
+        t.insert(ShortString::from("queue"), AMQPValue::LongString(d.queue.into()));
+        t.insert(ShortString::from("reason"), AMQPValue::LongString(d.reason.into()));
+        t.insert(ShortString::from("count"), AMQPValue::LongLongInt(d.count));
+        t.insert(ShortString::from("exchange"), AMQPValue::LongString(first_exchange.into()));
+        trail.push(AMQPValue::FieldTable(t));
+    }
+    let mut headers = FieldTable::default();
+    headers.insert(ShortString::from("x-death"), AMQPValue::FieldArray(trail));
+    headers.insert(ShortString::from("KEYS"), AMQPValue::LongString(keys.into()));
+    headers.insert(ShortString::from("x-first-death-exchange"), AMQPValue::LongString(first_exchange.into()));
+    let properties = lapin::BasicProperties::default().with_message_id(message_id.into()).with_headers(headers);
+    let confirm = channel
+        .basic_publish(exchange.into(), routing_key.into(), BasicPublishOptions::default(), body, properties)
+        .await?;
+    tokio::time::timeout(Duration::from_secs(10), confirm).await.context("no confirm within 10 s")??;
+    connection.close(200, "bye".into()).await?;
+    Ok(())
+}

@@ -126,7 +126,7 @@ impl Consumer {
 
     /// The messages the client holds, pulled and not yet consumed (those in the gate included),
     /// per topic (a `%RETRY%` topic apart), from its own running snapshot: what
-    /// `broker.buffered_messages` bounds. The client stops pulling a queue once it holds more
+    /// `rocketmq.buffered_messages` bounds. The client stops pulling a queue once it holds more
     /// than its share of that bound, so the total may pass it by at most one pull per queue.
     /// `None` when the client could not give the snapshot.
     pub(crate) async fn buffered_messages(&self) -> Option<BTreeMap<String, u64>> {

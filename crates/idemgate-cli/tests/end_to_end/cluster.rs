@@ -335,7 +335,7 @@ const MOST_QUEUES: u32 = 2 * QUEUES_PER_BROKER + 2;
 /// a claim waits at most `database.lock_timeout_ms` per attempt, so a delivery that runs out of
 /// attempts during the stall is answered retry and redelivered, and no delivery fails on the
 /// database in any other way; nothing is lost, and what each broker client holds pulled
-/// stays within `broker.buffered_messages` (plus at most one pull per queue, since the client
+/// stays within `rocketmq.buffered_messages` (plus at most one pull per queue, since the client
 /// checks the bound before each pull), read from each instance's
 /// `idemgate_consumer_buffered_messages` every second; their memory stays bounded with it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -380,7 +380,7 @@ async fn a_database_stalled_for_fifteen_seconds_slows_the_consumers_and_loses_no
     let bound = f64::from(BUFFERED + MOST_QUEUES * pull);
     assert!(
         most_held <= bound,
-        "an instance held {most_held} messages pulled, over broker.buffered_messages {BUFFERED} plus one pull of \
+        "an instance held {most_held} messages pulled, over rocketmq.buffered_messages {BUFFERED} plus one pull of \
          {pull} per queue ({bound})"
     );
     assert!(
@@ -391,7 +391,7 @@ async fn a_database_stalled_for_fifteen_seconds_slows_the_consumers_and_loses_no
     );
     let events = format!(
         "the claim table locked {:.1} s, at most {most_held} messages held pulled by one instance \
-         (broker.buffered_messages {BUFFERED}), serve's RSS at most {most_rss:.0} MiB meanwhile",
+         (rocketmq.buffered_messages {BUFFERED}), serve's RSS at most {most_rss:.0} MiB meanwhile",
         stalled.elapsed().as_secs_f64()
     );
     let by_instance = scenario.finish(stream, &events).await;

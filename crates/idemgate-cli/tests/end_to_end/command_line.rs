@@ -252,7 +252,7 @@ fn the_config_command_masks_the_broker_secret_and_names_an_unreadable_secret_fil
     let run = |vars: &[(&str, &str)]| {
         let out = std::process::Command::new(env!("CARGO_BIN_EXE_idemgate-shop"))
             .arg("config")
-            .env("IDEMGATE_BROKER__ACCESS_KEY", "idemgate-orders")
+            .env("IDEMGATE_ROCKETMQ__ACCESS_KEY", "idemgate-orders")
             .envs(vars.iter().copied())
             .env_remove("RUST_LOG")
             .output()
@@ -262,16 +262,16 @@ fn the_config_command_masks_the_broker_secret_and_names_an_unreadable_secret_fil
             String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr),
         )
     };
-    let (code, out) = run(&[("IDEMGATE_BROKER__SECRET_KEY", "Zebra-s3cret-9931")]);
+    let (code, out) = run(&[("IDEMGATE_ROCKETMQ__SECRET_KEY", "Zebra-s3cret-9931")]);
     assert_eq!(code, Some(0), "{out}");
     assert!(!out.contains("Zebra-s3cret-9931"), "{out}");
     assert!(
         out.contains("secret_key = \"***\"") && out.contains("access_key = \"idemgate-orders\""),
         "{out}"
     );
-    let (code, out) = run(&[("IDEMGATE_BROKER__SECRET_KEY_FILE", "/nonexistent/rocketmq-secret")]);
+    let (code, out) = run(&[("IDEMGATE_ROCKETMQ__SECRET_KEY_FILE", "/nonexistent/rocketmq-secret")]);
     assert_eq!(code, Some(1), "{out}");
-    assert!(out.contains("broker.secret_key_file") && out.contains("/nonexistent/rocketmq-secret"), "{out}");
+    assert!(out.contains("rocketmq.secret_key_file") && out.contains("/nonexistent/rocketmq-secret"), "{out}");
 }
 
 /// A database that cannot be reached: the error names the masked URL, never the password.

@@ -13,6 +13,7 @@ use idemgate::clock::now_ms;
 use idemgate::route::RouteConfig;
 use idemgate::store::{Backend, Sql};
 use idemgate_shop as shop;
+use idemgate_shop::produce::ProduceReport;
 use idemgate_testkit::kafka::{self as tk, BatchSpan};
 use sqlx::Row;
 
@@ -138,6 +139,64 @@ async fn rows_of(
     }
 }
 
+/// The books of `report`'s run when `all` the runs share one database: each run's own orders,
+/// payments and deductions, and the stock (which they share) less what every run deducted.
+/// `skus` are the stock rows the database holds: one no run deducted keeps its first stock.
+fn expected_among(
+    report: &ProduceReport,
+    all: &[&ProduceReport],
+    skus: impl Iterator<Item = String>,
+) -> Books {
+    let mut expected = expected_books(report);
+    let mut deducted: BTreeMap<String, i64> = skus.map(|sku| (sku, 0)).collect();
+    for r in all {
+        for (sku, q) in &r.tally.deducted {
+            *deducted.entry(sku.clone()).or_default() += q;
+        }
+    }
+    expected.stock = deducted.into_iter().map(|(sku, q)| (sku, shop::INITIAL_STOCK - q)).collect();
+    expected
+}
+
+/// Waits (up to 180 s) until every run's books are exact, [`expected_among`] the others, and
+/// every send is in the delivery log; on failure, the troubled deliveries and `diagnosis()`.
+async fn assert_runs_converge(
+    store: &idemgate::store::Store,
+    group: &str,
+    runs: &[(&ProduceReport, &[SendLine])],
+    diagnosis: impl AsyncFnOnce() -> String,
+) {
+    let all: Vec<&ProduceReport> = runs.iter().map(|(r, _)| *r).collect();
+    let started = Instant::now();
+    let mismatch = loop {
+        let mut mismatch = None;
+        for (report, _) in runs {
+            let books = books(store, &report.run, group).await;
+            let expected = expected_among(report, &all, books.stock.keys().cloned());
+            if books != expected {
+                mismatch = Some((report.run.clone(), books, expected));
+                break;
+            }
+        }
+        if mismatch.is_none() || started.elapsed() > Duration::from_secs(180) {
+            break mismatch;
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    };
+    if let Some((run, books, expected)) = mismatch {
+        let why = diagnosis().await;
+        assert_eq!(
+            books,
+            expected,
+            "run {run}: troubled deliveries:\n{}\n{why}",
+            trouble(store, group).await
+        );
+    }
+    for (_, sends) in runs {
+        assert_every_send_is_logged(store, group, sends).await;
+    }
+}
+
 /// Polls `/readyz` every 200 ms until stopped; returns every answer that was not 200.
 fn watch_readiness(addr: String) -> (Arc<AtomicBool>, std::thread::JoinHandle<Vec<String>>) {
     let stop = Arc::new(AtomicBool::new(false));
@@ -217,9 +276,13 @@ async fn a_record_with_a_non_utf8_header_name_is_invalid_and_the_group_goes_on()
     );
     assert_eq!((row_topic.as_str(), *retries), (topic.as_str(), 0));
 
-    for (report, sends) in [(&before, &before_sends), (&after, &after_sends)] {
-        assert_converges(&db.store, &report.run, &group, report, sends).await;
-    }
+    assert_runs_converge(
+        &db.store,
+        &group,
+        &[(&before, before_sends.as_slice()), (&after, after_sends.as_slice())],
+        async || tail(&service.log_text()),
+    )
+    .await;
     let orders = idemgate::store::Sql::new("SELECT COUNT(*) FROM shop_order WHERE order_no = ?");
     let n: i64 =
         db.store.query(&orders).bind(order_no.as_str()).fetch_one(db.store.pool()).await.unwrap().get(0);
@@ -494,29 +557,14 @@ async fn a_restart_one_second_after_a_sigkill_with_retries_pending_resumes_and_k
     }
 
     // The books are exact for every run, the poison's included.
-    let mut reports: Vec<(&idemgate_shop::produce::ProduceReport, &[SendLine])> =
-        sent.iter().map(|(r, s)| (r, s.as_slice())).collect();
-    reports.push((&poison, poison_sends.as_slice()));
-    for (report, sends) in &reports {
-        let expected = expected_books(report);
-        let books = wait_for_books(&db.store, &report.run, &group, &expected, Duration::from_secs(180)).await;
-        if books != expected {
-            let why = blocking({
-                let (group, topics, first_log, second_log) =
-                    (group.clone(), topics.clone(), first_log.clone(), second.log_text());
-                move || diagnosis(&group, &topics, &first_log, &second_log)
-            })
-            .await;
-            assert_eq!(
-                books,
-                expected,
-                "run {}: troubled deliveries:\n{}\n{why}",
-                report.run,
-                trouble(&db.store, &group).await
-            );
-        }
-        assert_every_send_is_logged(&db.store, &group, sends).await;
-    }
+    let mut runs: Vec<(&ProduceReport, &[SendLine])> = sent.iter().map(|(r, s)| (r, s.as_slice())).collect();
+    runs.push((&poison, poison_sends.as_slice()));
+    assert_runs_converge(&db.store, &group, &runs, async || {
+        let (group, topics, first_log, second_log) =
+            (group.clone(), topics.clone(), first_log.clone(), second.log_text());
+        blocking(move || diagnosis(&group, &topics, &first_log, &second_log)).await
+    })
+    .await;
     let converged = restarted.elapsed();
     let by_instance = processed_by_instance(&db.store, &group).await;
     let causes = duplicates_by_cause(&db.store, &group).await;

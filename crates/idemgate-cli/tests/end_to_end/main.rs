@@ -9,6 +9,7 @@ mod kafka;
 mod lag;
 mod lifecycle;
 mod prometheus;
+mod rabbitmq;
 mod replay;
 mod sql_handler;
 mod support;
