@@ -32,6 +32,7 @@ pub mod galera;
 pub mod history;
 pub mod http;
 pub mod kafka;
+pub mod kafka_hog;
 pub mod network;
 pub mod plan;
 pub mod rabbitmq;

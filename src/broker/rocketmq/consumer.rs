@@ -266,9 +266,19 @@ impl MessageListenerConcurrently for SinkListener {
 /// The broker's message as the gate sees it. The topic of a redelivered message is already
 /// the original one (the client restores it from the retry topic).
 pub(crate) fn to_delivery(m: &MessageExt) -> Delivery {
-    let properties: BTreeMap<String, String> =
-        m.properties().iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
-    let uniq_key = properties.get(UNIQ_KEY_PROPERTY).cloned().unwrap_or_default();
+    let uniq_key = m
+        .properties()
+        .get(&cheetah_string::CheetahString::from_static_str(UNIQ_KEY_PROPERTY))
+        .map(|u| u.to_string())
+        .unwrap_or_default();
+    // The user's properties only: those the broker reserves (UNIQ_KEY, KEYS, TAGS, the queue
+    // offsets it adds on delivery, ...) are the delivery's own fields, or the broker's business.
+    let properties: BTreeMap<String, String> = m
+        .properties()
+        .iter()
+        .filter(|(k, _)| !super::is_system_property(k.as_str()))
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect();
     Delivery {
         broker: crate::delivery::BrokerKind::RocketMq,
         msg_id: m.msg_id().to_string(),

@@ -19,3 +19,10 @@ pub use preflight::Refused;
 pub use producer::Producer;
 pub use runtime::ClientHost;
 pub use settings::{DEFAULT_TRACE_TOPIC, RocketMqSettings, SecretKey};
+
+/// True for a property name the broker reserves for itself (UNIQ_KEY, KEYS, TAGS, the queue
+/// offsets it adds on delivery, ...): a delivery carries only its user properties, and a message
+/// sent again carries only those.
+pub(crate) fn is_system_property(name: &str) -> bool {
+    rocketmq_model::common::message::STRING_HASH_SET.contains(name)
+}

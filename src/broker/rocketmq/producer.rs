@@ -52,12 +52,6 @@ impl Producer {
         Ok(Self { producer, host })
     }
 
-    /// True for a property name the broker reserves for itself (UNIQ_KEY, KEYS, TAGS, the
-    /// queue offsets it adds on delivery, ...): a message sent again as it was delivered carries
-    /// only its user properties.
-    fn is_system_property(name: &str) -> bool {
-        rocketmq_model::common::message::STRING_HASH_SET.contains(name)
-    }
 
     /// Sends `d`'s topic, tags, KEYS, user properties, body and (when set) UNIQ_KEY. A property
     /// the broker reserves for itself (a delivered message's queue offsets, say: a replay's
@@ -71,7 +65,7 @@ impl Producer {
             builder = builder.keys(d.keys.clone());
         }
         let mut message = builder.build_unchecked();
-        for (k, v) in d.properties.iter().filter(|(k, _)| !Self::is_system_property(k)) {
+        for (k, v) in d.properties.iter().filter(|(k, _)| !super::is_system_property(k)) {
             message
                 .put_property(CheetahString::from_string(k.clone()), CheetahString::from_string(v.clone()));
         }

@@ -12,6 +12,7 @@ mod prometheus;
 mod rabbitmq;
 mod replay;
 mod sql_handler;
+mod stall;
 mod support;
 mod traceparent;
 

@@ -211,7 +211,7 @@ impl Scenario {
         .await
         .expect("the test's queue-offset index");
         let (topic, group, run) = (unique("part"), unique("group"), unique("N").replace('_', ""));
-        let inside_name_server = net.service(port_of(rocketmq.name_server()));
+        let inside_name_server = net.service(port_of(broker.name_server()));
         let inside = tuned(
             settings_on(&inside_name_server, &through_network(&db.url), &topic, &group, "a"),
             group_commit,
@@ -219,7 +219,7 @@ impl Scenario {
         let mut a = edit(inside, true);
         a.http.bind = format!("{}:0", host.address());
         let b =
-            edit(tuned(settings_on(rocketmq.name_server(), &db.url, &topic, &group, "b"), group_commit), false);
+            edit(tuned(settings_on(broker.name_server(), &db.url, &topic, &group, "b"), group_commit), false);
         let ids = (a.identity().instance_id, b.identity().instance_id);
         let since_ms = idemgate::clock::now_ms() - 60_000;
         let service_a = Service::start_in(&host, BIN, &a);
@@ -229,7 +229,7 @@ impl Scenario {
         let count =
             RATE * (LEAD.as_secs() + rounds * PARTITION.as_secs() + (rounds - 1) * BETWEEN.as_secs() + 4);
         let producer = {
-            let (name_server, topic, run) = (rocketmq.name_server().to_owned(), topic.clone(), run.clone());
+            let (name_server, topic, run) = (broker.name_server().to_owned(), topic.clone(), run.clone());
             std::thread::spawn(move || {
                 let traffic = ["--duplicates", "0.3", "--poison", "0"];
                 produce_on(&name_server, &topic, &run, count, RATE as u32, &traffic)
