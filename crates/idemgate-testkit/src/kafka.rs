@@ -33,7 +33,9 @@ impl LocalKafka {
         root.join("bin/tansu")
     }
 
-    /// Starts tansu on a free port and waits until it takes connections.
+    /// Starts tansu on a free port and waits until it takes connections. It logs at `warn`, or
+    /// as `IDEMGATE_TANSU_LOG` says (its `RUST_LOG`, e.g.
+    /// `warn,tansu_broker::coordinator=debug` to follow the group coordinator).
     pub fn start() -> anyhow::Result<Self> {
         let bin = Self::binary();
         if !bin.is_file() {
@@ -53,7 +55,7 @@ impl LocalKafka {
         let child = Command::new(&bin)
             .args(["broker", "--listener-url", &url, "--advertised-listener-url", &url])
             .args(["--storage-engine", "memory://tansu/"])
-            .env("RUST_LOG", "warn")
+            .env("RUST_LOG", std::env::var("IDEMGATE_TANSU_LOG").unwrap_or_else(|_| "warn".to_owned()))
             .current_dir(dir.path())
             .stdin(Stdio::null())
             .stdout(out.try_clone().context("creating a log file")?)
@@ -552,4 +554,55 @@ pub fn group_positions(
         }
     }
     Ok(out)
+}
+
+/// How the group coordinator describes `group` (DescribeGroups): its state, protocol and each
+/// member with the partitions assigned to it. What a test reports when a consumer does not move.
+pub fn describe_group(bootstrap: &str, group: &str) -> anyhow::Result<String> {
+    use rdkafka::consumer::{BaseConsumer, Consumer};
+    let reader: BaseConsumer = rdkafka::ClientConfig::new()
+        .set("bootstrap.servers", bootstrap)
+        .set("log_level", "3")
+        .create()
+        .context("a reader")?;
+    let list =
+        reader.fetch_group_list(Some(group), Duration::from_secs(10)).context("describing the group")?;
+    let mut out = Vec::new();
+    for g in list.groups() {
+        out.push(format!(
+            "group {} state {} protocol {}/{}, {} members",
+            g.name(),
+            g.state(),
+            g.protocol_type(),
+            g.protocol(),
+            g.members().len()
+        ));
+        for m in g.members() {
+            let assigned = m.assignment().map_or_else(|| "none".to_owned(), describe_assignment);
+            out.push(format!(
+                "  member {} (client {}, {}): {assigned}",
+                m.id(),
+                m.client_id(),
+                m.client_host()
+            ));
+        }
+    }
+    Ok(out.join("\n"))
+}
+
+/// A consumer protocol assignment (version, then each topic and its partitions) in words.
+fn describe_assignment(bytes: &[u8]) -> String {
+    let read = || -> anyhow::Result<String> {
+        let mut r = Reader { bytes, at: 0 };
+        let _version = r.i16()?;
+        let mut topics = Vec::new();
+        for _ in 0..r.i32()?.max(0) {
+            let topic = r.string()?;
+            let partitions: Vec<i32> =
+                (0..r.i32()?.max(0)).map(|_| r.i32()).collect::<anyhow::Result<_>>()?;
+            topics.push(format!("{topic} {partitions:?}"));
+        }
+        Ok(if topics.is_empty() { "no partitions".to_owned() } else { topics.join(", ") })
+    };
+    read().unwrap_or_else(|e| format!("{} bytes, unread: {e}", bytes.len()))
 }

@@ -427,16 +427,34 @@ fn diagnosis(group: &str, topics: &[String], first_log: &str, second_log: &str) 
             .join("\n"),
         Err(e) => format!("  unread: {e:#}"),
     };
+    let described = [group.to_owned(), format!("{group}.retry")]
+        .iter()
+        .map(|g| {
+            tk::describe_group(bootstrap, g).unwrap_or_else(|e| format!("group {g}: undescribed: {e:#}"))
+        })
+        .collect::<Vec<_>>()
+        .join("\n");
     let broker_log = kafka().log_text();
-    let broker_tail: Vec<&str> =
-        broker_log.lines().rev().take(60).collect::<Vec<_>>().into_iter().rev().collect();
+    // The whole logs, kept for whoever reads the failure.
+    let kept = std::env::temp_dir().join(format!("idemgate-kafka-restart-{}", std::process::id()));
+    let saved = std::fs::create_dir_all(&kept)
+        .and_then(|()| std::fs::write(kept.join("killed-serve.log"), first_log))
+        .and_then(|()| std::fs::write(kept.join("restarted-serve.log"), second_log))
+        .and_then(|()| std::fs::write(kept.join("tansu.log"), &broker_log));
+    let kept = match saved {
+        Ok(()) => format!("the whole logs are in {}", kept.display()),
+        Err(e) => format!("the logs could not be kept: {e}"),
+    };
+    // The broker's lines about the group, the last 80.
+    let about: Vec<&str> = broker_log.lines().filter(|l| l.contains(group)).collect();
+    let broker_tail = about[about.len().saturating_sub(80)..].join("\n");
     format!(
-        "group {group}:\n{}\ngroup {group}.retry:\n{}\n--- the killed instance's log (end):\n{}\n--- the restarted instance's log (end):\n{}\n--- tansu's log (last 60 lines):\n{}",
+        "{kept}\n{described}\ngroup {group}:\n{}\ngroup {group}.retry:\n{}\n--- the killed instance's log (end):\n{}\n--- the restarted instance's log (end):\n{}\n--- tansu's lines naming the group (the last 80 of {}):\n{broker_tail}",
         positions(group, topics),
         positions(&format!("{group}.retry"), &retry_topic),
         tail(first_log),
         tail(second_log),
-        broker_tail.join("\n")
+        about.len()
     )
 }
 

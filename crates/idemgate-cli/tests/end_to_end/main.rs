@@ -19,7 +19,6 @@ mod traceparent;
 use std::time::Duration;
 
 use idemgate::store::Backend;
-use sqlx::Row;
 use support::*;
 
 /// `group_commit`: none, or the messages per listener call under group commit.
@@ -45,11 +44,6 @@ async fn exactly_once_through_a_real_broker(backend: Backend, group_commit: Opti
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn two_thousand_messages_with_thirty_percent_duplicates_are_applied_exactly_once_on_postgres() {
-    exactly_once_through_a_real_broker(Backend::Postgres, None).await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_thousand_messages_with_thirty_percent_duplicates_are_applied_exactly_once_on_mariadb() {
     exactly_once_through_a_real_broker(Backend::MySql, None).await;
 }
@@ -57,54 +51,6 @@ async fn two_thousand_messages_with_thirty_percent_duplicates_are_applied_exactl
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn with_group_commit_two_thousand_messages_are_applied_exactly_once_on_postgres() {
     exactly_once_through_a_real_broker(Backend::Postgres, Some(1)).await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn with_group_commit_two_thousand_messages_are_applied_exactly_once_on_mariadb() {
-    exactly_once_through_a_real_broker(Backend::MySql, Some(16)).await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_poison_message_is_retried_with_growing_reconsume_counts_and_ends_dead_lettered() {
-    let db = database(Backend::Postgres).await;
-    let (topic, group, run) = (unique("poison"), unique("group"), unique("P").replace('_', ""));
-    let service = Service::start(&settings(&db.url, &topic, &group, "solo", 2));
-    // Twenty ordinary sends and one poison payment for an order that never exists.
-    let (report, _) =
-        produce(&topic, &run, 20, 0, &["--duplicates", "0", "--poison", "0", "--malformed", "0"]);
-    let (poison, _) = produce(&topic, &run, 1, 0, &["--poison", "1", "--malformed", "0"]);
-    assert_eq!(poison.tally.poison, 1);
-    let key = format!("{run}-POISON-1");
-
-    static ATTEMPTS: idemgate::store::Sql = idemgate::store::Sql::new(
-        "SELECT reconsume_times, outcome FROM delivery_log WHERE biz_id = ? ORDER BY id",
-    );
-    let started = std::time::Instant::now();
-    let attempts = loop {
-        let rows = db.store.query(&ATTEMPTS).bind(key.as_str()).fetch_all(db.store.pool()).await.unwrap();
-        let attempts: Vec<(i32, String)> = rows.iter().map(|r| (r.get(0), r.get(1))).collect();
-        if attempts.iter().any(|(_, o)| o == "dead_lettered") || started.elapsed() > Duration::from_secs(180)
-        {
-            break attempts;
-        }
-        tokio::time::sleep(Duration::from_millis(500)).await;
-    };
-    assert_eq!(
-        attempts,
-        vec![(0, "failed".to_owned()), (1, "failed".to_owned()), (2, "dead_lettered".to_owned())],
-        "serve log:\n{}",
-        tail(&service.log_text())
-    );
-    // After the last attempt the broker keeps it in its DLQ: no further delivery arrives.
-    tokio::time::sleep(Duration::from_secs(12)).await;
-    let rows = db.store.query(&ATTEMPTS).bind(key.as_str()).fetch_all(db.store.pool()).await.unwrap();
-    let after: Vec<(i32, String)> = rows.iter().map(|r| (r.get(0), r.get(1))).collect();
-    assert_eq!(after, attempts, "no delivery after the dead letter");
-    // Nothing else was affected.
-    let expected = expected_books(&report);
-    assert_eq!(books(&db.store, &run, &group).await.orders, expected.orders);
-    assert_eq!(service.terminate().code(), Some(0));
-    db.drop_now().await;
 }
 
 /// Starts a consumer, stops it with `stop` two seconds into a 2,000-message stream, starts a
@@ -145,11 +91,6 @@ async fn interrupted_mid_stream(
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_consumer_killed_mid_stream_converges_to_the_same_books_after_restart() {
-    interrupted_mid_stream("crash", ["before-crash", "after-crash"], false, Service::kill_hard).await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_consumer_killed_mid_group_converges_to_the_same_books_after_restart() {
     interrupted_mid_stream("gcrash", ["before-crash", "after-crash"], true, Service::kill_hard).await;
 }
@@ -162,11 +103,6 @@ async fn sigterm_mid_stream_exits_zero_after_the_deliveries_in_flight_and_loses_
         assert!(exit.log.contains("SIGTERM") && exit.log.contains("idemgate stopped"), "{}", tail(&exit.log));
     })
     .await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn two_consumers_in_one_group_share_the_stream_without_double_effects() {
-    brokers::two_consumers_share_the_stream(idemgate::broker::BrokerKind::RocketMq, Backend::MySql).await;
 }
 
 /// The last lines of a log, for failure messages.
