@@ -56,6 +56,59 @@ where
     })
 }
 
+/// What every broker's consumer shares with the tasks that answer its deliveries: the sink, the
+/// consumer's fault channel, the turns in the gate (`broker.consume_threads` at once), the
+/// broker's answer deadline, the retry budget and the routes' topics. RabbitMQ's and Kafka's
+/// consumers each fill one in and answer through [`Answering::verdict`].
+pub(crate) struct Answering {
+    sink: Arc<dyn Sink>,
+    /// The consumer's faults: a panic, a task that ended, a copy that could not be kept.
+    pub(crate) faults: tokio::sync::mpsc::UnboundedSender<String>,
+    in_gate: tokio::sync::Semaphore,
+    within: Duration,
+    max_reconsume_times: i32,
+    /// The routes' topics: the only first topics a retried copy may name.
+    pub(crate) routed: std::collections::BTreeSet<String>,
+}
+
+impl Answering {
+    /// The answering of `subscription`'s deliveries by `limits`, `consume_threads` at once; the
+    /// receiving end of its faults, for the [`Subscriber`]'s `fault`.
+    pub(crate) fn new(
+        sink: Arc<dyn Sink>,
+        subscription: &Subscription,
+        consume_threads: u32,
+        limits: Limits,
+    ) -> (Self, tokio::sync::mpsc::UnboundedReceiver<String>) {
+        let (faults, receiver) = tokio::sync::mpsc::unbounded_channel();
+        let answering = Self {
+            sink,
+            faults,
+            in_gate: tokio::sync::Semaphore::new(consume_threads as usize),
+            within: limits.answer_within,
+            max_reconsume_times: subscription.max_reconsume_times,
+            routed: subscription.topics.iter().map(|(t, _)| t.clone()).collect(),
+        };
+        (answering, receiver)
+    }
+
+    /// The verdict on `d` as the broker is to be answered: `d` waits for its turn in the gate,
+    /// then [`verdict_of`] by the broker's deadline from that turn, and the last allowed retry
+    /// becomes a dead letter ([`last_attempt`]).
+    pub(crate) async fn verdict(&self, d: &Delivery) -> Verdict {
+        let verdict = {
+            let _turn = self.in_gate.acquire().await;
+            verdict_of(self.sink.as_ref(), d, Instant::now(), self.within, &self.faults).await
+        };
+        last_attempt(verdict, d, self.max_reconsume_times)
+    }
+
+    /// How long a delivery may take, from its turn.
+    pub(crate) fn within(&self) -> Duration {
+        self.within
+    }
+}
+
 /// What a broker without a dead-letter queue of its own is told to do with `verdict` on `d`:
 /// a retry of the last attempt the budget allows (`max_reconsume_times`), which the gate logged
 /// dead-lettered, goes to the dead letters, as RocketMQ moves it to `%DLQ%<group>` itself.

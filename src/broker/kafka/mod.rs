@@ -49,7 +49,7 @@ use rdkafka::{Offset, TopicPartitionList};
 
 use super::lag::{LagReading, QueueLag, ReadResult, TopicLag};
 use super::seam::{
-    LagRead, Limits, Publish, Sink, Subscriber, Subscription, last_attempt, next_fault, spawn_watched, verdict_of,
+    Answering, LagRead, Limits, Publish, Sink, Subscriber, Subscription, next_fault, spawn_watched,
 };
 use super::settings::StartFrom;
 use crate::clock::now_ms;
@@ -126,17 +126,12 @@ pub struct KafkaSubscriber {
 }
 
 struct Shared {
-    sink: Arc<dyn Sink>,
+    answering: Answering,
     settings: KafkaSettings,
     producer: FutureProducer,
     retry_topic: String,
     dead_letter_topic: String,
-    faults: tokio::sync::mpsc::UnboundedSender<String>,
     held: Arc<Held>,
-    in_gate: tokio::sync::Semaphore,
-    max_reconsume_times: i32,
-    /// The routes' topics: the only first topics a copy on the retry topic may name.
-    routed: std::collections::BTreeSet<String>,
 }
 
 /// How many times a retried or dead-lettered copy's write is tried before the consumer stops.
@@ -174,32 +169,29 @@ impl KafkaSubscriber {
             StartFrom::First,
             std::slice::from_ref(&retry_topic),
         )?;
-        let (faults_tx, faults) = tokio::sync::mpsc::unbounded_channel();
+        let limits = Limits::kafka(settings.retry_delay_ms);
+        let (answering, faults) = Answering::new(sink, subscription, consume_threads, limits);
         let held = Arc::new(Held::default());
         let shared = Arc::new(Shared {
-            sink,
+            answering,
             settings: settings.clone(),
             producer: producer(settings)?,
             retry_topic: retry_topic.clone(),
             dead_letter_topic,
-            faults: faults_tx,
             held: held.clone(),
-            in_gate: tokio::sync::Semaphore::new(consume_threads as usize),
-            max_reconsume_times: subscription.max_reconsume_times,
-            routed: topics.iter().cloned().collect(),
         });
         let (stop, stopped) = tokio::sync::watch::channel(false);
         tracing::info!(%group, ?topics, %retry_topic, broker = %settings.describe(), "consumer started");
         let tasks = vec![
             spawn_watched(
                 format!("the Kafka consumer of {topics:?}"),
-                shared.faults.clone(),
+                shared.answering.faults.clone(),
                 stopped.clone(),
                 consume_until_stopped(shared.clone(), main, false, stopped.clone()),
             ),
             spawn_watched(
                 format!("the Kafka consumer of the retry topic {retry_topic:?}"),
-                shared.faults.clone(),
+                shared.answering.faults.clone(),
                 stopped.clone(),
                 consume_until_stopped(shared, retry, true, stopped),
             ),
@@ -414,7 +406,7 @@ async fn handle_batch(
     batch: Vec<OwnedMessage>,
     retry: bool,
 ) -> (BTreeMap<(String, i32), i64>, bool) {
-    let from = if retry { ReadFrom::Retry { routed: &shared.routed } } else { ReadFrom::Route };
+    let from = if retry { ReadFrom::Retry { routed: &shared.answering.routed } } else { ReadFrom::Route };
     let ready: Vec<(OwnedMessage, Delivery)> = batch
         .into_iter()
         .map(|m| {
@@ -422,17 +414,11 @@ async fn handle_batch(
             (m, d)
         })
         .collect();
-    let verdicts = futures_util::future::join_all(ready.iter().map(|(_, d)| async move {
-        // The deadline runs from the delivery's turn in the gate, not from the batch's start.
-        let _permit = shared.in_gate.acquire().await;
-        let within = Limits::kafka(shared.settings.retry_delay_ms).answer_within;
-        verdict_of(shared.sink.as_ref(), d, Instant::now(), within, &shared.faults).await
-    }))
-    .await;
+    // The deadline runs from each delivery's turn in the gate, not from the batch's start.
+    let verdicts = futures_util::future::join_all(ready.iter().map(|(_, d)| shared.answering.verdict(d))).await;
     let mut commit: BTreeMap<(String, i32), i64> = BTreeMap::new();
     let mut go_on = true;
     for ((m, d), verdict) in ready.iter().zip(verdicts) {
-        let verdict = last_attempt(verdict, d, shared.max_reconsume_times);
         let written = match verdict {
             Verdict::Ack => Ok(()),
             Verdict::Retry => {
@@ -463,7 +449,7 @@ async fn handle_batch(
                 d.msg_id
             );
             tracing::error!("{what}");
-            let _ = shared.faults.send(what);
+            let _ = shared.answering.faults.send(what);
             go_on = false;
             break;
         }

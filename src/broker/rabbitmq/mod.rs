@@ -31,7 +31,7 @@ pub use settings::RabbitMqSettings;
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use anyhow::Context;
 use async_trait::async_trait;
@@ -45,7 +45,7 @@ use lapin::{BasicProperties, Channel, Confirmation, Connection, ConnectionProper
 
 use super::lag::{LagReading, ReadResult, TopicLag};
 use super::seam::{
-    LagRead, Limits, Publish, Sink, Subscriber, Subscription, last_attempt, next_fault, spawn_watched, verdict_of,
+    Answering, LagRead, Limits, Publish, Sink, Subscriber, Subscription, next_fault, spawn_watched,
 };
 use crate::clock::now_ms;
 use crate::delivery::{BrokerKind, Delivery};
@@ -398,16 +398,10 @@ pub struct RabbitSubscriber {
 
 /// What a consumer session shares with the tasks of its deliveries.
 struct Shared {
-    sink: Arc<dyn Sink>,
+    answering: Answering,
     settings: RabbitMqSettings,
     names: Names,
-    faults: tokio::sync::mpsc::UnboundedSender<String>,
     held: Arc<AtomicU64>,
-    in_gate: Arc<tokio::sync::Semaphore>,
-    max_reconsume_times: i32,
-    /// The routes' exchanges: the only first exchanges a message back from the delay queue may
-    /// name.
-    routed: BTreeSet<String>,
 }
 
 /// The longest pause between two attempts at a lost connection.
@@ -428,18 +422,10 @@ impl RabbitSubscriber {
         let connection = connect(settings).await?;
         let channel = within(settings.timeout(), "opening a channel", connection.create_channel()).await?;
         declare(&channel, settings, &names, &subscription.topics).await?;
-        let (faults_tx, faults) = tokio::sync::mpsc::unbounded_channel();
+        let limits = Limits::rabbitmq(settings.retry_delay_ms);
+        let (answering, faults) = Answering::new(sink, subscription, consume_threads, limits);
         let held = Arc::new(AtomicU64::new(0));
-        let shared = Arc::new(Shared {
-            sink,
-            settings: settings.clone(),
-            names: names.clone(),
-            faults: faults_tx,
-            held: held.clone(),
-            in_gate: Arc::new(tokio::sync::Semaphore::new(consume_threads as usize)),
-            max_reconsume_times: subscription.max_reconsume_times,
-            routed: subscription.topics.iter().map(|(t, _)| t.clone()).collect(),
-        });
+        let shared = Arc::new(Shared { answering, settings: settings.clone(), names: names.clone(), held: held.clone() });
         let (stop, stopped) = tokio::sync::watch::channel(false);
         tracing::info!(
             group = %subscription.group, queue = %names.queue, broker = %settings.describe(),
@@ -447,7 +433,7 @@ impl RabbitSubscriber {
         );
         let task = spawn_watched(
             format!("the RabbitMQ consumer of the queue {:?}", names.queue),
-            shared.faults.clone(),
+            shared.answering.faults.clone(),
             stopped.clone(),
             consume_until_stopped(shared, connection, channel, stopped),
         );
@@ -593,7 +579,7 @@ async fn session(
             },
             Some(done) = in_flight.join_next(), if !in_flight.is_empty() => {
                 if let Err(e) = done {
-                    let _ = shared.faults.send(format!("a delivery's task failed: {e}"));
+                    let _ = shared.answering.faults.send(format!("a delivery's task failed: {e}"));
                 }
             }
         }
@@ -606,7 +592,7 @@ async fn session(
         .await;
     }
     // The deliveries in flight are answered (each by its deadline) before the channel closes.
-    let drained = tokio::time::timeout(Limits::rabbitmq(shared.settings.retry_delay_ms).answer_within + limit, async {
+    let drained = tokio::time::timeout(shared.answering.within() + limit, async {
         while in_flight.join_next().await.is_some() {}
     })
     .await;
@@ -627,14 +613,9 @@ async fn session(
 
 /// Runs one delivery through the gate and answers RabbitMQ by its verdict.
 async fn answer(shared: &Shared, publisher: &Channel, tag: &str, m: lapin::message::Delivery) {
-    let d = to_delivery(&shared.names, &shared.routed, tag, &m);
-    let verdict = {
-        // The deadline runs from the delivery's turn in the gate, not from its arrival.
-        let _permit = shared.in_gate.acquire().await;
-        let within = Limits::rabbitmq(shared.settings.retry_delay_ms).answer_within;
-        verdict_of(shared.sink.as_ref(), &d, Instant::now(), within, &shared.faults).await
-    };
-    let verdict = last_attempt(verdict, &d, shared.max_reconsume_times);
+    let d = to_delivery(&shared.names, &shared.answering.routed, tag, &m);
+    // The deadline runs from the delivery's turn in the gate, not from its arrival.
+    let verdict = shared.answering.verdict(&d).await;
     let answered = match verdict {
         Verdict::Ack => m.acker.ack(BasicAckOptions::default()).await.map(|_| ()),
         Verdict::Retry => m.acker.reject(BasicRejectOptions { requeue: false }).await.map(|_| ()),
