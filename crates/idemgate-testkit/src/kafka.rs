@@ -578,7 +578,10 @@ pub fn describe_group(bootstrap: &str, group: &str) -> anyhow::Result<String> {
             g.members().len()
         ));
         for m in g.members() {
-            let assigned = m.assignment().map_or_else(|| "none".to_owned(), describe_assignment);
+            let assigned = m
+                .assignment()
+                .filter(|a| !a.is_empty())
+                .map_or_else(|| "nothing assigned".to_owned(), describe_assignment);
             out.push(format!(
                 "  member {} (client {}, {}): {assigned}",
                 m.id(),
@@ -586,6 +589,9 @@ pub fn describe_group(bootstrap: &str, group: &str) -> anyhow::Result<String> {
                 m.client_host()
             ));
         }
+    }
+    if out.is_empty() {
+        out.push(format!("group {group}: the coordinator describes no such group"));
     }
     Ok(out.join("\n"))
 }

@@ -85,7 +85,9 @@ pub fn settings_for(
     }
     if kind == BrokerKind::Kafka {
         s.kafka.bootstrap_servers = kafka().bootstrap().to_owned();
-        s.kafka.retry_delay_ms = 1_000;
+        // `produce` keeps 64 sends in flight on Kafka, as batching producers do: a payment can
+        // run well ahead of its order in another partition, so its retries wait 4 s.
+        s.kafka.retry_delay_ms = 4_000;
         s.kafka.session_timeout_ms = 6_000;
     }
     s
