@@ -598,9 +598,15 @@ mod tests {
             ),
             ("[rocketmq]\nbuffered_messages = 0", "configuration key rocketmq.buffered_messages"),
             ("[broker]\nbuffered_mib = 0", "configuration key rocketmq.buffered_mib"),
-            ("[broker]\nname_server = \"a:1\"\n[rocketmq]\nname_server = \"b:2\"", "configuration key broker.name_server: is set beside rocketmq.name_server"),
+            (
+                "[broker]\nname_server = \"a:1\"\n[rocketmq]\nname_server = \"b:2\"",
+                "configuration key broker.name_server: is set beside rocketmq.name_server",
+            ),
             ("[broker]\nprefetch = 8", "configuration key broker.prefetch: is not a setting of [broker]"),
-            ("[broker]\nstall_seconds = 5", "configuration key broker.stall_seconds: must be 0 (off) or between 30"),
+            (
+                "[broker]\nstall_seconds = 5",
+                "configuration key broker.stall_seconds: must be 0 (off) or between 30",
+            ),
             ("[broker]\nlag_interval_seconds = 3601", "configuration key broker.lag_interval_seconds"),
             ("[broker]\nkind = \"nats\"", "unknown broker kind \"nats\""),
             ("[rabbitmq]\nprefetch = 0", "configuration key rabbitmq.prefetch"),

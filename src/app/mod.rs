@@ -164,9 +164,7 @@ impl Application {
         let metrics = Arc::new(Metrics::new(&info, &routes.biz_types(), &topics));
         let web = Web::new(&settings.http, &settings.archive, handlers.by_biz_type(&routes));
         let web = Arc::new(match feed {
-            Feed::Broker => {
-                web.with_replay(Replayer::new(settings.brokers(), routes.clone()))
-            }
+            Feed::Broker => web.with_replay(Replayer::new(settings.brokers(), routes.clone())),
             Feed::Caller => web,
         });
         let checks = handlers.checks(&routes);
@@ -248,10 +246,15 @@ async fn start_parts(
 ) -> anyhow::Result<()> {
     let identity = gate.identity();
     // How long a copy of a message can still come back through the broker's own retries.
-    let redelivery_ms = settings.brokers().limits().redelivery_horizon_ms(settings.consumer.max_reconsume_times);
-    let archiver =
-        ArchiveScheduler::start_for_serve(store.clone(), &settings.archive, &identity.instance_id, redelivery_ms)
-            .await?;
+    let redelivery_ms =
+        settings.brokers().limits().redelivery_horizon_ms(settings.consumer.max_reconsume_times);
+    let archiver = ArchiveScheduler::start_for_serve(
+        store.clone(),
+        &settings.archive,
+        &identity.instance_id,
+        redelivery_ms,
+    )
+    .await?;
     if let Some(mut archiver) = archiver {
         tasks.spawn("archive schedule", |stop| async move {
             tokio::select! {
@@ -339,7 +342,9 @@ async fn start_parts(
                 progressing: progressing.clone(),
                 broker: kind,
             });
-            tasks.spawn("consumer lag", move |stop| read_lag_every(probe, topics, every, metrics, stall, stop));
+            tasks.spawn("consumer lag", move |stop| {
+                read_lag_every(probe, topics, every, metrics, stall, stop)
+            });
         }
     }
     Ok(())
@@ -362,7 +367,8 @@ impl Stall {
             Some(true) => {
                 self.progressing.store(false, Ordering::Release);
                 tracing::error!(
-                    broker = self.broker.as_str(), waiting = reading.waiting().unwrap_or(0),
+                    broker = self.broker.as_str(),
+                    waiting = reading.waiting().unwrap_or(0),
                     idle_s = self.watch.idle_for(now).as_secs(),
                     "the consumer answers no delivery while messages wait: it is stalled, and the service is not ready until it answers again"
                 );

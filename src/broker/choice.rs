@@ -99,8 +99,12 @@ impl Brokers {
                 let access = BrokerAccess::of(&self.rocketmq)?;
                 // Boxed: the check's future is deep, and would push every caller's past the
                 // compiler's layout depth.
-                Box::pin(super::rocketmq::preflight::check_consume_rights(&access, &subscription.group, &topics))
-                    .await?;
+                Box::pin(super::rocketmq::preflight::check_consume_rights(
+                    &access,
+                    &subscription.group,
+                    &topics,
+                ))
+                .await?;
                 let host = ClientHost::new("consumer", threads as usize)?;
                 let start: Erased<'_, Consumer> = Box::pin(Consumer::start_with(
                     sink,

@@ -113,7 +113,8 @@ impl LagReading {
         let n = t.queues.len();
         match self.broker {
             BrokerKind::RocketMq => {
-                let sources: std::collections::BTreeSet<&str> = t.queues.iter().map(|q| q.source.as_str()).collect();
+                let sources: std::collections::BTreeSet<&str> =
+                    t.queues.iter().map(|q| q.source.as_str()).collect();
                 let brokers = sources.len();
                 format!("{lagging} of {n} queues on {brokers} broker{}", if brokers == 1 { "" } else { "s" })
             }

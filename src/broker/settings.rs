@@ -108,9 +108,8 @@ impl BrokerSettings {
     /// How long the consumer may go without progress while messages wait, at least three lag
     /// readings; `None` when off or when the lag is not read.
     pub(crate) fn stall_after(&self) -> Option<Duration> {
-        (self.stall_seconds > 0 && self.lag_interval_seconds > 0).then(|| {
-            Duration::from_secs(u64::from(self.stall_seconds.max(3 * self.lag_interval_seconds)))
-        })
+        (self.stall_seconds > 0 && self.lag_interval_seconds > 0)
+            .then(|| Duration::from_secs(u64::from(self.stall_seconds.max(3 * self.lag_interval_seconds))))
     }
 }
 

@@ -37,12 +37,12 @@ use std::time::{Duration, Instant};
 
 pub use claim::ClaimPath;
 pub use committer::{Committer, GroupRunner};
+pub(crate) use core::longest_delivery_timeout;
 pub use disposition::Disposition;
 pub use disposition::Phases;
 pub use observer::{CommitScope, GroupEnd, GroupReport, Observer, ReadBack};
 pub(crate) use settings::ConsumerSettings;
 pub use settings::MAX_BATCH;
-pub(crate) use core::longest_delivery_timeout;
 pub use settings::{GroupSettings, Identity, Policy};
 
 use self::core::Core;

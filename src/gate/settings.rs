@@ -46,7 +46,6 @@ pub(crate) const MAX_TRANSIENT_RETRIES: u32 = 10;
 /// (`longest_delivery_timeout` of its 28 s answer).
 pub(crate) const DEFAULT_DELIVERY_TIMEOUT_MS: u64 = 25_000;
 
-
 /// The pause before the n-th retry of a transient conflict is at most this many ms `<< n`
 /// (and never more than [`crate::store::MAX_RETRY_PAUSE`]).
 pub(crate) const RETRY_BASE_MS: u64 = 5;

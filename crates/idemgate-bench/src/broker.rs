@@ -19,11 +19,11 @@ use anyhow::Context;
 use async_trait::async_trait;
 
 use super::{peak_rss_mib, rate};
-use idemgate::broker::{Limits, Sink, Subscription};
 use idemgate::broker::{
-    BrokerKind, BrokerSettings, Brokers as Clients, ClientHost, Consumer, KafkaSettings, RabbitMqSettings, RocketMqSettings,
-    StartFrom, Subscriber,
+    BrokerKind, BrokerSettings, Brokers as Clients, ClientHost, Consumer, KafkaSettings, RabbitMqSettings,
+    RocketMqSettings, StartFrom, Subscriber,
 };
+use idemgate::broker::{Limits, Sink, Subscription};
 use idemgate::delivery::Delivery;
 use idemgate::gate::{Gate, GroupSettings, Identity, Phases, Policy};
 use idemgate::outcome::Verdict;

@@ -192,7 +192,8 @@ pub async fn publish_with_trail(
     headers.insert(ShortString::from("x-death"), AMQPValue::FieldArray(trail));
     headers.insert(ShortString::from("KEYS"), AMQPValue::LongString(keys.into()));
     headers.insert(ShortString::from("x-first-death-exchange"), AMQPValue::LongString(first_exchange.into()));
-    let properties = lapin::BasicProperties::default().with_message_id(message_id.into()).with_headers(headers);
+    let properties =
+        lapin::BasicProperties::default().with_message_id(message_id.into()).with_headers(headers);
     let confirm = channel
         .basic_publish(exchange.into(), routing_key.into(), BasicPublishOptions::default(), body, properties)
         .await?;

@@ -29,7 +29,10 @@ mod settings;
 pub use record::coordinates;
 pub use settings::{KafkaSettings, check_topic};
 
-use record::{DUE_HEADER, OWN_HEADERS, REASON_HEADER, RETRIES_HEADER, ReadFrom, copy_headers, header_map, number, to_delivery};
+use record::{
+    DUE_HEADER, OWN_HEADERS, REASON_HEADER, RETRIES_HEADER, ReadFrom, copy_headers, header_map, number,
+    to_delivery,
+};
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -309,11 +312,8 @@ async fn consume_until_stopped(
         if retry {
             // Records come in the order they were written, each due a fixed delay after; the
             // batch waits for its last one, at most that delay.
-            let due = batch
-                .iter()
-                .filter_map(|m| number(&header_map(m).ok()?, DUE_HEADER))
-                .max()
-                .unwrap_or(0);
+            let due =
+                batch.iter().filter_map(|m| number(&header_map(m).ok()?, DUE_HEADER)).max().unwrap_or(0);
             let wait =
                 u64::try_from(due - now_ms()).unwrap_or(0).min(u64::from(shared.settings.retry_delay_ms));
             tokio::select! {
@@ -415,7 +415,8 @@ async fn handle_batch(
         })
         .collect();
     // The deadline runs from each delivery's turn in the gate, not from the batch's start.
-    let verdicts = futures_util::future::join_all(ready.iter().map(|(_, d)| shared.answering.verdict(d))).await;
+    let verdicts =
+        futures_util::future::join_all(ready.iter().map(|(_, d)| shared.answering.verdict(d))).await;
     let mut commit: BTreeMap<(String, i32), i64> = BTreeMap::new();
     let mut go_on = true;
     for ((m, d), verdict) in ready.iter().zip(verdicts) {
@@ -657,4 +658,3 @@ impl LagRead for PartitionLag {
 
     async fn shutdown(self: Box<Self>) {}
 }
-

@@ -65,8 +65,8 @@ fn raw_headers(headers: &BorrowedHeaders) -> Vec<(Vec<u8>, Option<Vec<u8>>)> {
         }
         // SAFETY: as above: a NUL-terminated name, and `size` bytes at `value` when not null.
         let name = unsafe { CStr::from_ptr(name) }.to_bytes().to_vec();
-        let value =
-            (!value.is_null()).then(|| unsafe { std::slice::from_raw_parts(value.cast::<u8>(), size) }.to_vec());
+        let value = (!value.is_null())
+            .then(|| unsafe { std::slice::from_raw_parts(value.cast::<u8>(), size) }.to_vec());
         out.push((name, value));
     }
     out
@@ -82,7 +82,7 @@ pub(super) fn header_map(m: &OwnedMessage) -> Result<BTreeMap<String, Vec<u8>>, 
                 let shown: String =
                     bytes.iter().take(32).map(|b| format!("{b:02x}")).collect::<Vec<_>>().join(" ");
                 format!(
-                    "a header's name is not UTF-8 ({} bytes: {shown}{})",
+                    "the name of a header is not UTF-8 ({} bytes: {shown}{})",
                     bytes.len(),
                     if bytes.len() > 32 { " …" } else { "" }
                 )
@@ -118,14 +118,20 @@ pub(crate) fn to_delivery(m: &OwnedMessage, tag_header: &str, from: ReadFrom<'_>
         ReadFrom::Retry { routed } => match text(&headers, TOPIC_HEADER) {
             Some(first) if routed.contains(&first) => (
                 first,
-                number(&headers, PARTITION_HEADER).and_then(|p| i32::try_from(p).ok()).unwrap_or(m.partition()),
+                number(&headers, PARTITION_HEADER)
+                    .and_then(|p| i32::try_from(p).ok())
+                    .unwrap_or(m.partition()),
                 number(&headers, OFFSET_HEADER).unwrap_or(m.offset()),
             ),
             named => {
                 if unreadable.is_none() {
                     unreadable = Some(match named {
-                        Some(_) => format!("a copy on the retry topic names a first topic no route covers (header {TOPIC_HEADER})"),
-                        None => format!("a record on the retry topic has no {TOPIC_HEADER} header: idemgate did not write it"),
+                        Some(_) => format!(
+                            "a copy on the retry topic names a first topic no route covers (header {TOPIC_HEADER})"
+                        ),
+                        None => format!(
+                            "a record on the retry topic has no {TOPIC_HEADER} header: idemgate did not write it"
+                        ),
                     });
                 }
                 here
@@ -258,7 +264,11 @@ mod tests {
     #[test]
     fn a_retried_copy_has_its_first_coordinates_uniq_key_and_count() {
         let routed = routed();
-        let d = to_delivery(&record("g.retry", 0, 7, &copy_of("shop")), "TAGS", ReadFrom::Retry { routed: &routed });
+        let d = to_delivery(
+            &record("g.retry", 0, 7, &copy_of("shop")),
+            "TAGS",
+            ReadFrom::Retry { routed: &routed },
+        );
         assert_eq!((d.topic.as_str(), d.queue_id, d.queue_offset), ("shop", 2, 41));
         assert_eq!(d.msg_id, "g.retry-0@7");
         assert_eq!(d.uniq_key, "shop-2@41");
@@ -281,11 +291,23 @@ mod tests {
     #[test]
     fn a_copy_naming_a_topic_no_route_covers_is_unreadable() {
         let routed = routed();
-        let d = to_delivery(&record("g.retry", 0, 7, &copy_of("payments")), "TAGS", ReadFrom::Retry { routed: &routed });
+        let d = to_delivery(
+            &record("g.retry", 0, 7, &copy_of("payments")),
+            "TAGS",
+            ReadFrom::Retry { routed: &routed },
+        );
         assert_eq!(d.topic, "g.retry", "never the header's topic");
         assert!(d.unreadable.as_deref().is_some_and(|u| u.contains("no route covers")), "{:?}", d.unreadable);
-        let d = to_delivery(&record("g.retry", 0, 8, &[("TAGS", "x")]), "TAGS", ReadFrom::Retry { routed: &routed });
-        assert!(d.unreadable.as_deref().is_some_and(|u| u.contains("did not write it")), "{:?}", d.unreadable);
+        let d = to_delivery(
+            &record("g.retry", 0, 8, &[("TAGS", "x")]),
+            "TAGS",
+            ReadFrom::Retry { routed: &routed },
+        );
+        assert!(
+            d.unreadable.as_deref().is_some_and(|u| u.contains("did not write it")),
+            "{:?}",
+            d.unreadable
+        );
     }
 
     #[test]

@@ -323,7 +323,7 @@ pub(crate) fn to_delivery(
             Some(first) if routed.contains(&first) && expired_from(headers, &names.retry) => first,
             _ => {
                 unreadable = Some(format!(
-                    "a message came through the exchange {:?} that idemgate's delay queue did not send back (its x-death trail or first exchange names no route's)",
+                    "a message came through the exchange {} that the delay queue of idemgate did not send back (its x-death trail or its first exchange names no route)",
                     names.back
                 ));
                 exchange.to_owned()
@@ -332,7 +332,8 @@ pub(crate) fn to_delivery(
     } else {
         exchange.to_owned()
     };
-    let reconsume_times = if via_delay_queue && unreadable.is_none() { rejections(headers, &names.queue) } else { 0 };
+    let reconsume_times =
+        if via_delay_queue && unreadable.is_none() { rejections(headers, &names.queue) } else { 0 };
     Delivery {
         broker: BrokerKind::RabbitMq,
         msg_id: format!("{consumer_tag}:{}", m.delivery_tag),
@@ -425,7 +426,12 @@ impl RabbitSubscriber {
         let limits = Limits::rabbitmq(settings.retry_delay_ms);
         let (answering, faults) = Answering::new(sink, subscription, consume_threads, limits);
         let held = Arc::new(AtomicU64::new(0));
-        let shared = Arc::new(Shared { answering, settings: settings.clone(), names: names.clone(), held: held.clone() });
+        let shared = Arc::new(Shared {
+            answering,
+            settings: settings.clone(),
+            names: names.clone(),
+            held: held.clone(),
+        });
         let (stop, stopped) = tokio::sync::watch::channel(false);
         tracing::info!(
             group = %subscription.group, queue = %names.queue, broker = %settings.describe(),
@@ -917,7 +923,8 @@ mod tests {
     }
 
     fn with_headers(exchange: &str, headers: FieldTable) -> lapin::message::Delivery {
-        let mut m = lapin::message::Delivery::mock(3, exchange.into(), "order.create".into(), false, b"{}".to_vec());
+        let mut m =
+            lapin::message::Delivery::mock(3, exchange.into(), "order.create".into(), false, b"{}".to_vec());
         m.properties = BasicProperties::default().with_headers(headers);
         m
     }
@@ -953,9 +960,14 @@ mod tests {
         let d = to_delivery(&names, &routed(), "c", &with_headers("g1.return", trail("shop", true)));
         assert_eq!((d.topic.as_str(), d.reconsume_times, d.unreadable.is_none()), ("shop", 1, true));
         for (first, through_delay) in [("payments", true), ("shop", false)] {
-            let d = to_delivery(&names, &routed(), "c", &with_headers("g1.return", trail(first, through_delay)));
+            let d =
+                to_delivery(&names, &routed(), "c", &with_headers("g1.return", trail(first, through_delay)));
             assert_eq!((d.topic.as_str(), d.reconsume_times), ("g1.return", 0), "{first} {through_delay}");
-            assert!(d.unreadable.as_deref().is_some_and(|u| u.contains("did not send back")), "{:?}", d.unreadable);
+            assert!(
+                d.unreadable.as_deref().is_some_and(|u| u.contains("did not send back")),
+                "{:?}",
+                d.unreadable
+            );
         }
     }
 }

@@ -240,8 +240,10 @@ impl MessageListenerConcurrently for SinkListener {
         // Each delivery is answered by the call's deadline, a panic caught and reported.
         let verdicts = self.runtime.block_on(async {
             if sink.takes_batches() {
-                futures_util::future::join_all(deliveries.iter().map(|d| verdict_of(sink, d, began, within, faults)))
-                    .await
+                futures_util::future::join_all(
+                    deliveries.iter().map(|d| verdict_of(sink, d, began, within, faults)),
+                )
+                .await
             } else {
                 let mut verdicts = Vec::with_capacity(deliveries.len());
                 for d in &deliveries {

@@ -52,7 +52,6 @@ impl Producer {
         Ok(Self { producer, host })
     }
 
-
     /// Sends `d`'s topic, tags, KEYS, user properties, body and (when set) UNIQ_KEY. A property
     /// the broker reserves for itself (a delivered message's queue offsets, say: a replay's
     /// properties are those it was delivered with) is left for the broker to set.

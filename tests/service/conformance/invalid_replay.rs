@@ -152,9 +152,9 @@ mod cases {
         let delivered = Delivery {
             keys: vec!["E-K".to_owned()],
             properties: [("AT", "1700000000000"), ("TENANT", "acme")]
-            .into_iter()
-            .map(|(k, v)| (k.to_owned(), v.to_owned()))
-            .collect(),
+                .into_iter()
+                .map(|(k, v)| (k.to_owned(), v.to_owned()))
+                .collect(),
             body: b"{}".to_vec(),
             ..entry("", "M-K", "entry")
         };
@@ -173,7 +173,11 @@ mod cases {
         let [message] = &sent[..] else { panic!("one message sent: {sent:?}") };
         assert_eq!(message.keys, ["E-K"]);
         let names: Vec<_> = message.properties.keys().map(String::as_str).collect();
-        assert_eq!(names, ["AT", "IDEMGATE_REPLAY_OF", "TENANT"], "its properties as delivered, and the replay mark");
+        assert_eq!(
+            names,
+            ["AT", "IDEMGATE_REPLAY_OF", "TENANT"],
+            "its properties as delivered, and the replay mark"
+        );
     }
 }
 

@@ -146,7 +146,8 @@ async fn poison_to_the_dead_letters(kind: BrokerKind) {
         let rows = db.store.query(&ATTEMPTS).bind(key.as_str()).fetch_all(db.store.pool()).await.unwrap();
         let attempts: Vec<(i32, String)> = rows.iter().map(|r| (r.get(0), r.get(1))).collect();
         // RocketMQ's retries climb its back-off ladder: 10 s, then 30 s.
-        if attempts.iter().any(|(_, o)| o == "dead_lettered") || started.elapsed() > Duration::from_secs(180) {
+        if attempts.iter().any(|(_, o)| o == "dead_lettered") || started.elapsed() > Duration::from_secs(180)
+        {
             break attempts;
         }
         tokio::time::sleep(Duration::from_millis(300)).await;

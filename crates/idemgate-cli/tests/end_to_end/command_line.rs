@@ -271,7 +271,10 @@ fn the_config_command_masks_the_broker_secret_and_names_an_unreadable_secret_fil
     );
     let (code, out) = run(&[("IDEMGATE_ROCKETMQ__SECRET_KEY_FILE", "/nonexistent/rocketmq-secret")]);
     assert_eq!(code, Some(1), "{out}");
-    assert!(out.contains("rocketmq.secret_key_file") && out.contains("/nonexistent/rocketmq-secret"), "{out}");
+    assert!(
+        out.contains("rocketmq.secret_key_file") && out.contains("/nonexistent/rocketmq-secret"),
+        "{out}"
+    );
 }
 
 /// A database that cannot be reached: the error names the masked URL, never the password.

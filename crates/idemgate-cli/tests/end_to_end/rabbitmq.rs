@@ -16,7 +16,10 @@ static BY_UNIQ_KEY: Sql =
     Sql::new("SELECT topic, outcome, reconsume_times, error, biz_type FROM delivery_log WHERE uniq_key = ?");
 
 /// The log rows of the message sent as `uniq_key`, once one is there (at most 30 s).
-async fn logged(store: &idemgate::store::Store, uniq_key: &str) -> Vec<(String, String, i32, String, String)> {
+async fn logged(
+    store: &idemgate::store::Store,
+    uniq_key: &str,
+) -> Vec<(String, String, i32, String, String)> {
     let started = Instant::now();
     loop {
         let rows = store.query(&BY_UNIQ_KEY).bind(uniq_key).fetch_all(store.pool()).await.expect("the log");
@@ -60,11 +63,10 @@ async fn a_message_published_to_the_return_exchange_is_invalid_unless_the_delay_
         &format!("{run}-U1"),
         &order(1).order_no,
         "payments_elsewhere",
-        &[Death { queue: &retry_queue, reason: "expired", count: 1 }, Death {
-            queue: &group,
-            reason: "rejected",
-            count: 99,
-        }],
+        &[
+            Death { queue: &retry_queue, reason: "expired", count: 1 },
+            Death { queue: &group, reason: "rejected", count: 99 },
+        ],
         &body(1),
     )
     .await
@@ -106,7 +108,11 @@ async fn a_message_published_to_the_return_exchange_is_invalid_unless_the_delay_
     }
     let rows = logged(&db.store, &format!("{run}-U3")).await;
     assert_eq!(rows.len(), 1, "{rows:?}");
-    assert_eq!((rows[0].0.as_str(), rows[0].1.as_str(), rows[0].2), (topic.as_str(), "processed", 0), "{rows:?}");
+    assert_eq!(
+        (rows[0].0.as_str(), rows[0].1.as_str(), rows[0].2),
+        (topic.as_str(), "processed", 0),
+        "{rows:?}"
+    );
     assert_eq!(rows[0].4, "order.create");
 
     // The consumer goes on, ready, and no metric names the forged exchange.

@@ -14,7 +14,12 @@ use super::support::*;
 
 /// `/readyz`'s status and `idemgate_consumer_stalled`, polled until `done` holds or `within`
 /// runs out; the last of each.
-async fn watch(addr: &str, group: &str, within: Duration, done: impl Fn(u16, f64) -> bool) -> (u16, f64, Duration) {
+async fn watch(
+    addr: &str,
+    group: &str,
+    within: Duration,
+    done: impl Fn(u16, f64) -> bool,
+) -> (u16, f64, Duration) {
     let started = Instant::now();
     loop {
         let (status, _) = http_get(addr, "/readyz").expect("/readyz answers");
@@ -50,10 +55,9 @@ async fn a_consumer_that_answers_nothing_while_its_partition_holds_records_is_no
     let quiet = ["--duplicates", "0", "--poison", "0", "--malformed", "0"];
     let (report, sends) = produce_to(BrokerKind::Kafka, &topic, &run, 40, 0, &quiet);
 
-    let (status, stalled, after) = watch(&addr, &group, Duration::from_secs(90), |status, stalled| {
-        status == 503 && stalled == 1.0
-    })
-    .await;
+    let (status, stalled, after) =
+        watch(&addr, &group, Duration::from_secs(90), |status, stalled| status == 503 && stalled == 1.0)
+            .await;
     let processed = processed_by_instance(&db.store, &group).await;
     assert_eq!(
         (status, stalled),
@@ -71,7 +75,8 @@ async fn a_consumer_that_answers_nothing_while_its_partition_holds_records_is_no
     let left = Instant::now();
     assert_converges(&db.store, &run, &group, &report, &sends).await;
     let (status, stalled, _) =
-        watch(&addr, &group, Duration::from_secs(30), |status, stalled| status == 200 && stalled == 0.0).await;
+        watch(&addr, &group, Duration::from_secs(30), |status, stalled| status == 200 && stalled == 0.0)
+            .await;
     assert_eq!((status, stalled), (200, 0.0), "ready again; serve log:\n{}", service.log_text());
     println!("stall: ready again {:.1} s after the other member left", left.elapsed().as_secs_f64());
     assert_eq!(service.terminate().code(), Some(0));

@@ -330,7 +330,14 @@ pub fn produce_on(
     rate: u32,
     extra: &[&str],
 ) -> (ProduceReport, Vec<SendLine>) {
-    produce_with(&[("IDEMGATE_ROCKETMQ__NAME_SERVER", name_server.to_owned())], topic, run, count, rate, extra)
+    produce_with(
+        &[("IDEMGATE_ROCKETMQ__NAME_SERVER", name_server.to_owned())],
+        topic,
+        run,
+        count,
+        rate,
+        extra,
+    )
 }
 
 /// Runs `idemgate produce` to `topic` on the broker of `kind`: the shared RocketMQ broker, the
@@ -350,7 +357,9 @@ pub fn produce_to(
 pub fn broker_env(kind: BrokerKind) -> Vec<(&'static str, String)> {
     let mut env = vec![("IDEMGATE_BROKER__KIND", kind.as_str().to_owned())];
     match kind {
-        BrokerKind::RocketMq => env.push(("IDEMGATE_ROCKETMQ__NAME_SERVER", broker().name_server().to_owned())),
+        BrokerKind::RocketMq => {
+            env.push(("IDEMGATE_ROCKETMQ__NAME_SERVER", broker().name_server().to_owned()))
+        }
         BrokerKind::RabbitMq => env.push(("IDEMGATE_RABBITMQ__URL", idemgate_testkit::rabbitmq::url())),
         BrokerKind::Kafka => env.push(("IDEMGATE_KAFKA__BOOTSTRAP_SERVERS", kafka().bootstrap().to_owned())),
     }
