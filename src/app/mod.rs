@@ -245,9 +245,9 @@ async fn start_parts(
     tasks: &mut Tasks,
 ) -> anyhow::Result<()> {
     let identity = gate.identity();
+    let brokers = settings.brokers();
     // How long a copy of a message can still come back through the broker's own retries.
-    let redelivery_ms =
-        settings.brokers().limits().redelivery_horizon_ms(settings.consumer.max_reconsume_times);
+    let redelivery_ms = brokers.limits().redelivery_horizon_ms(settings.consumer.max_reconsume_times);
     let archiver = ArchiveScheduler::start_for_serve(
         store.clone(),
         &settings.archive,
@@ -303,7 +303,6 @@ async fn start_parts(
         });
     }
     if feed == Feed::Broker {
-        let brokers = settings.brokers();
         let subscription = Subscription::of(gate);
         // Every verdict the consumer gives is counted: its progress, for the stall watch.
         let answered = Arc::new(AtomicU64::new(0));
@@ -363,12 +362,13 @@ impl Stall {
     fn observe(&mut self, reading: &crate::broker::lag::LagReading, metrics: &Metrics) {
         let now = std::time::Instant::now();
         let answered = self.answered.load(Ordering::Relaxed);
-        match self.watch.observe(reading.waiting(), answered, now) {
+        let waiting = reading.waiting();
+        match self.watch.observe(waiting, answered, now) {
             Some(true) => {
                 self.progressing.store(false, Ordering::Release);
                 tracing::error!(
                     broker = self.broker.as_str(),
-                    waiting = reading.waiting().unwrap_or(0),
+                    waiting = waiting.unwrap_or(0),
                     idle_s = self.watch.idle_for(now).as_secs(),
                     "the consumer answers no delivery while messages wait: it is stalled, and the service is not ready until it answers again"
                 );

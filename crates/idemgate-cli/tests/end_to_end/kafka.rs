@@ -235,14 +235,7 @@ async fn a_record_with_a_non_utf8_header_name_is_invalid_and_the_group_goes_on()
     let (before, before_sends) =
         produce_to(KIND, &topic, &run_before, 1, 0, &[&["--duplicates", "0"][..], &CLEAN].concat());
     let order_no = format!("{run_before}-BADHEADER-1");
-    let body = serde_json::to_vec(&shop::CreateOrder {
-        order_no: order_no.clone(),
-        user_id: "u-test".to_owned(),
-        sku: "SKU-1".to_owned(),
-        quantity: 1,
-        amount_cents: 1_250,
-    })
-    .unwrap();
+    let body = order_body(&order_no);
     let uniq = idemgate::delivery::new_message_id();
     let (partition, offset) = tk::send_raw(
         kafka().bootstrap(),
@@ -319,14 +312,7 @@ async fn a_record_on_one_topic_naming_another_runs_its_own_topic_s_route() {
     let service = Service::start(&s);
 
     let order_no = format!("{run}-O-1");
-    let body = serde_json::to_vec(&shop::CreateOrder {
-        order_no: order_no.clone(),
-        user_id: "u-test".to_owned(),
-        sku: "SKU-1".to_owned(),
-        quantity: 1,
-        amount_cents: 1_250,
-    })
-    .unwrap();
+    let body = order_body(&order_no);
     let uniq = idemgate::delivery::new_message_id();
     let (partition, offset) = tk::send_raw(
         kafka().bootstrap(),

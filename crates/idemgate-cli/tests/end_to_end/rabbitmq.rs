@@ -46,14 +46,8 @@ async fn a_message_published_to_the_return_exchange_is_invalid_unless_the_delay_
     let db = database(Backend::Postgres).await;
     let (topic, group, run) = (unique("forged"), unique("group"), unique("F").replace('_', ""));
     let service = Service::start(&settings_for(BrokerKind::RabbitMq, &db.url, &topic, &group, "solo", 2));
-    let order = |n: u32| shop::CreateOrder {
-        order_no: format!("{run}-ORD-{n}"),
-        user_id: "u1".to_owned(),
-        sku: "SKU-1".to_owned(),
-        quantity: 1,
-        amount_cents: 100,
-    };
-    let body = |n: u32| serde_json::to_vec(&order(n)).expect("json");
+    let order_no = |n: u32| format!("{run}-ORD-{n}");
+    let body = |n: u32| order_body(&order_no(n));
     let back = format!("{group}.return");
     let retry_queue = format!("{group}.retry");
     // 1: through the return exchange, naming an exchange no route binds, with a forged count.
@@ -61,7 +55,7 @@ async fn a_message_published_to_the_return_exchange_is_invalid_unless_the_delay_
         &back,
         shop::TAG_ORDER_CREATE,
         &format!("{run}-U1"),
-        &order(1).order_no,
+        &order_no(1),
         "payments_elsewhere",
         &[
             Death { queue: &retry_queue, reason: "expired", count: 1 },
@@ -76,7 +70,7 @@ async fn a_message_published_to_the_return_exchange_is_invalid_unless_the_delay_
         &back,
         shop::TAG_ORDER_CREATE,
         &format!("{run}-U2"),
-        &order(2).order_no,
+        &order_no(2),
         &topic,
         &[Death { queue: &group, reason: "rejected", count: 1 }],
         &body(2),
@@ -89,7 +83,7 @@ async fn a_message_published_to_the_return_exchange_is_invalid_unless_the_delay_
         &topic,
         shop::TAG_ORDER_CREATE,
         &format!("{run}-U3"),
-        &order(3).order_no,
+        &order_no(3),
         "payments_elsewhere",
         &[Death { queue: &group, reason: "rejected", count: 99 }],
         &body(3),

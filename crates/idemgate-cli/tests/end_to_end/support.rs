@@ -93,6 +93,19 @@ pub fn settings_for(
     s
 }
 
+/// The JSON body of an `order.create` for one unit of `SKU-1`, numbered `order_no`: what a test
+/// sends by hand, past `produce`.
+pub fn order_body(order_no: &str) -> Vec<u8> {
+    serde_json::to_vec(&shop::CreateOrder {
+        order_no: order_no.to_owned(),
+        user_id: "u-test".to_owned(),
+        sku: "SKU-1".to_owned(),
+        quantity: 1,
+        amount_cents: 1_250,
+    })
+    .expect("an order as JSON")
+}
+
 /// A unique name for this test's topic, group and keys.
 pub fn unique(prefix: &str) -> String {
     format!("{prefix}_{}_{}", std::process::id(), rand::random::<u32>())
