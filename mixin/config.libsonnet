@@ -58,6 +58,22 @@
     retryStormShare: 0.25,
     retryStormFor: '10m',
 
+    // IdemgateProducerRetries: more than producerRetriesMinPerSecond duplicates/s of cause
+    // producer_retry on a biz_type over 5m, for producerRetriesFor.
+    producerRetriesMinPerSecond: 0.1,
+    producerRetriesFor: '15m',
+
+    // IdemgateRebalanceStorm: more than rebalanceStormMinPerSecond redelivered duplicates/s of
+    // sub-cause rebalance in a consumer group over 5m, for rebalanceStormFor (longer than the
+    // burst one rebalance brings).
+    rebalanceStormMinPerSecond: 0.1,
+    rebalanceStormFor: '15m',
+
+    // IdemgateAckFailures: more than ackFailuresMinPerSecond redelivered duplicates/s of
+    // sub-cause ack_lost in a consumer group over 5m, for ackFailuresFor.
+    ackFailuresMinPerSecond: 0.05,
+    ackFailuresFor: '10m',
+
     // IdemgateDeadLetters: more than deadLettersAbove dead letters within deadLettersWindow
     // (which is also how long one dead letter keeps it firing).
     deadLettersAbove: 0,

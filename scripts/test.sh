@@ -10,7 +10,7 @@ scripts/services.sh
 # Whether the brokers were built before this run (a machine that has run the tests before).
 prebuilt=0
 if [[ -x "${IDEMGATE_ROCKETMQ_ROOT:-$HOME/.cache/idemgate/rocketmq-1.0.0}/bin/rocketmq-broker-rust" \
-   && -x "${IDEMGATE_TANSU_ROOT:-$HOME/.cache/idemgate/tansu-0.6.0-p1}/bin/tansu" ]]; then
+   && -x "${IDEMGATE_TANSU_ROOT:-$HOME/.cache/idemgate/tansu-0.6.0-p2}/bin/tansu" ]]; then
   prebuilt=1
 fi
 scripts/install-prometheus.sh >/dev/null

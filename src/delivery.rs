@@ -87,6 +87,14 @@ pub struct Delivery {
     pub queue_offset: i64,
     /// How many times the broker has redelivered this message after a failure.
     pub reconsume_times: i32,
+    /// Which stored copy of the message this is, in the broker's own words, the same for every
+    /// delivery of that copy and different for a second copy of the same message (a producer's
+    /// retry): RocketMQ's msgId of the copy in the original topic (a retry copy's
+    /// `ORIGIN_MESSAGE_ID`: the broker's address and commit-log offset), Kafka's first topic,
+    /// partition and offset (a retry copy's from its headers). Empty where the broker keeps no
+    /// such id (RabbitMQ: its `redelivered` flag is its word instead). Read by
+    /// [`crate::outcome::classify`] to tell a redelivery from a producer's retry.
+    pub stored_copy: String,
     /// The broker says it delivered this message before without an answer (RabbitMQ's
     /// `redelivered` flag: a channel closed, a consumer crashed). RocketMQ and Kafka say it
     /// through `reconsume_times` or the message's own id instead.

@@ -27,7 +27,7 @@ pub(crate) const MAX_ERROR_CHARS: usize = 2_000;
 pub const MAX_KEPT_PAYLOAD: usize = 4 * 1024 * 1024;
 
 /// The columns of one row, in the order [`bind`] binds them.
-pub const COLUMNS: [&str; 25] = [
+pub const COLUMNS: [&str; 26] = [
     "logged_at_ms",
     "instance_id",
     "consumer_group",
@@ -53,13 +53,14 @@ pub const COLUMNS: [&str; 25] = [
     "kept_headers",
     "trace_id",
     "broker",
+    "stored_copy",
 ];
 static APPEND: Sql = Sql::new(
     "INSERT INTO delivery_log (logged_at_ms, instance_id, consumer_group, msg_id, uniq_key, \
      topic, tags, queue_id, queue_offset, reconsume_times, biz_type, biz_id, execute_time, \
      outcome, cause, layer, payload_match, payload_hash, error, latency_us, payload, payload_truncated, \
-     kept_headers, trace_id, broker) \
-     VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+     kept_headers, trace_id, broker, stored_copy) \
+     VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
 );
 /// [`APPEND`] with the attempt's id, skipped when the table already holds a row of that
 /// attempt. The unique index is on `(attempt_id, logged_at_ms)` (a partitioned table's unique
@@ -73,8 +74,8 @@ static APPEND_ONCE: InsertIfAbsent = crate::store::insert_if_absent!(
     "INSERT INTO delivery_log (logged_at_ms, instance_id, consumer_group, msg_id, uniq_key, \
      topic, tags, queue_id, queue_offset, reconsume_times, biz_type, biz_id, execute_time, \
      outcome, cause, layer, payload_match, payload_hash, error, latency_us, payload, payload_truncated, \
-     kept_headers, trace_id, broker, attempt_id) \
-     VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+     kept_headers, trace_id, broker, stored_copy, attempt_id) \
+     VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
     conflict = "",
     index = "delivery_log_attempt"
 );
@@ -100,7 +101,7 @@ impl Default for AttemptId {
     }
 }
 
-/// The most rows one multi-row append carries (26 values each with its `keep_row`, far below
+/// The most rows one multi-row append carries (27 values each with its `keep_row`, far below
 /// every backend's limit on bound values).
 pub(crate) const MAX_ROWS_PER_STATEMENT: usize = 64;
 
@@ -169,6 +170,44 @@ pub(crate) async fn append_many(
     Ok(())
 }
 
+static APPLIED: Sql = Sql::new(
+    "SELECT stored_copy, msg_id, broker, instance_id, logged_at_ms, latency_us, topic, queue_id FROM delivery_log \
+     WHERE biz_id = ? AND biz_type = ? AND consumer_group = ? AND execute_time = ? AND outcome = 'processed' \
+     AND msg_id = ? ORDER BY logged_at_ms LIMIT 1",
+);
+
+/// What the log holds of the delivery that made `claim` on `key`: its `processed` row's stored
+/// copy, instance, time and queue, the evidence a duplicate of it is held against. `None` when
+/// the row is gone (its day dropped) or the claim was made otherwise.
+pub(crate) async fn applied(
+    conn: &mut Conn,
+    backend: Backend,
+    consumer_group: &str,
+    key: &crate::route::BizKey,
+    claim: &crate::outcome::Claim,
+) -> Result<Option<crate::outcome::ClaimDelivery>, sqlx::Error> {
+    use sqlx::Row;
+    let row = query(backend, &APPLIED)
+        .bind(key.biz_id.clone())
+        .bind(key.biz_type.clone())
+        .bind(consumer_group.to_owned())
+        .bind(key.execute_time)
+        .bind(claim.msg_id.clone())
+        .fetch_optional(conn)
+        .await?;
+    let Some(row) = row else { return Ok(None) };
+    let broker: Option<String> = row.try_get(2)?;
+    let kind = broker.as_deref().and_then(BrokerKind::parse).unwrap_or_default();
+    let topic: String = row.try_get(6)?;
+    Ok(Some(crate::outcome::ClaimDelivery {
+        stored_copy: read_copy(row.try_get(0)?, row.try_get(1)?, broker.as_deref()),
+        instance_id: row.try_get(3)?,
+        logged_at_ms: row.try_get(4)?,
+        latency_us: row.try_get(5)?,
+        queue: crate::instances::queue_name(kind, &topic, row.try_get(7)?),
+    }))
+}
+
 static LOGGED_AT: Sql = Sql::new(
     "SELECT COUNT(*) FROM delivery_log \
      WHERE msg_id = ? AND consumer_group = ? AND instance_id = ? AND logged_at_ms = ?",
@@ -194,7 +233,7 @@ pub(crate) async fn is_logged(
     Ok(row.try_get::<i64, _>(0)? > 0)
 }
 
-/// Binds one row's 25 values, in column order. The trace id is the message's `traceparent`'s
+/// Binds one row's 26 values, in column order. The trace id is the message's `traceparent`'s
 /// when it can be read; one that cannot is stored as none (the metrics count it), never a
 /// reason to refuse the row.
 fn bind(q: AnyQuery, entry: &Entry<'_>) -> AnyQuery {
@@ -235,6 +274,24 @@ fn bind(q: AnyQuery, entry: &Entry<'_>) -> AnyQuery {
         .bind(entry.keep_payload.then(|| kept_headers(d)).flatten())
         .bind(d.trace_id().ok().flatten().map(|t| t.as_str().to_owned()))
         .bind((d.broker != BrokerKind::RocketMq).then(|| d.broker.as_str()))
+        .bind(logged_copy(d).map(|copy| stored_id(copy, MAX_ID_CHARS).into_owned()))
+}
+
+/// What a row keeps of its delivery's stored copy: nothing when the copy is the delivery's own
+/// msgId (every delivery but a retry copy) or the broker names none; the row's msgId stands for
+/// it ([`read_copy`]).
+fn logged_copy(d: &Delivery) -> Option<&str> {
+    (!d.stored_copy.is_empty() && d.stored_copy != d.msg_id).then_some(d.stored_copy.as_str())
+}
+
+/// A row's stored copy, from its `stored_copy`, `msg_id` and `broker` columns: what
+/// [`logged_copy`] kept, else the row's msgId, except on a broker that names no copies.
+pub(crate) fn read_copy(stored_copy: Option<String>, msg_id: String, broker: Option<&str>) -> String {
+    match (stored_copy, broker.and_then(BrokerKind::parse)) {
+        (Some(copy), _) => copy,
+        (None, Some(BrokerKind::RabbitMq)) => String::new(),
+        (None, _) => msg_id,
+    }
 }
 
 /// The most bytes of KEYS and properties kept beside a body (RocketMQ bounds a message's

@@ -70,6 +70,7 @@ pub mod gate;
 pub mod handler;
 pub mod http;
 pub mod inspect;
+pub mod instances;
 mod labelled;
 pub mod layout;
 pub mod metrics;

@@ -27,7 +27,7 @@ use crate::clock::now_ms;
 use crate::delivery::{BrokerKind, Delivery, TraceparentFault};
 use crate::gate::{CommitScope, Disposition, GroupEnd, GroupReport, Observer, ReadBack};
 use crate::labelled::labelled;
-use crate::outcome::{DuplicateCause, Layer, Outcome};
+use crate::outcome::{DuplicateCause, Layer, Outcome, RedeliveryCause};
 use crate::prefilter::{FallbackCause, Settled, Step};
 use crate::reconcile::AnomalyKind;
 use crate::store::{Backend, Retries, Sql, Store, TransientCause};
@@ -56,6 +56,7 @@ pub struct Metrics {
     started_ms: i64,
     deliveries: IntCounterVec,
     conflicts: IntCounterVec,
+    redelivery_duplicates: IntCounterVec,
     redeliveries: IntCounterVec,
     key_collisions: IntCounterVec,
     illegal_transitions: IntCounterVec,
@@ -200,7 +201,9 @@ impl Metrics {
             deliveries: counter(r, "idemgate_deliveries_total", &["biz_type", "topic", "consumer_group", "outcome"],
                 "Deliveries by outcome (processed, duplicate, failed, dead_lettered, invalid)."),
             conflicts: counter(r, "idemgate_conflicts_total", &["biz_type", "consumer_group", "layer", "cause"],
-                "Duplicates stopped, by the defence layer that stopped them and their cause."),
+                "Duplicates stopped, by the defence layer that stopped them and their cause (redelivery, producer_retry, producer_resend, replay, ambiguous_commit, unknown)."),
+            redelivery_duplicates: counter(r, "idemgate_redelivery_duplicates_total", &["biz_type", "consumer_group", "sub_cause"],
+                "Duplicates of cause redelivery (the same stored copy delivered again), by what the broker did, read from the consumer record a few seconds after the duplicate: ack_lost, rebalance, crash, consume_timeout, unattributed."),
             redeliveries: counter(r, "idemgate_redeliveries_total", &["biz_type", "topic", "consumer_group"],
                 "Deliveries with a broker reconsume count above 0 (retries)."),
             key_collisions: counter(r, "idemgate_key_collisions_total", &["biz_type", "consumer_group"],
@@ -344,6 +347,9 @@ impl Metrics {
                 for cause in DuplicateCause::ALL {
                     self.conflicts.with_label_values(&[biz_type, g, layer.as_str(), cause.as_str()]);
                 }
+            }
+            for sub_cause in RedeliveryCause::ALL {
+                self.redelivery_duplicates.with_label_values(&[biz_type, g, sub_cause.as_str()]);
             }
             self.key_collisions.with_label_values(&[biz_type, g]);
             for step in Step::ALL {
@@ -552,6 +558,15 @@ impl Metrics {
 }
 
 /// The gate reports every delivery and group here.
+impl Metrics {
+    /// Counts a redelivery of `biz_type` whose sub-cause the consumer record told.
+    pub fn observe_redelivery(&self, biz_type: &str, sub_cause: RedeliveryCause) {
+        self.redelivery_duplicates
+            .with_label_values(&[biz_type, self.group.as_str(), sub_cause.as_str()])
+            .inc();
+    }
+}
+
 impl Observer for Metrics {
     /// Records one delivery's fate.
     fn delivery(&self, d: &Delivery, r: &Disposition) {

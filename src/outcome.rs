@@ -24,14 +24,20 @@ labelled! {
 }
 
 labelled! {
-    /// Why a duplicate arrived, read from the UNIQ_KEY of the delivery and of the claim (and,
-    /// where either has none, from the broker's redelivered flag).
+    /// Why a duplicate arrived, read from the evidence of the delivery and of the delivery that
+    /// made the claim: the producer's id of the send (RocketMQ UNIQ_KEY, RabbitMQ `message-id`,
+    /// Kafka's `UNIQ_KEY` header), the stored copy each was read from
+    /// ([`Delivery::stored_copy`]), and the broker's `redelivered` flag where it keeps no copy id.
     DuplicateCause {
-        /// Same UNIQ_KEY as the claim: the broker (or the producer's own retry) sent the same
-        /// send again: a lost ack, a rebalance, a crash before the ack.
+        /// The same stored copy delivered again: the broker's doing. What the broker did is the
+        /// [`RedeliveryCause`].
         Redelivery => "redelivery",
-        /// Same business key, different UNIQ_KEY: the producer sent the business event again
-        /// as a new message.
+        /// The same id on a different stored copy, not a retry copy: the producer's client sent
+        /// the same message again (its retry after a lost send response or confirm), and the
+        /// broker stored and delivered both.
+        ProducerRetry => "producer_retry",
+        /// Same business key, different id: the application sent the business event again as a
+        /// new message.
         ProducerResend => "producer_resend",
         /// A dead letter re-published by `idemgate replay`.
         Replay => "replay",
@@ -39,8 +45,30 @@ labelled! {
         /// died after the COMMIT was sent): the retry found the claim of that same delivery.
         /// The effect committed once, by this delivery; no broker sent anything again.
         AmbiguousCommit => "ambiguous_commit",
-        /// Not enough information (no UNIQ_KEY on either side, or the claim is gone).
+        /// Not enough information (no id on either side, or the claim is gone).
         Unknown => "unknown",
+    }
+}
+
+labelled! {
+    /// What the broker did when it delivered the same stored copy again: read from the record of
+    /// what the consumers did ([`crate::instances`]) around the delivery that made the claim.
+    RedeliveryCause {
+        /// The instance that applied it recorded that its answer (ack, offset commit) failed,
+        /// timed out, or could not be sent.
+        AckLost => "ack_lost",
+        /// The queue or partition was taken from the instance that applied it, which was alive
+        /// and did not stop, while the delivery was unanswered.
+        Rebalance => "rebalance",
+        /// The instance that applied it stopped without a clean stop: its heartbeat ended and no
+        /// stop was recorded.
+        Crash => "crash",
+        /// The broker gave up waiting for the answer: the instance that applied it recorded the
+        /// broker's timeout (RabbitMQ's `consumer_timeout`, Kafka's `max.poll.interval.ms`), or
+        /// took longer than the broker waits.
+        ConsumeTimeout => "consume_timeout",
+        /// The same stored copy again with none of the above on record.
+        Unattributed => "unattributed",
     }
 }
 
@@ -68,7 +96,10 @@ impl DuplicateCause {
     /// What the cause means to a reader of the trace page.
     pub fn meaning(self) -> &'static str {
         match self {
-            Self::Redelivery => "the broker or the producer sent the same message again",
+            Self::Redelivery => "the broker delivered the same stored copy again",
+            Self::ProducerRetry => {
+                "the producer's client sent the same message again (the same id, a second stored copy)"
+            }
             Self::ProducerResend => "the producer sent the business event again as a new message",
             Self::Replay => "re-published by idemgate replay",
             Self::AmbiguousCommit => {
@@ -76,6 +107,19 @@ impl DuplicateCause {
                  its claim; the effect committed once, no broker sent it again"
             }
             Self::Unknown => "not enough information to tell",
+        }
+    }
+}
+
+impl RedeliveryCause {
+    /// What the sub-cause means to a reader of the trace page.
+    pub fn meaning(self) -> &'static str {
+        match self {
+            Self::AckLost => "the answer of the instance that applied it never reached the broker",
+            Self::Rebalance => "the queue was taken from the instance that applied it before it answered",
+            Self::Crash => "the instance that applied it stopped without a clean stop before it answered",
+            Self::ConsumeTimeout => "the broker gave up waiting for the answer",
+            Self::Unattributed => "nothing on record says why the broker delivered it again",
         }
     }
 }
@@ -150,23 +194,58 @@ impl Claim {
     }
 }
 
-/// Names the cause of a duplicate and says whether its body matches the claim's.
+/// What the log holds of the delivery that made a claim: the evidence a duplicate of it is
+/// held against.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct ClaimDelivery {
+    /// The stored copy it was read from ([`Delivery::stored_copy`]); empty where the broker keeps
+    /// no such id.
+    pub stored_copy: String,
+    /// The instance that applied it.
+    pub instance_id: String,
+    /// When its row was logged (the commit), epoch milliseconds.
+    pub logged_at_ms: i64,
+    /// How long the gate took with it, microseconds.
+    pub latency_us: i64,
+    /// Its queue, in the words of [`crate::instances::queue_name`].
+    pub queue: String,
+}
+
+/// Names the cause of a duplicate and says whether its body matches the claim's. `applied` is
+/// what the log holds of the delivery that made the claim, when it could be read; without it the
+/// claim's msgId stands for its stored copy (true unless a retry copy made the claim).
 pub(crate) fn classify(
     d: &Delivery,
     payload_hash: &str,
     claim: Option<&Claim>,
+    applied: Option<&ClaimDelivery>,
 ) -> (DuplicateCause, Option<bool>) {
     let payload_match = claim.map(|c| c.same_payload(payload_hash));
-    let cause = match claim {
-        _ if d.is_replay() => DuplicateCause::Replay,
-        None => DuplicateCause::Unknown,
-        // Without the producer's id, the broker's word that it delivered this message before.
-        Some(c) if (d.uniq_key.is_empty() || c.uniq_key.is_empty()) && d.redelivered => {
-            DuplicateCause::Redelivery
-        }
-        Some(c) if d.uniq_key.is_empty() || c.uniq_key.is_empty() => DuplicateCause::Unknown,
-        Some(c) if c.uniq_key == d.uniq_key => DuplicateCause::Redelivery,
-        Some(_) => DuplicateCause::ProducerResend,
+    let Some(c) = claim else {
+        return (if d.is_replay() { DuplicateCause::Replay } else { DuplicateCause::Unknown }, payload_match);
+    };
+    if d.is_replay() {
+        return (DuplicateCause::Replay, payload_match);
+    }
+    // Which stored copy made the claim, where the broker names its copies.
+    let claimed_copy = applied.map(|a| a.stored_copy.as_str()).filter(|s| !s.is_empty());
+    // The claim's own delivery again (its msgId) is its copy on every broker; otherwise the
+    // copies are compared where the broker names them.
+    let same_copy = if !d.msg_id.is_empty() && d.msg_id == c.msg_id {
+        Some(true)
+    } else {
+        (!d.stored_copy.is_empty()).then(|| claimed_copy.unwrap_or(c.msg_id.as_str()) == d.stored_copy)
+    };
+    let ids_known = !d.uniq_key.is_empty() && !c.uniq_key.is_empty();
+    let cause = match same_copy {
+        // The broker's own word: this very copy came again.
+        Some(true) => DuplicateCause::Redelivery,
+        _ if d.stored_copy.is_empty() && d.redelivered => DuplicateCause::Redelivery,
+        _ if !ids_known => DuplicateCause::Unknown,
+        _ if c.uniq_key != d.uniq_key => DuplicateCause::ProducerResend,
+        // The same id on another copy (or, on a broker without copy ids, on a message the broker
+        // never delivered before): the producer's client sent it again.
+        _ => DuplicateCause::ProducerRetry,
     };
     (cause, payload_match)
 }
@@ -180,30 +259,59 @@ mod tests {
         Claim { msg_id: "m0".into(), uniq_key: uniq_key.into(), payload_hash: hash.into() }
     }
 
+    fn copy(uniq_key: &str, msg_id: &str, stored_copy: &str) -> Delivery {
+        Delivery {
+            uniq_key: uniq_key.into(),
+            msg_id: msg_id.into(),
+            stored_copy: stored_copy.into(),
+            ..Default::default()
+        }
+    }
+
     #[test]
-    fn causes_are_told_apart_by_uniq_key() {
-        let d = Delivery { uniq_key: "U1".into(), ..Default::default() };
-        assert_eq!(classify(&d, "h", Some(&claim("U1", "h"))), (DuplicateCause::Redelivery, Some(true)));
-        assert_eq!(classify(&d, "h", Some(&claim("U2", "h"))), (DuplicateCause::ProducerResend, Some(true)));
-        assert_eq!(classify(&d, "h", Some(&claim("", "h"))), (DuplicateCause::Unknown, Some(true)));
-        assert_eq!(classify(&d, "h", None), (DuplicateCause::Unknown, None));
-        let flagged = Delivery { redelivered: true, ..Default::default() };
+    fn the_stored_copy_tells_a_redelivery_from_a_producer_retry() {
+        // The claim was made by stored copy m0.
+        let c = claim("U1", "h");
+        let cause = |d: &Delivery| classify(d, "h", Some(&c), None).0;
+        assert_eq!(cause(&copy("U1", "m0", "m0")), DuplicateCause::Redelivery, "the same copy again");
+        assert_eq!(cause(&copy("U1", "r1", "m0")), DuplicateCause::Redelivery, "a retry copy of it");
+        assert_eq!(cause(&copy("U1", "m1", "m1")), DuplicateCause::ProducerRetry, "a second copy, same id");
+        assert_eq!(cause(&copy("U2", "m1", "m1")), DuplicateCause::ProducerResend, "another id");
+        assert_eq!(cause(&copy("", "m1", "m1")), DuplicateCause::Unknown, "no id");
+        assert_eq!(cause(&copy("", "m0", "m0")), DuplicateCause::Redelivery, "no id, but the same copy");
+        // A claim made by a retry copy r0 of m0: the log names its stored copy.
+        let by_retry = Claim { msg_id: "r0".into(), ..claim("U1", "h") };
+        let applied = ClaimDelivery { stored_copy: "m0".into(), ..Default::default() };
+        let d = copy("U1", "m0", "m0");
+        assert_eq!(classify(&d, "h", Some(&by_retry), Some(&applied)).0, DuplicateCause::Redelivery);
         assert_eq!(
-            classify(&flagged, "h", Some(&claim("U1", "h"))),
-            (DuplicateCause::Redelivery, Some(true))
+            classify(&d, "h", Some(&by_retry), None).0,
+            DuplicateCause::ProducerRetry,
+            "without the log"
         );
-        let unflagged = Delivery::default();
-        assert_eq!(classify(&unflagged, "h", Some(&claim("U1", "h"))), (DuplicateCause::Unknown, Some(true)));
-        let mut replay = d.clone();
+    }
+
+    #[test]
+    fn without_copy_ids_the_redelivered_flag_is_the_brokers_word() {
+        let c = claim("U1", "h");
+        let flagged = Delivery { uniq_key: "U1".into(), redelivered: true, ..Default::default() };
+        assert_eq!(classify(&flagged, "h", Some(&c), None), (DuplicateCause::Redelivery, Some(true)));
+        let unflagged = Delivery { uniq_key: "U1".into(), ..Default::default() };
+        assert_eq!(classify(&unflagged, "h", Some(&c), None).0, DuplicateCause::ProducerRetry);
+        let other = Delivery { uniq_key: "U2".into(), ..Default::default() };
+        assert_eq!(classify(&other, "h", Some(&c), None).0, DuplicateCause::ProducerResend);
+        assert_eq!(classify(&Delivery::default(), "h", Some(&c), None).0, DuplicateCause::Unknown);
+        assert_eq!(classify(&flagged, "h", None, None), (DuplicateCause::Unknown, None));
+        let mut replay = other.clone();
         replay.properties.insert(REPLAY_PROPERTY.into(), "m0".into());
-        assert_eq!(classify(&replay, "h", Some(&claim("U2", "h"))), (DuplicateCause::Replay, Some(true)));
+        assert_eq!(classify(&replay, "h", Some(&c), None).0, DuplicateCause::Replay);
     }
 
     #[test]
     fn a_different_body_under_the_same_key_is_a_collision() {
         let d = Delivery { uniq_key: "U2".into(), ..Default::default() };
         assert_eq!(
-            classify(&d, "other", Some(&claim("U1", "h"))),
+            classify(&d, "other", Some(&claim("U1", "h")), None),
             (DuplicateCause::ProducerResend, Some(false))
         );
     }

@@ -106,7 +106,8 @@ local text = import '../lib/text.libsonnet';
             ui('consumer_group', '/'),
             |||
               Duplicates stopped per second jumped well above their own recent normal: a rebalance
-              storm, a broker redelivering, a producer resending after timeouts, or a replay.
+              storm, a broker redelivering, a producer retrying after timeouts or resending, or a
+              replay.
               Relative on purpose: a biz_type that always sees many duplicates does not page; the
               level itself is IdemgateDuplicateRatioHigh's job.
             |||,
@@ -132,8 +133,9 @@ local text = import '../lib/text.libsonnet';
             '{{ $value | humanizePercentage }} of the deliveries of {{ $labels.biz_type }} in consumer group '
             + '{{ $labels.consumer_group }} were duplicates over the last 5 minutes, for '
             + text.words(c.duplicateRatioFor) + ' (threshold ' + text.percent(c.duplicateRatioThreshold)
-            + ' %). Look at the causes: redelivery (acks lost, rebalances, slow consumers), '
-            + 'producer_resend (producer retries), replay, ambiguous_commit (database connections lost at COMMIT).',
+            + ' %). Look at the causes: redelivery (acks lost, rebalances, crashes, slow consumers), '
+            + "producer_retry (the producer's client sending again after a timeout), producer_resend (the "
+            + 'application sending the event again), replay, ambiguous_commit (database connections lost at COMMIT).',
             ui('consumer_group', '/'),
             |||
               A large share of deliveries are duplicates, for a long time. The traffic floor keeps 2
@@ -169,6 +171,102 @@ local text = import '../lib/text.libsonnet';
             |||,
             ['retryStormMinPerSecond', 'retryStormShare', 'retryStormFor'],
             c.retryStormFor,
+          ),
+
+          alert(
+            'IdemgateProducerRetries',
+            'warning',
+            |||
+              sum by (%s) (
+                rate(%s[5m])
+              ) > %s
+            ||| % [
+              groupBiz,
+              sel('idemgate_conflicts_total', ['cause="producer_retry"']),
+              text.number(c.producerRetriesMinPerSecond),
+            ],
+            'Producer retries on {{ $labels.biz_type }} ({{ $labels.consumer_group }})',
+            '{{ $labels.biz_type }} in consumer group {{ $labels.consumer_group }} stops '
+            + '{{ printf "%.3g" $value }} duplicates/s of cause producer_retry (5m), for '
+            + text.words(c.producerRetriesFor) + ": the same message id on a second stored copy, sent again by the producer's "
+            + "client when a send's answer did not come in time. Look at the producer's send timeout and retries ("
+            + '{{ if eq ' + broker + ' "kafka" }}request.timeout.ms, delivery.timeout.ms, enable.idempotence'
+            + '{{ else if eq ' + broker + ' "rabbitmq" }}its wait for publisher confirms'
+            + '{{ else }}sendMsgTimeout, retryTimesWhenSendFailed{{ end }}) '
+            + "and at the broker's latency to store a message.",
+            ui('consumer_group', '/'),
+            |||
+              Duplicates of cause producer_retry: the delivery carries the claim's producer id (RocketMQ
+              UNIQ_KEY, the AMQP message-id, Kafka's UNIQ_KEY header) on another stored copy (on
+              RabbitMQ: not flagged redelivered). The producer's client sent the message again after a
+              send whose response or confirm it did not get in time. Harmless to the books; a sign that
+              the producer's sends time out.
+            |||,
+            ['producerRetriesMinPerSecond', 'producerRetriesFor'],
+            c.producerRetriesFor,
+          ),
+
+          alert(
+            'IdemgateRebalanceStorm',
+            'warning',
+            |||
+              sum by (%s) (
+                rate(%s[5m])
+              ) > %s
+            ||| % [
+              group,
+              sel('idemgate_redelivery_duplicates_total', ['sub_cause="rebalance"']),
+              text.number(c.rebalanceStormMinPerSecond),
+            ],
+            'Rebalance storm in {{ $labels.consumer_group }}',
+            'Consumer group {{ $labels.consumer_group }} stops {{ printf "%.3g" $value }} redeliveries/s (5m) of '
+            + 'messages already applied whose {{ if eq ' + broker + ' "kafka" }}partition{{ else }}queue{{ end }} '
+            + 'was taken from the instance that applied them before their answer reached the broker, for '
+            + text.words(c.rebalanceStormFor) + ': instances keep joining or leaving the group. Check restarts '
+            + '(crash loops, deploys, IdemgateDown) and '
+            + '{{ if eq ' + broker + ' "kafka" }}kafka.session_timeout_ms against missed heartbeats'
+            + "{{ else }}rocketmq.heartbeat_interval_seconds against the broker's channel expiry{{ end }}.",
+            ui('consumer_group', '/'),
+            |||
+              Redelivered duplicates of sub-cause rebalance: the queue or partition of the delivery that
+              applied the key was taken from its instance, or given to another, before its answer
+              reached the broker (read from the consumer record). One rebalance brings a short burst; a
+              storm lasts. Never on RabbitMQ, whose consumers of a group share one queue. By consumer
+              group: the sub-cause is counted by the instance that met the redelivery, not by the one
+              that lost the queue.
+            |||,
+            ['rebalanceStormMinPerSecond', 'rebalanceStormFor'],
+            c.rebalanceStormFor,
+          ),
+
+          alert(
+            'IdemgateAckFailures',
+            'warning',
+            |||
+              sum by (%s) (
+                rate(%s[5m])
+              ) > %s
+            ||| % [
+              group,
+              sel('idemgate_redelivery_duplicates_total', ['sub_cause="ack_lost"']),
+              text.number(c.ackFailuresMinPerSecond),
+            ],
+            'Answers lost on the way to the broker in {{ $labels.consumer_group }}',
+            'Consumer group {{ $labels.consumer_group }} stops {{ printf "%.3g" $value }} redeliveries/s (5m) of '
+            + 'messages already applied whose answer never reached the broker ('
+            + '{{ if eq ' + broker + ' "kafka" }}offset commits that failed'
+            + '{{ else }}acks or rejects that failed, or a channel lost with them unanswered{{ end }}), for '
+            + text.words(c.ackFailuresFor) + ". Look at the network between the instances and the broker and at the broker's "
+            + 'health; the service log names each failure.',
+            ui('consumer_group', '/'),
+            |||
+              Redelivered duplicates of sub-cause ack_lost: the instance that applied the key recorded an
+              answer that failed after it (RabbitMQ: an ack or reject that failed, or the channel lost;
+              Kafka: an offset commit that failed). RocketMQ's client reports no failed offset commit, so
+              it never fires there. By consumer group, as IdemgateRebalanceStorm.
+            |||,
+            ['ackFailuresMinPerSecond', 'ackFailuresFor'],
+            c.ackFailuresFor,
           ),
 
           alert(

@@ -391,7 +391,7 @@ local text = import '../lib/text.libsonnet';
           10,
           'Duplicates by cause',
           'ops',
-          'Duplicates per second by cause: redelivery (same UNIQ_KEY), producer_resend (new UNIQ_KEY), replay, ambiguous_commit (a COMMIT that lost its database connection, found committed by the retry), unknown.',
+          "Duplicates per second by cause, named from the producer's id of the send (RocketMQ UNIQ_KEY, AMQP message-id, Kafka UNIQ_KEY header) and the stored copy each delivery was read from: redelivery (the same stored copy again; on RabbitMQ, flagged redelivered), producer_retry (the same id on another stored copy: the producer's client sent it again after a lost send response), producer_resend (a new id: the application sent the event again), replay, ambiguous_commit (a COMMIT that lost its database connection, found committed by the retry), unknown (no id to compare). Redeliveries by sub-cause splits the first.",
           [
             ['sum by (cause) (rate(%s[$__rate_interval]))' % m('idemgate_conflicts_total', noTopic), '{{cause}}'],
           ],
@@ -620,7 +620,18 @@ local text = import '../lib/text.libsonnet';
           ],
           links=[link('Dead letters of ${biz_type}', '/dead-letters?biz_type=${biz_type:percentencode}')],
           dataLinks=[link('Dead letters of ${__field.labels.biz_type}', '/dead-letters?biz_type=${__field.labels.biz_type:percentencode}')],
-        ) + at(0, 60, 24, 8),
+        ) + at(0, 60, 12, 8),
+        timeseries(
+          45,
+          'Redeliveries by sub-cause',
+          'ops',
+          "Duplicates of cause redelivery per second by what the broker did (idemgate_redelivery_duplicates_total), read from the consumer record about the run that applied the key: consume_timeout (the broker's own timeout: RabbitMQ's consumer_timeout, Kafka's max.poll.interval.ms), ack_lost (an ack, reject or offset commit that failed after the delivery was applied), rebalance (its queue or partition moved to another instance; never on RabbitMQ), crash (the instance stopped without a clean stop), unattributed (nothing on record says why). Counted when the sub-cause is written, about 4 s after the duplicate, so a few seconds behind Duplicates by cause; a redelivery logged by an instance that stopped before then is not counted here.",
+          [
+            ['sum by (sub_cause) (rate(%s[$__rate_interval]))' % m('idemgate_redelivery_duplicates_total', noTopic), '{{sub_cause}}'],
+          ],
+          links=[link('idemgate overview', '/')],
+          style={ fillOpacity: 20, stacking: { mode: 'normal', group: 'A' } },
+        ) + at(12, 60, 12, 8),
         timeseries(
           32,
           'Consumer lag: messages behind',

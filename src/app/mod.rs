@@ -168,7 +168,17 @@ impl Application {
             Feed::Caller => web,
         });
         let checks = handlers.checks(&routes);
-        let gate = Arc::new(observed(gate, &settings, &handlers, metrics.clone()));
+        let record = crate::instances::Record::new(
+            store.clone(),
+            &identity.consumer_group,
+            &identity.instance_id,
+            settings.broker.kind,
+        );
+        let counted = metrics.clone();
+        record.on_attributed(Box::new(move |biz_type, sub_cause| {
+            counted.observe_redelivery(biz_type, sub_cause)
+        }));
+        let gate = Arc::new(observed(gate, &settings, &handlers, metrics.clone()).with_record(record));
         let state = AppState {
             store: ui_store.clone(),
             consumer_store: store.clone(),
@@ -233,6 +243,8 @@ impl Application {
 
 /// How often the consumer task reads what the broker client holds pulled.
 const BUFFERED_READ_EVERY: Duration = Duration::from_secs(1);
+/// How long a clean stop may take to be written to the consumer record.
+const RECORD_STOP_WITHIN: Duration = Duration::from_secs(5);
 
 /// The schedules, the consumer and, after it, the reading of its lag, each as a task of `tasks`.
 async fn start_parts(
@@ -290,6 +302,16 @@ async fn start_parts(
                     anyhow::bail!("a reconcile run panicked: {what}")
                 }
             }
+        });
+    }
+    if let Some(record) = gate.record().cloned() {
+        record.start().await.context("recording this run in consumer_instance")?;
+        tasks.spawn("consumer record", |stop| async move {
+            let writer = tokio::spawn(record.clone().run());
+            stop.await;
+            writer.abort();
+            record.stop(RECORD_STOP_WITHIN).await;
+            Ok(())
         });
     }
     if gate.group_commit().is_some() {

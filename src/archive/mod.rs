@@ -227,6 +227,13 @@ pub async fn archive_observed(
     if matches!(dedup, Err(ArchiveError::Crashed)) {
         return Err(ArchiveError::Crashed);
     }
+    // The consumer record explains the log: it goes with the log's expired days.
+    if let (Some(Ok(_)), Some(cutoff)) = (&log, log_cutoff) {
+        let batch = i64::try_from(options.batch_size).unwrap_or(i64::MAX);
+        if let Err(e) = crate::instances::expire(store, cutoff, batch).await {
+            tracing::warn!(error = %e, "could not delete the consumer record's expired events; the next run tries again");
+        }
+    }
     if let Err(e) = lease.release(store).await {
         tracing::warn!(error = %e, "could not release the archive lease; it will expire");
     }

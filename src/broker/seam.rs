@@ -69,6 +69,8 @@ pub(crate) struct Answering {
     max_reconsume_times: i32,
     /// The routes' topics: the only first topics a retried copy may name.
     pub(crate) routed: std::collections::BTreeSet<String>,
+    /// The consumer record, for what the consumer sees happen ([`Answering::note`]).
+    record: Option<Arc<crate::instances::Record>>,
 }
 
 impl Answering {
@@ -88,8 +90,16 @@ impl Answering {
             within: limits.answer_within,
             max_reconsume_times: subscription.max_reconsume_times,
             routed: subscription.topics.iter().map(|(t, _)| t.clone()).collect(),
+            record: subscription.record.clone(),
         };
         (answering, receiver)
+    }
+
+    /// Records `kind` for `queue` in the consumer record, when there is one.
+    pub(crate) fn note(&self, kind: crate::instances::EventKind, queue: &str, detail: &str) {
+        if let Some(record) = &self.record {
+            record.note(kind, queue, detail);
+        }
     }
 
     /// The verdict on `d` as the broker is to be answered: `d` waits for its turn in the gate,
@@ -305,6 +315,10 @@ pub struct Subscription {
     /// (topic, tag expression) pairs.
     pub topics: Vec<(String, String)>,
     pub max_reconsume_times: i32,
+    /// Where the consumer reports the queues it is given and loses, the answers that did not
+    /// reach the broker and the broker's timeouts ([`crate::instances`]); none in a consumer
+    /// started without the service's record.
+    pub record: Option<Arc<crate::instances::Record>>,
 }
 
 impl Subscription {
@@ -314,6 +328,7 @@ impl Subscription {
             group: gate.identity().consumer_group.clone(),
             topics: gate.routes().topics(),
             max_reconsume_times: gate.policy().max_reconsume_times,
+            record: gate.record().cloned(),
         }
     }
 }

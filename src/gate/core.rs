@@ -26,7 +26,7 @@ use crate::delivery::Delivery;
 use crate::delivery_log::{self, AttemptId, Entry};
 use crate::handler::{Effect, HandlerError, Handlers, Work};
 use crate::layout::Layout;
-use crate::outcome::{Claim, DuplicateCause, Layer, Outcome, Verdict, classify};
+use crate::outcome::{Claim, ClaimDelivery, DuplicateCause, Layer, Outcome, Verdict, classify};
 use crate::prefilter::{Check, Prefilter, PrefilterReport, Settle};
 use crate::route::{BizKey, MAX_ID_CHARS, Rejection, Routes, excerpt};
 use crate::store::{Store, connection_lost};
@@ -82,6 +82,9 @@ pub(crate) struct Core {
     pub(super) layout: tokio::sync::OnceCell<Layout>,
     /// The deliveries whose COMMIT lost its answer, until their fate is known.
     pub(super) unsettled: Unsettled,
+    /// This run's record of what the consumer did, which attributes the redeliveries this gate
+    /// logs ([`Gate::with_record`](super::Gate::with_record)).
+    pub(super) record: Option<Arc<crate::instances::Record>>,
 }
 
 /// Where an attempt ended.
@@ -408,20 +411,40 @@ impl Core {
                 // the cause is unknown and a key collision goes unseen.
                 let lookup = self.retried(|| async {
                     let mut conn = self.store.pool().acquire().await?;
-                    super::claim::find(&mut conn, backend, table, &self.identity.consumer_group, &key).await
+                    let claim =
+                        super::claim::find(&mut conn, backend, table, &self.identity.consumer_group, &key)
+                            .await?;
+                    let applied = match &claim {
+                        Some(c) => {
+                            delivery_log::applied(&mut conn, backend, &self.identity.consumer_group, &key, c)
+                                .await?
+                        }
+                        None => None,
+                    };
+                    Ok((claim, applied))
                 });
                 let (earlier, retries) =
                     until(span.due, lookup).await.unwrap_or_else(|| (Err(sqlx::Error::PoolTimedOut), 0));
                 phases.transient_retries += retries;
                 phases.lookup_us += micros(lookup_started.elapsed());
-                let earlier = earlier.unwrap_or_else(|e| {
+                let (earlier, applied) = earlier.unwrap_or_else(|e| {
                     tracing::warn!(error = %e, "could not read the earlier claim of a duplicate in time; its cause is logged as unknown");
-                    None
+                    (None, None)
                 });
-                (Layer::Db, earlier)
+                let disposition = self.duplicate_disposition(
+                    d,
+                    &key,
+                    payload_hash,
+                    Layer::Db,
+                    earlier.as_ref(),
+                    applied.as_ref(),
+                    phases,
+                );
+                return (self.record(d, Some(key), Some(payload_hash), disposition, span).await, earlier);
             }
         };
-        let disposition = self.duplicate_disposition(d, &key, payload_hash, layer, earlier.as_ref(), phases);
+        let disposition =
+            self.duplicate_disposition(d, &key, payload_hash, layer, earlier.as_ref(), None, phases);
         (self.record(d, Some(key), Some(payload_hash), disposition, span).await, earlier)
     }
 
@@ -434,9 +457,10 @@ impl Core {
         payload_hash: &str,
         layer: Layer,
         earlier: Option<&Claim>,
+        applied: Option<&ClaimDelivery>,
         phases: Phases,
     ) -> Disposition {
-        let (mut cause, payload_match) = classify(d, payload_hash, earlier);
+        let (mut cause, payload_match) = classify(d, payload_hash, earlier, applied);
         if layer == Layer::Db && self.unsettled.is_own_claim(key, d, earlier) {
             cause = DuplicateCause::AmbiguousCommit;
         }

@@ -68,7 +68,7 @@ use crate::delivery::Delivery;
 use crate::delivery_log::{self, Entry};
 use crate::handler::{Effect, HandlerError, Work, handle_each};
 use crate::layout::ClaimTable;
-use crate::outcome::{Claim, DuplicateCause, Layer, Outcome};
+use crate::outcome::{Claim, ClaimDelivery, DuplicateCause, Layer, Outcome};
 use crate::prefilter::{Check, PrefilterReport, Settle, Token, claim_of};
 use crate::route::{BizKey, Rejection};
 use crate::store::{Backend, Conn, Retries, TransientCause, connection_lost, is_transient, query};
@@ -491,6 +491,7 @@ impl Core {
             }
         }
         let earlier = self.earlier_claims(&mut tx, backend, slots, &decided, held).await;
+        let mut evidence = self.evidence(&mut tx, backend, slots, &earlier).await;
         watch.lap(&mut shared.lookup_us);
 
         let phases_of = |i: usize| Phases {
@@ -508,8 +509,15 @@ impl Core {
             let answer = match (&slot.before, decided[i].take()) {
                 (Before::Rejected(r, _), _) => (r.clone(), None),
                 (Before::RedisDuplicate(key, claim), _) => {
-                    let mut r =
-                        self.duplicate_disposition(d, key, &slot.hash, Layer::Redis, claim.as_ref(), phases);
+                    let mut r = self.duplicate_disposition(
+                        d,
+                        key,
+                        &slot.hash,
+                        Layer::Redis,
+                        claim.as_ref(),
+                        None,
+                        phases,
+                    );
                     r.key = Some(key.clone());
                     (r, claim.clone())
                 }
@@ -523,15 +531,23 @@ impl Core {
                 }
                 (Before::Claim(key, _), Some(Decided::Taken(_))) => {
                     let claim = earlier.get(&i).cloned();
-                    let mut r =
-                        self.duplicate_disposition(d, key, &slot.hash, Layer::Db, claim.as_ref(), phases);
+                    let applied = evidence.remove(&i);
+                    let mut r = self.duplicate_disposition(
+                        d,
+                        key,
+                        &slot.hash,
+                        Layer::Db,
+                        claim.as_ref(),
+                        applied.as_ref(),
+                        phases,
+                    );
                     r.key = Some(key.clone());
                     (r, claim)
                 }
                 (Before::Claim(key, _), Some(Decided::TakenInGroup(j))) => {
                     let claim = claim_of(slots[j].d, &slots[j].hash);
                     let mut r =
-                        self.duplicate_disposition(d, key, &slot.hash, Layer::Db, Some(&claim), phases);
+                        self.duplicate_disposition(d, key, &slot.hash, Layer::Db, Some(&claim), None, phases);
                     r.key = Some(key.clone());
                     (r, Some(claim))
                 }
@@ -542,6 +558,7 @@ impl Core {
                         &slot.hash,
                         Layer::LateDuplicate,
                         Some(&claim),
+                        None,
                         phases,
                     );
                     r.key = Some(key.clone());
@@ -689,6 +706,43 @@ impl Core {
         };
         if let Err(e) = read.await {
             tracing::warn!(error = %e, "could not read the earlier claims of a group's duplicates; their causes are logged as unknown");
+        }
+        found
+    }
+
+    /// What the log holds of the deliveries that made the earlier claims of the group's
+    /// duplicates ([`delivery_log::applied`]): the stored copy each was read from. Read on the
+    /// connection [`Self::earlier_claims`] reads on, one duplicate at a time, as duplicates are
+    /// few. A read that fails leaves the rest unread: their causes fall back to the claims
+    /// alone.
+    async fn evidence(
+        &self,
+        tx: &mut Conn,
+        backend: Backend,
+        slots: &[Slot<'_>],
+        earlier: &HashMap<usize, Claim>,
+    ) -> HashMap<usize, ClaimDelivery> {
+        let mut found = HashMap::new();
+        if earlier.is_empty() {
+            return found;
+        }
+        let read = async {
+            let mut own: Option<sqlx::pool::PoolConnection<sqlx::Any>> = None;
+            let conn: &mut Conn = match backend {
+                Backend::MySql => &mut *own.insert(self.store.pool().acquire().await?),
+                Backend::Postgres | Backend::Sqlite => tx,
+            };
+            for (&i, claim) in earlier {
+                let Before::Claim(key, _) = &slots[i].before else { continue };
+                let group = &self.identity.consumer_group;
+                if let Some(applied) = delivery_log::applied(conn, backend, group, key, claim).await? {
+                    found.insert(i, applied);
+                }
+            }
+            Ok::<_, sqlx::Error>(())
+        };
+        if let Err(e) = read.await {
+            tracing::warn!(error = %e, "could not read what the log holds of the earlier claims' deliveries; their causes are read from the claims alone");
         }
         found
     }

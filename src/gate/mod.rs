@@ -123,6 +123,7 @@ impl Gate {
             prefilter: None,
             layout: tokio::sync::OnceCell::new(),
             unsettled: Default::default(),
+            record: None,
         };
         Ok(Self {
             core: Arc::new(core),
@@ -169,6 +170,13 @@ impl Gate {
         self
     }
 
+    /// Reads a redelivery's sub-cause from `record`, this run's record of what the consumer did,
+    /// and the runs before it ([`crate::instances`]).
+    pub fn with_record(mut self, record: Arc<crate::instances::Record>) -> Self {
+        self.core_mut().record = Some(record);
+        self
+    }
+
     /// Asks Redis first for the biz_types `prefilter` covers ([`crate::prefilter`]).
     pub fn with_prefilter(mut self, prefilter: Arc<Prefilter>) -> Self {
         self.core_mut().prefilter = Some(prefilter);
@@ -180,6 +188,11 @@ impl Gate {
     pub(crate) fn with_layout(mut self, layout: Layout) -> Self {
         let _ = self.core_mut().layout.set(layout);
         self
+    }
+
+    /// This run's record of what the consumer did, when the gate reads sub-causes from one.
+    pub fn record(&self) -> Option<&Arc<crate::instances::Record>> {
+        self.core.record.as_ref()
     }
 
     pub fn store(&self) -> &Store {

@@ -91,6 +91,10 @@ pub(super) struct RowView {
     /// The cause is the gate's own retry after a COMMIT that lost its answer, not a broker's
     /// redelivery: the row says so in words.
     pub(super) ambiguous_commit: bool,
+    /// For a redelivery: what the broker did, once the consumer record told it.
+    pub(super) sub_cause: String,
+    /// For a duplicate in a key's timeline: what happened and the evidence, in words.
+    pub(super) explanation: String,
     pub(super) layer: String,
     pub(super) collision: bool,
     pub(super) payload: &'static str,
@@ -155,6 +159,8 @@ impl RowView {
                 .and_then(DuplicateCause::parse)
                 .map_or("", DuplicateCause::meaning),
             ambiguous_commit: r.cause.as_deref() == Some(DuplicateCause::AmbiguousCommit.as_str()),
+            sub_cause: r.sub_cause.clone().unwrap_or_default().replace('_', " "),
+            explanation: r.explanation.clone().unwrap_or_default(),
             layer: r.layer.clone().unwrap_or_default(),
             collision: r.is_collision(),
             payload: match r.payload_match {

@@ -90,6 +90,17 @@ pub struct LogRow {
     pub trace_id: Option<String>,
     /// The kind of broker that delivered it (RocketMQ for rows logged before the column).
     pub broker: BrokerKind,
+    /// The stored copy it was read from ([`crate::delivery::Delivery::stored_copy`]); empty on
+    /// a broker that names none (RabbitMQ).
+    pub stored_copy: String,
+    /// For a redelivery: what the broker did (`ack_lost`, `rebalance`, `crash`,
+    /// `consume_timeout`, `unattributed`), written a few seconds after the row by the instance
+    /// that logged it; `None` until then.
+    pub sub_cause: Option<String>,
+    /// For a duplicate in a key's timeline: what happened, in words, and the evidence
+    /// ([`trace::explain`]).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub explanation: Option<String>,
     /// In the lists: when the key was claimed, if it is claimed now. A dead letter whose key
     /// has since been claimed (by a replay or a resend) is resolved; one without is not.
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -101,7 +112,7 @@ macro_rules! log_columns {
     () => {
         "id, logged_at_ms, instance_id, consumer_group, msg_id, uniq_key, topic, tags, queue_id, queue_offset, \
          reconsume_times, biz_type, biz_id, execute_time, outcome, cause, layer, payload_match, payload_hash, \
-         error, latency_us, trace_id, broker"
+         error, latency_us, trace_id, broker, stored_copy, sub_cause"
     };
 }
 pub(crate) use log_columns;
@@ -136,7 +147,14 @@ impl LogRow {
                 .as_deref()
                 .and_then(BrokerKind::parse)
                 .unwrap_or(BrokerKind::RocketMq),
-            claimed_at_ms: if r.len() > 23 { r.try_get(23)? } else { None },
+            stored_copy: crate::delivery_log::read_copy(
+                r.try_get(23)?,
+                r.try_get(4)?,
+                r.try_get::<Option<String>, _>(22)?.as_deref(),
+            ),
+            sub_cause: r.try_get(24)?,
+            explanation: None,
+            claimed_at_ms: if r.len() > 25 { r.try_get(25)? } else { None },
         })
     }
 

@@ -530,6 +530,7 @@ pub(crate) async fn run(options: &Options, mut report: impl FnMut(&Run)) -> anyh
             group: group.clone(),
             topics: vec![(topic.clone(), "*".to_owned())],
             max_reconsume_times: 16,
+            record: None,
         };
         let consumer_options = RocketMqSettings {
             batch_size: if mode.grouped() && kind == BrokerKind::RocketMq {

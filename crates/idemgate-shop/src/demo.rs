@@ -85,17 +85,25 @@ impl Counters {
     /// One status line.
     pub(crate) fn status(&self, elapsed: Duration, since_last: u64, interval: Duration) -> String {
         format!(
-            "{:>5.0}s  {:>5.0} deliveries/s  processed {}  duplicates {} (redelivery {}, producer_resend {}, other {})  \
+            "{:>5.0}s  {:>5.0} deliveries/s  processed {}  duplicates {} (redelivery {}, producer_retry {}, producer_resend {}, other {})  \
              retries {}  dead-lettered {}  invalid {}",
             elapsed.as_secs_f64(),
             since_last as f64 / interval.as_secs_f64(),
             self.outcome(Outcome::Processed),
             self.outcome(Outcome::Duplicate),
             self.cause(DuplicateCause::Redelivery),
+            self.cause(DuplicateCause::ProducerRetry),
             self.cause(DuplicateCause::ProducerResend),
             DuplicateCause::ALL
                 .iter()
-                .filter(|c| !matches!(c, DuplicateCause::Redelivery | DuplicateCause::ProducerResend))
+                .filter(|c| {
+                    !matches!(
+                        c,
+                        DuplicateCause::Redelivery
+                            | DuplicateCause::ProducerRetry
+                            | DuplicateCause::ProducerResend
+                    )
+                })
                 .map(|c| self.cause(*c))
                 .sum::<u64>(),
             self.redeliveries.load(Ordering::Relaxed),
@@ -169,6 +177,7 @@ pub async fn run(
     };
     tokio::pin!(shutdown, deadline);
     let mut last_total = 0;
+    let mut stored: u64 = 0;
     loop {
         tokio::select! {
             _ = &mut shutdown => break,
@@ -180,7 +189,13 @@ pub async fn run(
             }
             _ = send_tick.tick() => {
                 let mut d = traffic.next_send().message;
+                // Each send is a stored copy of its own, at the next offset of one of four
+                // queues, as a broker stores it; its retries name it as theirs.
                 d.msg_id = msg_id();
+                d.stored_copy = d.msg_id.clone();
+                d.queue_id = i32::try_from(stored % QUEUES).unwrap_or(0);
+                d.queue_offset = i64::try_from(stored / QUEUES).unwrap_or(i64::MAX);
+                stored += 1;
                 d.born_at_ms = idemgate::clock::now_ms();
                 if tx.send(d).await.is_err() {
                     break;
@@ -197,6 +212,9 @@ pub async fn run(
     status(counters.status(started.elapsed(), total - last_total, options.status_every));
     Ok(counters)
 }
+
+/// The stand-in broker's queues of the topic.
+const QUEUES: u64 = 4;
 
 /// A broker-style message id: 32 hex digits.
 fn msg_id() -> String {
@@ -234,8 +252,8 @@ mod tests {
         let total = DuplicateCause::ALL.len();
         assert!(
             line.contains(&format!(
-                "duplicates {total} (redelivery 1, producer_resend 1, other {})",
-                total - 2
+                "duplicates {total} (redelivery 1, producer_retry 1, producer_resend 1, other {})",
+                total - 3
             )),
             "{line}"
         );

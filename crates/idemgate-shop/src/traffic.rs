@@ -19,8 +19,9 @@ use idemgate::delivery::Delivery;
 pub(crate) enum SendKind {
     /// A business event sent for the first time.
     Original,
-    /// The same send again (same UNIQ_KEY): what a lost ack or a rebalance produces.
-    Redelivery,
+    /// The same message sent again (same UNIQ_KEY): the producer's client retrying after a
+    /// lost send response. Through a broker it is a second stored copy, named `producer_retry`.
+    ProducerRetry,
     /// The same business event as a new message (new UNIQ_KEY): a producer retry at the
     /// application level.
     ProducerResend,
@@ -36,7 +37,7 @@ impl SendKind {
     pub(crate) fn as_str(self) -> &'static str {
         match self {
             Self::Original => "original",
-            Self::Redelivery => "redelivery",
+            Self::ProducerRetry => "producer_retry",
             Self::ProducerResend => "producer_resend",
             Self::LateDuplicate => "late_duplicate",
             Self::Poison => "poison",
@@ -168,7 +169,7 @@ impl Traffic {
             let original = self.recent[pick].clone();
             match self.rng.random_range(0..3) {
                 0 => {
-                    return Send { kind: SendKind::Redelivery, message: original };
+                    return Send { kind: SendKind::ProducerRetry, message: original };
                 }
                 1 => {
                     let mut message = original;
@@ -287,11 +288,11 @@ mod tests {
         let sends: Vec<Send> = (0..20_000).map(|_| t.next_send()).collect();
         let count = |k: SendKind| sends.iter().filter(|s| s.kind == k).count() as f64;
         let dups =
-            count(SendKind::Redelivery) + count(SendKind::ProducerResend) + count(SendKind::LateDuplicate);
+            count(SendKind::ProducerRetry) + count(SendKind::ProducerResend) + count(SendKind::LateDuplicate);
         let share = dups / sends.len() as f64;
         assert!((0.27..0.33).contains(&share), "duplicate share {share}");
         for kind in [
-            SendKind::Redelivery,
+            SendKind::ProducerRetry,
             SendKind::ProducerResend,
             SendKind::LateDuplicate,
             SendKind::Poison,

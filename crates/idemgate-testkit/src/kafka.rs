@@ -25,10 +25,10 @@ pub struct LocalKafka {
 
 impl LocalKafka {
     /// Where `scripts/install-tansu.sh` puts the binary: `$IDEMGATE_TANSU_ROOT/bin/tansu`, by
-    /// default `~/.cache/idemgate/tansu-0.6.0-p1/bin/tansu`.
+    /// default `~/.cache/idemgate/tansu-0.6.0-p2/bin/tansu`.
     pub fn binary() -> PathBuf {
         let root = std::env::var_os("IDEMGATE_TANSU_ROOT").map(PathBuf::from).unwrap_or_else(|| {
-            PathBuf::from(std::env::var_os("HOME").unwrap_or_default()).join(".cache/idemgate/tansu-0.6.0-p1")
+            PathBuf::from(std::env::var_os("HOME").unwrap_or_default()).join(".cache/idemgate/tansu-0.6.0-p2")
         });
         root.join("bin/tansu")
     }

@@ -49,10 +49,12 @@ static NEXT: AtomicU32 = AtomicU32::new(0);
 /// Every table the service's migrations make, sorted, and nothing else: what the tests expect
 /// to find in a business database the service has started on (besides the business's own and
 /// the claim shards of `dedup.shards`).
-pub const SERVICE_TABLES: [&str; 9] = [
+pub const SERVICE_TABLES: [&str; 11] = [
     "_sqlx_migrations",
     "archive_lease",
     "archive_run",
+    "consumer_event",
+    "consumer_instance",
     "dedup_layout",
     "delivery_log",
     "idempotent_record",

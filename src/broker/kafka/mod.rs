@@ -23,6 +23,7 @@
 //! its UNIQ_KEY is the record's `UNIQ_KEY` header, or its first coordinates when it has none;
 //! KEYS is the record's key; its tag is the `kafka.tag_header` header.
 
+mod context;
 mod record;
 mod settings;
 
@@ -56,8 +57,10 @@ use super::seam::{
 };
 use super::settings::StartFrom;
 use crate::clock::now_ms;
-use crate::delivery::{Delivery, UNIQ_KEY_PROPERTY};
+use crate::delivery::{BrokerKind, Delivery, UNIQ_KEY_PROPERTY};
+use crate::instances::EventKind;
 use crate::outcome::Verdict;
+use context::Recording;
 
 fn client_config(settings: &KafkaSettings) -> ClientConfig {
     let mut c = ClientConfig::new();
@@ -163,7 +166,8 @@ impl KafkaSubscriber {
             all.extend([retry_topic.clone(), dead_letter_topic.clone()]);
             create_topics(settings, &all).await?;
         }
-        let main = consumer(settings, group, start_from, &topics)?;
+        let recording = || Recording { record: subscription.record.clone() };
+        let main = consumer(settings, group, start_from, &topics, recording())?;
         // The retry consumer waits for each record's due time before it takes it: its poll
         // interval allows the longest wait.
         let retry = consumer(
@@ -171,6 +175,7 @@ impl KafkaSubscriber {
             &format!("{group}.retry"),
             StartFrom::First,
             std::slice::from_ref(&retry_topic),
+            recording(),
         )?;
         let limits = Limits::kafka(settings.retry_delay_ms);
         let (answering, faults) = Answering::new(sink, subscription, consume_threads, limits);
@@ -227,9 +232,10 @@ fn consumer(
     group: &str,
     start_from: StartFrom,
     topics: &[String],
-) -> anyhow::Result<StreamConsumer> {
+    context: Recording,
+) -> anyhow::Result<StreamConsumer<Recording>> {
     let max_poll_interval = (u64::from(settings.retry_delay_ms) + 60_000).max(300_000);
-    let consumer: StreamConsumer = client_config(settings)
+    let consumer: StreamConsumer<Recording> = client_config(settings)
         .set("group.id", group)
         .set("enable.auto.commit", "false")
         .set("enable.auto.offset.store", "false")
@@ -243,7 +249,7 @@ fn consumer(
                 StartFrom::Last => "latest",
             },
         )
-        .create()
+        .create_with_context(context)
         .context("creating the Kafka consumer")?;
     let names: Vec<&str> = topics.iter().map(String::as_str).collect();
     consumer.subscribe(&names).with_context(|| format!("subscribing to {topics:?}"))?;
@@ -275,7 +281,7 @@ impl Subscriber for KafkaSubscriber {
 /// waits until the batch's last record is due.
 async fn consume_until_stopped(
     shared: Arc<Shared>,
-    consumer: StreamConsumer,
+    consumer: StreamConsumer<Recording>,
     retry: bool,
     mut stopped: tokio::sync::watch::Receiver<bool>,
 ) {
@@ -293,6 +299,9 @@ async fn consume_until_stopped(
                 // librdkafka goes on by itself (a broker down, a rebalance); each new error
                 // is logged once.
                 let text = e.to_string();
+                if e.rdkafka_error_code() == Some(rdkafka::types::RDKafkaErrorCode::PollExceeded) {
+                    shared.answering.note(EventKind::ConsumeTimeout, "", &text);
+                }
                 if last_error.as_deref() != Some(text.as_str()) {
                     tracing::warn!(error = %text, "the Kafka consumer reports an error; it goes on");
                     last_error = Some(text);
@@ -346,6 +355,11 @@ async fn consume_until_stopped(
     })
     .await;
     if let Ok(Err(e)) = committed {
+        shared.answering.note(
+            EventKind::AckFailed,
+            "",
+            &format!("the last offsets could not be committed: {e}"),
+        );
         tracing::warn!(error = %e, "the last offsets could not be committed; those records are read again");
     }
 }
@@ -402,7 +416,7 @@ async fn write_copy(
 /// the record is read again after the restart.
 async fn handle_batch(
     shared: &Shared,
-    consumer: &StreamConsumer,
+    consumer: &StreamConsumer<Recording>,
     batch: Vec<OwnedMessage>,
     retry: bool,
 ) -> (BTreeMap<(String, i32), i64>, bool) {
@@ -460,6 +474,13 @@ async fn handle_batch(
         && let Err(e) = consumer.commit(&offsets(&commit), CommitMode::Async)
     {
         tracing::warn!(error = %e, "the batch's offsets could not be committed; its records are read again");
+        for (topic, partition) in commit.keys() {
+            shared.answering.note(
+                EventKind::AckFailed,
+                &crate::instances::queue_name(BrokerKind::Kafka, topic, *partition),
+                &format!("the offset commit could not be sent: {e}"),
+            );
+        }
     }
     (commit, go_on)
 }

@@ -157,6 +157,8 @@ pub(crate) fn to_delivery(m: &OwnedMessage, tag_header: &str, from: ReadFrom<'_>
     Delivery {
         broker: BrokerKind::Kafka,
         msg_id: coordinates(m.topic(), m.partition(), m.offset()),
+        // The first coordinates: a retry copy's are its first copy's.
+        stored_copy: coordinates(&topic, partition, offset),
         uniq_key,
         topic,
         tags,

@@ -49,6 +49,7 @@ use super::seam::{
 };
 use crate::clock::now_ms;
 use crate::delivery::{BrokerKind, Delivery};
+use crate::instances::EventKind;
 use crate::outcome::Verdict;
 
 /// The header a publisher's `KEYS` travel in (space-separated, as RocketMQ's).
@@ -337,6 +338,8 @@ pub(crate) fn to_delivery(
     Delivery {
         broker: BrokerKind::RabbitMq,
         msg_id: format!("{consumer_tag}:{}", m.delivery_tag),
+        // RabbitMQ names no stored copy: its `redelivered` flag is its word.
+        stored_copy: String::new(),
         uniq_key: properties.message_id().as_ref().map(|m| m.as_str().to_owned()).unwrap_or_default(),
         topic,
         tags: routing_key.to_owned(),
@@ -567,6 +570,11 @@ async fn session(
         ),
     )
     .await?;
+    shared.answering.note(
+        EventKind::Assigned,
+        "",
+        &format!("consuming the queue {} (consumer tag {tag})", shared.names.queue),
+    );
     let mut in_flight = tokio::task::JoinSet::new();
     let lost = loop {
         tokio::select! {
@@ -580,8 +588,14 @@ async fn session(
                         shared.held.fetch_sub(1, Ordering::Relaxed);
                     });
                 }
-                Some(Err(e)) => break Some(anyhow::Error::new(e).context("the consumer's channel failed")),
-                None => break Some(anyhow::anyhow!("the broker cancelled the consumer")),
+                Some(Err(e)) => {
+                    note_channel_lost(shared, &e.to_string());
+                    break Some(anyhow::Error::new(e).context("the consumer's channel failed"));
+                }
+                None => {
+                    shared.answering.note(EventKind::Revoked, "", "the broker cancelled the consumer");
+                    break Some(anyhow::anyhow!("the broker cancelled the consumer"));
+                }
             },
             Some(done) = in_flight.join_next(), if !in_flight.is_empty() => {
                 if let Err(e) = done {
@@ -655,7 +669,26 @@ async fn answer(shared: &Shared, publisher: &Channel, tag: &str, m: lapin::messa
     if let Err(e) = answered {
         // The channel is gone: RabbitMQ delivers the message again on the next connection.
         tracing::warn!(error = %e, msg_id = %d.msg_id, ?verdict, "the answer did not reach RabbitMQ; the message comes back redelivered");
+        note_channel_lost(
+            shared,
+            &format!("the answer to delivery tag {} did not reach RabbitMQ: {e}", m.delivery_tag),
+        );
     }
+}
+
+/// What a lost channel says in the consumer record: RabbitMQ's own timeout (the channel closed
+/// with `PRECONDITION_FAILED` because a delivery was not acknowledged within its
+/// `consumer_timeout`), or an answer that can no longer reach the broker.
+fn note_channel_lost(shared: &Shared, error: &str) {
+    let kind = if is_consumer_timeout(error) { EventKind::ConsumeTimeout } else { EventKind::AckFailed };
+    shared.answering.note(kind, "", error);
+}
+
+/// Whether `error` is RabbitMQ closing a channel for its `consumer_timeout`: "delivery
+/// acknowledgement on channel N timed out".
+fn is_consumer_timeout(error: &str) -> bool {
+    let error = error.to_ascii_lowercase();
+    error.contains("acknowledgement") && error.contains("timed out")
 }
 
 /// Publishes to RabbitMQ: `idemgate produce` and replay. Each message goes to its topic (the

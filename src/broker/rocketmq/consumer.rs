@@ -97,6 +97,10 @@ impl Consumer {
             .pull_threshold_for_topic(i32::try_from(options.buffered_messages).unwrap_or(i32::MAX))
             .pull_threshold_size_for_topic(i32::try_from(options.buffered_mib).unwrap_or(i32::MAX))
             .max_reconsume_times(subscription.max_reconsume_times)
+            .message_queue_listener(subscription.record.clone().map(|record| {
+                Arc::new(super::queues::QueueWatch::new(record))
+                    as rocketmq_client_rust::ArcMessageQueueListener
+            }))
             .build();
         for (topic, tags) in &subscription.topics {
             consumer
@@ -265,6 +269,10 @@ impl MessageListenerConcurrently for SinkListener {
     }
 }
 
+/// The property of a retry copy that names the msgId of the stored copy it retries.
+const ORIGIN_MESSAGE_ID_PROPERTY: &str =
+    rocketmq_model::common::message::MessageConst::PROPERTY_ORIGIN_MESSAGE_ID;
+
 /// The broker's message as the gate sees it. The topic of a redelivered message is already
 /// the original one (the client restores it from the retry topic).
 pub(crate) fn to_delivery(m: &MessageExt) -> Delivery {
@@ -281,9 +289,16 @@ pub(crate) fn to_delivery(m: &MessageExt) -> Delivery {
         .filter(|(k, _)| !super::is_system_property(k.as_str()))
         .map(|(k, v)| (k.to_string(), v.to_string()))
         .collect();
+    // A retry copy (read from `%RETRY%<group>`) names the copy it retries: the same stored copy.
+    let stored_copy = m
+        .properties()
+        .get(&cheetah_string::CheetahString::from_static_str(ORIGIN_MESSAGE_ID_PROPERTY))
+        .filter(|origin| !origin.is_empty())
+        .map_or_else(|| m.msg_id().to_string(), |origin| origin.to_string());
     Delivery {
         broker: crate::delivery::BrokerKind::RocketMq,
         msg_id: m.msg_id().to_string(),
+        stored_copy,
         uniq_key,
         topic: m.topic().to_string(),
         tags: m.get_tags().map(|t| t.to_string()).unwrap_or_default(),

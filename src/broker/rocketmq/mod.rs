@@ -9,6 +9,7 @@ pub mod consumer;
 pub mod lag;
 pub(crate) mod preflight;
 pub(crate) mod producer;
+mod queues;
 pub(crate) mod runtime;
 pub(crate) mod settings;
 

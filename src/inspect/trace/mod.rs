@@ -21,6 +21,7 @@
 //! and `text` its plain form.
 
 mod answer;
+pub(crate) mod explain;
 mod links;
 mod query;
 mod search;

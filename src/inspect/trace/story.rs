@@ -131,24 +131,32 @@ async fn timeline(store: &Store, scope: Scope<'_>, page: PageAt) -> Result<Timel
     let cursor_of = |r: &LogRow| Cursor { logged_at_ms: r.logged_at_ms, id: r.id };
     let rows = scope.page(page).query(store).fetch_all(store.pool()).await?;
     let mut rows = rows.iter().map(LogRow::from_row).collect::<Result<Vec<_>, _>>()?;
+    let mut timeline = page_of(&mut rows, page, cursor_of);
+    super::explain::explain(&mut timeline.rows);
+    Ok(timeline)
+}
+
+/// The page of `rows` (read in the index's order from `page`'s cursor), with its neighbours.
+fn page_of(rows: &mut Vec<LogRow>, page: PageAt, cursor_of: impl Fn(&LogRow) -> Cursor) -> Timeline {
+    let mut rows = std::mem::take(rows);
     match page {
         PageAt::Oldest | PageAt::After(_) => {
             let later = rows.len() > PAGE_DELIVERIES;
             rows.truncate(PAGE_DELIVERIES);
             let previous = match page {
-                PageAt::After(c) => Some(rows.first().map(cursor_of).unwrap_or(c)),
+                PageAt::After(c) => Some(rows.first().map(&cursor_of).unwrap_or(c)),
                 _ => None,
             };
-            let next = later.then(|| rows.last().map(cursor_of)).flatten();
-            Ok(Timeline { rows, next, previous })
+            let next = later.then(|| rows.last().map(&cursor_of)).flatten();
+            Timeline { rows, next, previous }
         }
         PageAt::Before(_) => {
             let earlier = rows.len() > PAGE_DELIVERIES;
             rows.truncate(PAGE_DELIVERIES);
             rows.reverse();
-            let previous = earlier.then(|| rows.first().map(cursor_of)).flatten();
-            let next = rows.last().map(cursor_of);
-            Ok(Timeline { rows, next, previous })
+            let previous = earlier.then(|| rows.first().map(&cursor_of)).flatten();
+            let next = rows.last().map(&cursor_of);
+            Timeline { rows, next, previous }
         }
     }
 }
@@ -207,6 +215,9 @@ mod tests {
             latency_us: 0,
             trace_id: trace_id.map(str::to_owned),
             broker: crate::delivery::BrokerKind::RocketMq,
+            stored_copy: String::new(),
+            sub_cause: None,
+            explanation: None,
             claimed_at_ms: None,
         };
         let rows = [row(1, Some("b")), row(2, None), row(3, Some("a")), row(4, Some("b"))];

@@ -112,6 +112,10 @@ fn render_story(out: &mut String, matched_by: SearchBy, s: &Story) {
             (Some(c), _) => format!(" {c}"),
             _ => String::new(),
         };
+        let cause = match &d.sub_cause {
+            Some(sub) => format!("{cause}/{sub}"),
+            None => cause,
+        };
         let at = match d.broker {
             crate::delivery::BrokerKind::RocketMq => {
                 format!("{}/q{}/@{}", d.topic, d.queue_id, d.queue_offset)
@@ -131,6 +135,9 @@ fn render_story(out: &mut String, matched_by: SearchBy, s: &Story) {
             d.trace_id.as_deref().map(|t| format!("  trace {t}")).unwrap_or_default(),
             d.error.as_deref().map(|e| format!("  error: {e}")).unwrap_or_default()
         );
+        if let Some(why) = &d.explanation {
+            let _ = writeln!(out, "      {why}");
+        }
     }
     if let Some(next) = &s.next {
         let _ = writeln!(out, "  … later deliveries: --after {next}");

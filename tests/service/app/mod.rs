@@ -138,7 +138,10 @@ fn every_setting_of_the_service_sections_has_a_probe() {
 async fn the_assembled_service_runs_its_parts_and_is_ready() {
     for backend in [Backend::Sqlite, Backend::Postgres, Backend::MySql] {
         let app = spawn_app(backend, |_| {}).await;
-        assert_eq!(app.running().parts(), ["http server", "archive schedule", "reconcile schedule"]);
+        assert_eq!(
+            app.running().parts(),
+            ["http server", "archive schedule", "reconcile schedule", "consumer record"]
+        );
         assert_eq!(app.get("/readyz").await.status, 200);
         let d = app.gate().process(&deduct("whole-1")).await;
         assert_eq!(d.outcome, Outcome::Processed);

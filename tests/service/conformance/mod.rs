@@ -256,7 +256,8 @@ mod cases {
                 (Processed, Verdict::Ack, true),
             ]
         );
-        assert_eq!(answers[5].cause, Some(DuplicateCause::Redelivery));
+        // A new msgId with the same UNIQ_KEY, and no copy named: a second copy of the message.
+        assert_eq!(answers[5].cause, Some(DuplicateCause::ProducerRetry));
         assert_eq!(answers[6].cause, Some(DuplicateCause::ProducerResend));
         assert_eq!(answers[5].layer, Some(Layer::Db));
         // The failed and the dead-lettered deliveries left nothing behind: no claim, no effect.
@@ -422,7 +423,8 @@ mod cases {
         let mut replay = d("M-5", "U-5");
         replay.properties.insert(REPLAY_PROPERTY.into(), "M-1".into());
         for (delivery, cause) in [
-            (d("M-2", "U-1"), DuplicateCause::Redelivery),
+            (d("M-1", "U-1"), DuplicateCause::Redelivery),
+            (d("M-2", "U-1"), DuplicateCause::ProducerRetry),
             (d("M-3", "U-3"), DuplicateCause::ProducerResend),
             (d("M-4", ""), DuplicateCause::Unknown),
             (replay, DuplicateCause::Replay),

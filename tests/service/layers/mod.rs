@@ -220,7 +220,8 @@ mod cases {
         // Every later copy now stops at Redis, with its cause read from Redis's value: the
         // claim that won the race, whichever delivery owned the Redis key.
         let winner = db.scalar_text(&CLAIM_UNIQ_KEY, "DEDUCT-RACE-R").await;
-        let cause = if winner == "U-1" { DuplicateCause::Redelivery } else { DuplicateCause::ProducerResend };
+        let cause =
+            if winner == "U-1" { DuplicateCause::ProducerRetry } else { DuplicateCause::ProducerResend };
         let late = a.process(&stock_deduct("DEDUCT-RACE-R", "M-late", "U-1", "SKU-RACE-R", 7)).await;
         assert_eq!(
             (late.outcome, late.layer, late.cause),
@@ -398,7 +399,7 @@ mod cases {
         let report = first.prefilter.expect("the pre-filter covers stock.deduct");
         assert_eq!((report.step, report.settled), (Step::Claimed, Some(Settled::Done)));
         let cases = [
-            (stock_deduct("D-P", "M-2", "U-1", "SKU-P", 2), DuplicateCause::Redelivery, Some(true)),
+            (stock_deduct("D-P", "M-2", "U-1", "SKU-P", 2), DuplicateCause::ProducerRetry, Some(true)),
             (stock_deduct("D-P", "M-3", "U-2", "SKU-P", 2), DuplicateCause::ProducerResend, Some(true)),
             (stock_deduct("D-P", "M-4", "U-3", "SKU-P", 5), DuplicateCause::ProducerResend, Some(false)),
         ];

@@ -71,7 +71,7 @@ mod cases {
         assert!(html.contains("APPLIED MORE THAN ONCE"), "{html}");
         assert!(html.contains("processed deliveries <b>2</b>"), "{html}");
         assert!(html.contains(&format!("{DELIVERIES} deliveries")), "{html}");
-        assert!(html.contains(&format!("<b>{}</b> redelivery", DELIVERIES - 2)), "{html}");
+        assert!(html.contains(&format!("<b>{}</b> producer retry", DELIVERIES - 2)), "{html}");
         assert_eq!(count(&html, "<tr class=\"row-"), PAGE_DELIVERIES);
         assert_eq!(count(&html, "row-ok"), 1, "the first page holds the first processed row only");
         assert!(link(&html, "← Earlier").is_none(), "the first page has no earlier one");
@@ -95,7 +95,7 @@ mod cases {
         assert_eq!(summary["processed"], 2, "{summary}");
         assert_eq!(summary["final_state"], "applied_twice", "{summary}");
         assert_eq!(summary["deliveries"], DELIVERIES, "{summary}");
-        assert_eq!(summary["duplicates"]["redelivery"], DELIVERIES - 2, "{summary}");
+        assert_eq!(summary["duplicates"]["producer_retry"], DELIVERIES - 2, "{summary}");
         assert_eq!(summary["count_limit"], COUNT_LIMIT);
         let page = msg_ids(&json);
         assert_eq!((page.len(), page[0].as_str()), (PAGE_DELIVERIES, "M1"));

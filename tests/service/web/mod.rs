@@ -113,7 +113,7 @@ fn count(html: &str, needle: &str) -> usize {
 mod cases {
     use super::*;
 
-    /// One key with every kind of event: processed, a broker redelivery, a producer resend and
+    /// One key with every kind of event: processed, a producer's retry, a producer resend and
     /// a resend with a different body (a collision); the page and the JSON tell each apart.
     pub async fn the_trace_tells_the_whole_story_of_a_key(backend: idemgate::store::Backend) {
         let app = App::new(backend).await;
@@ -132,7 +132,8 @@ mod cases {
         assert_eq!(count(&html, "row-dup"), 2, "two plain duplicates");
         assert_eq!(count(&html, "row-collision"), 1, "one collision");
         assert!(html.contains("BODY DIFFERS"));
-        assert!(html.contains("producer resend") && html.contains("redelivery"));
+        assert!(html.contains("producer resend") && html.contains("producer retry"));
+        assert!(html.contains("Producer retry: the same id U1"), "each duplicate says why, in words");
         assert!(html.contains("ledger row") && html.contains("2 × SKU-W"), "the stock ledger is shown");
 
         let (status, json) = app.json("/api/trace/D-77?biz_type=stock.deduct").await;
@@ -144,7 +145,7 @@ mod cases {
         assert_eq!(story["summary"]["deliveries"], 4);
         assert_eq!(story["summary"]["processed"], 1);
         assert_eq!(story["summary"]["collisions"], 1);
-        assert_eq!(story["summary"]["duplicates"]["redelivery"], 1);
+        assert_eq!(story["summary"]["duplicates"]["producer_retry"], 1);
         assert_eq!(story["summary"]["duplicates"]["producer_resend"], 2);
         assert_eq!(story["summary"]["final_state"], "applied");
         let msg_ids: Vec<&str> =

@@ -51,12 +51,12 @@ async fn exactly_once(kind: BrokerKind, backend: Backend, group_commit: bool) {
     }
     let service = Service::start(&s);
     let (report, sends) = produce_to(kind, &topic, &run, 2000, 0, &["--duplicates", "0.3"]);
-    for what in ["redelivery", "producer_resend", "late_duplicate", "poison", "malformed"] {
+    for what in ["producer_retry", "producer_resend", "late_duplicate", "poison", "malformed"] {
         assert!(report.tally.sends.get(what).copied().unwrap_or(0) > 0, "the traffic has {what} sends");
     }
     assert_converges(&db.store, &run, &group, &report, &sends).await;
     let causes = duplicates_by_cause(&db.store, &group).await;
-    for cause in ["redelivery", "producer_resend"] {
+    for cause in ["producer_retry", "producer_resend"] {
         assert!(causes.get(cause).copied().unwrap_or(0) > 0, "duplicates by cause: {causes:?}");
     }
     if group_commit {

@@ -111,7 +111,7 @@ async fn assert_exact_books(
     for unnamed in ["", "unknown"] {
         assert!(!causes.contains_key(unnamed), "duplicates without a cause: {causes:?}");
     }
-    let planted: u64 = ["redelivery", "producer_resend", "late_duplicate"]
+    let planted: u64 = ["producer_retry", "producer_resend", "late_duplicate"]
         .iter()
         .map(|kind| report.tally.sends.get(*kind).copied().unwrap_or(0))
         .sum();
@@ -213,7 +213,7 @@ impl Scenario {
 /// two copies is logged as the duplicate depends on which arrives first, so the causes are not
 /// compared one by one.
 fn caused_redeliveries(causes: &BTreeMap<String, i64>, report: &ProduceReport) -> i64 {
-    let planted: u64 = ["redelivery", "producer_resend", "late_duplicate"]
+    let planted: u64 = ["producer_retry", "producer_resend", "late_duplicate"]
         .iter()
         .map(|kind| report.tally.sends.get(*kind).copied().unwrap_or(0))
         .sum();

@@ -32,7 +32,7 @@ async fn exactly_once_through_a_real_broker(backend: Backend, group_commit: Opti
     let service = Service::start(&s);
     let (report, sends) = produce(&topic, &run, 2000, 0, &["--duplicates", "0.3"]);
     let t = &report.tally;
-    for kind in ["redelivery", "producer_resend", "late_duplicate", "poison", "malformed"] {
+    for kind in ["producer_retry", "producer_resend", "late_duplicate", "poison", "malformed"] {
         assert!(t.sends.get(kind).copied().unwrap_or(0) > 0, "the traffic has {kind} sends: {:?}", t.sends);
     }
     assert_converges(&db.store, &run, &group, &report, &sends).await;

@@ -119,3 +119,93 @@ async fn a_message_published_to_the_return_exchange_is_invalid_unless_the_delay_
     idemgate_testkit::rabbitmq::remove(&group, &[&topic]).await.expect("removing the test's queues");
     db.drop_now().await;
 }
+
+static CAUSES: Sql = Sql::new(
+    "SELECT uniq_key, outcome, COALESCE(cause, ''), COALESCE(sub_cause, '') FROM delivery_log \
+     WHERE topic = ? ORDER BY logged_at_ms, id",
+);
+static RUNS: Sql = Sql::new(
+    "SELECT instance_id, broker, COALESCE(stop, '') FROM consumer_instance WHERE consumer_group = ?",
+);
+static EVENTS: Sql =
+    Sql::new("SELECT kind, detail FROM consumer_event WHERE consumer_group = ? ORDER BY at_ms, id");
+
+/// A producer that publishes the same message again (the same `message-id`, RabbitMQ's
+/// `redelivered` flag unset, as a careful publisher does after a lost confirm) is named
+/// `producer_retry` for every copy; a new `message-id` for the same order is `producer_resend`.
+/// The run is on record from its start to its clean stop.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_message_published_again_with_its_message_id_is_a_producer_retry() {
+    let db = database(Backend::Postgres).await;
+    let (topic, group, run) = (unique("retry"), unique("group"), unique("P").replace('_', ""));
+    let service = Service::start(&settings_for(BrokerKind::RabbitMq, &db.url, &topic, &group, "solo", 2));
+    let order_no = format!("{run}-ORD-1");
+    let body = order_body(&order_no);
+    let same = format!("{run}-U1");
+    // The first send, then two of the producer's own retries of it, each after the one before
+    // was taken, then the application's resend under a new id.
+    for (n, id) in [&same, &same, &same, &format!("{run}-U2")].into_iter().enumerate() {
+        publish_with_trail(&topic, shop::TAG_ORDER_CREATE, id, &order_no, &topic, &[], &body)
+            .await
+            .expect("publishing to the route's exchange");
+        let expected = n + 1;
+        let started = Instant::now();
+        loop {
+            let rows = db
+                .store
+                .query(&CAUSES)
+                .bind(topic.as_str())
+                .fetch_all(db.store.pool())
+                .await
+                .expect("the log");
+            if rows.len() >= expected || started.elapsed() > Duration::from_secs(30) {
+                assert_eq!(rows.len(), expected, "send {n}\n{}", service.log_text());
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+    let rows =
+        db.store.query(&CAUSES).bind(topic.as_str()).fetch_all(db.store.pool()).await.expect("the log");
+    let seen: Vec<(String, String, String)> = rows.iter().map(|r| (r.get(0), r.get(1), r.get(2))).collect();
+    let expected = [
+        (same.clone(), "processed", ""),
+        (same.clone(), "duplicate", "producer_retry"),
+        (same.clone(), "duplicate", "producer_retry"),
+        (format!("{run}-U2"), "duplicate", "producer_resend"),
+    ];
+    let expected: Vec<(String, String, String)> =
+        expected.iter().map(|(u, o, c)| (u.clone(), (*o).to_owned(), (*c).to_owned())).collect();
+    assert_eq!(seen, expected);
+    assert!(rows.iter().all(|r| r.get::<String, _>(3).is_empty()), "no sub-cause: nothing was redelivered");
+
+    let addr = service_addr(&service);
+    let (_, metrics) = http_get(&addr, "/metrics").expect("/metrics answers");
+    let retries = metrics
+        .lines()
+        .find(|l| {
+            l.starts_with("idemgate_conflicts_total{")
+                && l.contains("cause=\"producer_retry\"")
+                && l.contains("layer=\"db\"")
+        })
+        .unwrap_or_default()
+        .to_owned();
+    assert!(retries.ends_with(" 2"), "{retries}");
+    assert_eq!(service.terminate().code(), Some(0));
+
+    let runs = db.store.query(&RUNS).bind(group.as_str()).fetch_all(db.store.pool()).await.expect("the runs");
+    assert_eq!(runs.len(), 1);
+    assert_eq!(
+        (runs[0].get::<String, _>(1), runs[0].get::<String, _>(2)),
+        ("rabbitmq".to_owned(), "clean".to_owned()),
+        "a run stopped as asked is on record as a clean stop"
+    );
+    let events =
+        db.store.query(&EVENTS).bind(group.as_str()).fetch_all(db.store.pool()).await.expect("the events");
+    let kinds: Vec<String> = events.iter().map(|r| r.get(0)).collect();
+    assert_eq!(kinds.first().map(String::as_str), Some("started"), "{kinds:?}");
+    assert!(kinds.contains(&"assigned".to_owned()), "the consumer's start on its queue: {kinds:?}");
+    assert_eq!(kinds.last().map(String::as_str), Some("stopped"), "{kinds:?}");
+    idemgate_testkit::rabbitmq::remove(&group, &[&topic]).await.expect("removing the test's queues");
+    db.drop_now().await;
+}
