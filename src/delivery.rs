@@ -67,6 +67,20 @@ impl BrokerKind {
     }
 }
 
+impl BrokerKind {
+    /// A queue's or partition's name in the consumer record ([`crate::instances`]): the topic
+    /// and the queue, in the broker's words. Empty on RabbitMQ, whose consumers of a group all
+    /// share its one queue: an event there names every delivery of the group, and its detail
+    /// names the queue.
+    pub fn queue(self, topic: &str, queue_id: i32) -> String {
+        match self {
+            Self::RabbitMq => String::new(),
+            Self::RocketMq => format!("{topic} · q{queue_id}"),
+            Self::Kafka => format!("{topic} · partition {queue_id}"),
+        }
+    }
+}
+
 /// A message as delivered, plus where it came from.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Delivery {

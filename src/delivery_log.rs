@@ -170,11 +170,16 @@ pub(crate) async fn append_many(
     Ok(())
 }
 
-static APPLIED: Sql = Sql::new(
-    "SELECT stored_copy, msg_id, broker, instance_id, logged_at_ms, latency_us, topic, queue_id FROM delivery_log \
-     WHERE biz_id = ? AND biz_type = ? AND consumer_group = ? AND execute_time = ? AND outcome = 'processed' \
-     AND msg_id = ? ORDER BY logged_at_ms LIMIT 1",
-);
+/// The columns of a claim's delivery, as [`claim_delivery`] reads them.
+macro_rules! applied_columns {
+    () => {
+        "SELECT stored_copy, msg_id, broker, instance_id, logged_at_ms, latency_us, topic, queue_id FROM delivery_log \
+         WHERE consumer_group = ? AND biz_type = ? AND biz_id = ? AND execute_time = ? AND outcome = 'processed' "
+    };
+}
+static APPLIED: Sql = Sql::new(concat!(applied_columns!(), "AND msg_id = ? ORDER BY logged_at_ms LIMIT 1"));
+static APPLIED_BEFORE: Sql =
+    Sql::new(concat!(applied_columns!(), "AND logged_at_ms <= ? ORDER BY logged_at_ms DESC LIMIT 1"));
 
 /// What the log holds of the delivery that made `claim` on `key`: its `processed` row's stored
 /// copy, instance, time and queue, the evidence a duplicate of it is held against. `None` when
@@ -186,26 +191,48 @@ pub(crate) async fn applied(
     key: &crate::route::BizKey,
     claim: &crate::outcome::Claim,
 ) -> Result<Option<crate::outcome::ClaimDelivery>, sqlx::Error> {
-    use sqlx::Row;
-    let row = query(backend, &APPLIED)
-        .bind(key.biz_id.clone())
-        .bind(key.biz_type.clone())
-        .bind(consumer_group.to_owned())
-        .bind(key.execute_time)
+    let row = key
+        .bind_in(query(backend, &APPLIED), consumer_group)
         .bind(claim.msg_id.clone())
         .fetch_optional(conn)
         .await?;
-    let Some(row) = row else { return Ok(None) };
+    row.as_ref().map(claim_delivery).transpose()
+}
+
+/// What the log holds of the delivery that applied the key (`biz_type`, `biz_id`,
+/// `execute_time`) last at or before `at_ms`: the `processed` row a redelivery logged then is a
+/// copy of.
+pub(crate) async fn applied_before(
+    conn: &mut Conn,
+    backend: Backend,
+    consumer_group: &str,
+    (biz_type, biz_id, execute_time): (&str, &str, i64),
+    at_ms: i64,
+) -> Result<Option<crate::outcome::ClaimDelivery>, sqlx::Error> {
+    let q = crate::route::bind_key(
+        query(backend, &APPLIED_BEFORE),
+        consumer_group,
+        biz_type,
+        biz_id,
+        execute_time,
+    );
+    let row = q.bind(at_ms).fetch_optional(conn).await?;
+    row.as_ref().map(claim_delivery).transpose()
+}
+
+/// A claim's delivery from a row of [`applied_columns`].
+fn claim_delivery(row: &sqlx::any::AnyRow) -> Result<crate::outcome::ClaimDelivery, sqlx::Error> {
+    use sqlx::Row;
     let broker: Option<String> = row.try_get(2)?;
     let kind = broker.as_deref().and_then(BrokerKind::parse).unwrap_or_default();
     let topic: String = row.try_get(6)?;
-    Ok(Some(crate::outcome::ClaimDelivery {
+    Ok(crate::outcome::ClaimDelivery {
         stored_copy: read_copy(row.try_get(0)?, row.try_get(1)?, broker.as_deref()),
         instance_id: row.try_get(3)?,
         logged_at_ms: row.try_get(4)?,
         latency_us: row.try_get(5)?,
-        queue: crate::instances::queue_name(kind, &topic, row.try_get(7)?),
-    }))
+        queue: kind.queue(&topic, row.try_get(7)?),
+    })
 }
 
 static LOGGED_AT: Sql = Sql::new(
@@ -322,7 +349,7 @@ impl KeptHeaders {
 }
 
 /// Cuts `text` to `max` characters without splitting one.
-fn clip(text: &str, max: usize) -> String {
+pub(crate) fn clip(text: &str, max: usize) -> String {
     match text.char_indices().nth(max) {
         Some((i, _)) => text[..i].to_owned(),
         None => text.to_owned(),

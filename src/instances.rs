@@ -23,6 +23,7 @@ use sqlx::Row;
 
 use crate::clock::now_ms;
 use crate::delivery::BrokerKind;
+use crate::delivery_log::{applied_before, clip};
 use crate::labelled::labelled;
 use crate::outcome::{ClaimDelivery, RedeliveryCause};
 use crate::store::{Backend, Conn, Sql, Store, query};
@@ -90,17 +91,6 @@ pub struct Event {
     pub detail: String,
 }
 
-/// A queue's or partition's name in the record: the topic and the queue, in the broker's words.
-/// Empty on RabbitMQ, whose consumers of a group all share its one queue: an event there names
-/// every delivery of the group, and its detail names the queue.
-pub fn queue_name(broker: BrokerKind, topic: &str, queue_id: i32) -> String {
-    match broker {
-        BrokerKind::RabbitMq => String::new(),
-        BrokerKind::RocketMq => format!("{topic} · q{queue_id}"),
-        BrokerKind::Kafka => format!("{topic} · partition {queue_id}"),
-    }
-}
-
 /// This run's record: where the consumer reports what it saw.
 pub struct Record {
     store: Store,
@@ -112,7 +102,8 @@ pub struct Record {
     /// Events not yet written, oldest first.
     pending: Mutex<VecDeque<Event>>,
     wake: tokio::sync::Notify,
-    /// Events dropped because the writer fell behind by [`MAX_RECENT`].
+    /// Events dropped since the last beat because the writer fell behind by [`MAX_RECENT`];
+    /// each beat warns of them.
     dropped: std::sync::atomic::AtomicU64,
     /// The time from which this run's redeliveries still wait for their sub-cause.
     cursor: Mutex<i64>,
@@ -152,19 +143,6 @@ impl Record {
         let _ = self.on_attributed.set(f);
     }
 
-    /// Events dropped because they could not be written as fast as they came.
-    pub fn dropped_events(&self) -> u64 {
-        self.dropped.load(std::sync::atomic::Ordering::Relaxed)
-    }
-
-    pub fn broker(&self) -> BrokerKind {
-        self.broker
-    }
-
-    pub fn instance_id(&self) -> &str {
-        &self.instance_id
-    }
-
     /// Records `kind` for `queue` now, without waiting: kept in memory at once, written by
     /// [`Record::run`].
     pub fn note(&self, kind: EventKind, queue: &str, detail: &str) {
@@ -175,13 +153,9 @@ impl Record {
             detail: clip(detail, MAX_DETAIL_CHARS),
         };
         push_bounded(&mut self.recent.lock().unwrap_or_else(|p| p.into_inner()), event.clone());
-        let mut pending = self.pending.lock().unwrap_or_else(|p| p.into_inner());
-        if pending.len() >= MAX_RECENT {
-            pending.pop_front();
+        if push_bounded(&mut self.pending.lock().unwrap_or_else(|p| p.into_inner()), event) {
             self.dropped.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         }
-        pending.push_back(event);
-        drop(pending);
         self.wake.notify_one();
     }
 
@@ -226,6 +200,13 @@ impl Record {
             if let Err(e) = self.flush().await {
                 tracing::debug!(error = %e, "the consumer record's events were not written yet; they are tried again");
             }
+            let dropped = self.dropped.swap(0, std::sync::atomic::Ordering::Relaxed);
+            if dropped > 0 {
+                tracing::warn!(
+                    dropped,
+                    "the consumer record could not write its events as fast as they came: the oldest were dropped, and redeliveries they would explain may be logged unattributed"
+                );
+            }
             if let Err(e) = self.attribute_pending().await {
                 tracing::debug!(error = %e, "this run's redeliveries were not attributed yet; they are tried again");
             }
@@ -261,7 +242,10 @@ impl Record {
                 biz_id: row.try_get(3)?,
                 execute_time: row.try_get(4)?,
             };
-            let cause = match applied_before(&mut conn, backend, &self.consumer_group, &pending).await? {
+            let key = (pending.biz_type.as_str(), pending.biz_id.as_str(), pending.execute_time);
+            let applied =
+                applied_before(&mut conn, backend, &self.consumer_group, key, pending.logged_at_ms).await?;
+            let cause = match applied {
                 Some(applied) => {
                     let run = facts(&mut conn, backend, &applied, now).await?;
                     let mine = self.recent_since(applied.logged_at_ms);
@@ -342,18 +326,14 @@ impl Record {
     }
 }
 
-fn push_bounded(events: &mut VecDeque<Event>, event: Event) {
-    if events.len() >= MAX_RECENT {
+/// Appends `event`, dropping the oldest past [`MAX_RECENT`]; true when one was dropped.
+fn push_bounded(events: &mut VecDeque<Event>, event: Event) -> bool {
+    let full = events.len() >= MAX_RECENT;
+    if full {
         events.pop_front();
     }
     events.push_back(event);
-}
-
-fn clip(text: &str, max: usize) -> String {
-    match text.char_indices().nth(max) {
-        Some((i, _)) => text[..i].to_owned(),
-        None => text.to_owned(),
-    }
+    full
 }
 
 static INSERT_RUN: Sql = Sql::new(
@@ -386,11 +366,6 @@ static PENDING: Sql = Sql::new(
      WHERE outcome = 'duplicate' AND logged_at_ms >= ? AND logged_at_ms < ? AND consumer_group = ? \
      AND instance_id = ? AND cause = 'redelivery' AND sub_cause IS NULL ORDER BY logged_at_ms LIMIT ?",
 );
-static APPLIED_BEFORE: Sql = Sql::new(
-    "SELECT instance_id, logged_at_ms, latency_us, topic, queue_id, broker FROM delivery_log \
-     WHERE biz_id = ? AND biz_type = ? AND consumer_group = ? AND execute_time = ? AND outcome = 'processed' \
-     AND logged_at_ms <= ? ORDER BY logged_at_ms DESC LIMIT 1",
-);
 static SET_SUB_CAUSE: Sql =
     Sql::new("UPDATE delivery_log SET sub_cause = ? WHERE id = ? AND logged_at_ms = ?");
 
@@ -401,35 +376,6 @@ struct Pending {
     biz_type: String,
     biz_id: String,
     execute_time: i64,
-}
-
-/// What the log holds of the delivery that applied `pending`'s key last before it: the
-/// `processed` row the redelivery is a copy of.
-async fn applied_before(
-    conn: &mut Conn,
-    backend: Backend,
-    consumer_group: &str,
-    pending: &Pending,
-) -> Result<Option<ClaimDelivery>, sqlx::Error> {
-    let row = query(backend, &APPLIED_BEFORE)
-        .bind(pending.biz_id.clone())
-        .bind(pending.biz_type.clone())
-        .bind(consumer_group.to_owned())
-        .bind(pending.execute_time)
-        .bind(pending.logged_at_ms)
-        .fetch_optional(conn)
-        .await?;
-    let Some(row) = row else { return Ok(None) };
-    let broker: Option<String> = row.try_get(5)?;
-    let kind = broker.as_deref().and_then(BrokerKind::parse).unwrap_or_default();
-    let topic: String = row.try_get(3)?;
-    Ok(Some(ClaimDelivery {
-        stored_copy: String::new(),
-        instance_id: row.try_get(0)?,
-        logged_at_ms: row.try_get(1)?,
-        latency_us: row.try_get(2)?,
-        queue: queue_name(kind, &topic, row.try_get(4)?),
-    }))
 }
 
 static EVENTS_SINCE: Sql = Sql::new(
@@ -521,17 +467,17 @@ pub async fn expire(store: &Store, cutoff_ms: i64, batch: i64) -> Result<u64, sq
 
 /// What the record says of the run that applied a claim's delivery.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct RunFacts {
+pub(crate) struct RunFacts {
     /// The run's last heartbeat and how it stopped, when the run is on record.
-    pub heartbeat_at_ms: Option<i64>,
-    pub stop: Option<Stop>,
+    heartbeat_at_ms: Option<i64>,
+    stop: Option<Stop>,
     /// Its events from the delivery's start on.
-    pub events: Vec<Event>,
+    events: Vec<Event>,
 }
 
 /// Reads what the record holds of the run of `applied.instance_id` that applied the claim's
 /// delivery, up to `now_ms`, and this run's own events (from `me`, in memory) since then.
-pub async fn facts(
+async fn facts(
     conn: &mut Conn,
     backend: Backend,
     applied: &ClaimDelivery,
@@ -580,7 +526,7 @@ pub async fn facts(
 ///    the delivery was applied, or that run stopped cleanly with the delivery unanswered:
 ///    `rebalance`;
 /// 6. otherwise `unattributed`: never a guess.
-pub fn judge(
+pub(crate) fn judge(
     applied: &ClaimDelivery,
     run: &RunFacts,
     me: &[Event],
@@ -597,7 +543,7 @@ pub fn judge(
         return RedeliveryCause::AckLost;
     }
     let revoked = |e: &Event| e.kind == EventKind::Revoked && !e.queue.is_empty() && e.queue == applied.queue;
-    if run.events.iter().filter(after).any(|e| revoked(e)) {
+    if run.events.iter().filter(after).any(revoked) {
         return RedeliveryCause::Rebalance;
     }
     let stale = run.heartbeat_at_ms.is_some_and(|h| h < now_ms - STALE_AFTER_MS);
@@ -686,11 +632,11 @@ mod tests {
     fn names_are_clipped_and_memory_is_bounded() {
         let mut events = VecDeque::new();
         for i in 0..(MAX_RECENT as i64 + 10) {
-            push_bounded(&mut events, event(i, EventKind::Assigned, "q"));
+            let _ = push_bounded(&mut events, event(i, EventKind::Assigned, "q"));
         }
         assert_eq!(events.len(), MAX_RECENT);
         assert_eq!(events.front().map(|e| e.at_ms), Some(10));
         assert_eq!(clip("ééé", 2), "éé");
-        assert_eq!(queue_name(BrokerKind::Kafka, "orders", 2), "orders · partition 2");
+        assert_eq!(BrokerKind::Kafka.queue("orders", 2), "orders · partition 2");
     }
 }

@@ -207,7 +207,7 @@ pub struct ClaimDelivery {
     pub logged_at_ms: i64,
     /// How long the gate took with it, microseconds.
     pub latency_us: i64,
-    /// Its queue, in the words of [`crate::instances::queue_name`].
+    /// Its queue, in the words of [`crate::delivery::BrokerKind::queue`].
     pub queue: String,
 }
 

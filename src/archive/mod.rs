@@ -229,7 +229,7 @@ pub async fn archive_observed(
     }
     // The consumer record explains the log: it goes with the log's expired days.
     if let (Some(Ok(_)), Some(cutoff)) = (&log, log_cutoff) {
-        let batch = i64::try_from(options.batch_size).unwrap_or(i64::MAX);
+        let batch = i64::from(options.batch_size);
         if let Err(e) = crate::instances::expire(store, cutoff, batch).await {
             tracing::warn!(error = %e, "could not delete the consumer record's expired events; the next run tries again");
         }

@@ -436,19 +436,19 @@ impl Core {
                     &key,
                     payload_hash,
                     Layer::Db,
-                    earlier.as_ref(),
-                    applied.as_ref(),
+                    (earlier.as_ref(), applied.as_ref()),
                     phases,
                 );
                 return (self.record(d, Some(key), Some(payload_hash), disposition, span).await, earlier);
             }
         };
         let disposition =
-            self.duplicate_disposition(d, &key, payload_hash, layer, earlier.as_ref(), None, phases);
+            self.duplicate_disposition(d, &key, payload_hash, layer, (earlier.as_ref(), None), phases);
         (self.record(d, Some(key), Some(payload_hash), disposition, span).await, earlier)
     }
 
-    /// A duplicate stopped at `layer`, whose key `earlier` claimed: its cause, whether the body
+    /// A duplicate stopped at `layer`, whose key `earlier` claimed (`applied`: the log's row of
+    /// the delivery that made the claim, where it was read): its cause, whether the body
     /// matches, and the warnings (rate-limited; a key collision always logs an error).
     pub(super) fn duplicate_disposition(
         &self,
@@ -456,8 +456,7 @@ impl Core {
         key: &BizKey,
         payload_hash: &str,
         layer: Layer,
-        earlier: Option<&Claim>,
-        applied: Option<&ClaimDelivery>,
+        (earlier, applied): (Option<&Claim>, Option<&ClaimDelivery>),
         phases: Phases,
     ) -> Disposition {
         let (mut cause, payload_match) = classify(d, payload_hash, earlier, applied);

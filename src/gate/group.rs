@@ -490,8 +490,7 @@ impl Core {
                 };
             }
         }
-        let earlier = self.earlier_claims(&mut tx, backend, slots, &decided, held).await;
-        let mut evidence = self.evidence(&mut tx, backend, slots, &earlier).await;
+        let (earlier, mut evidence) = self.earlier_claims(&mut tx, backend, slots, &decided, held).await;
         watch.lap(&mut shared.lookup_us);
 
         let phases_of = |i: usize| Phases {
@@ -514,8 +513,7 @@ impl Core {
                         key,
                         &slot.hash,
                         Layer::Redis,
-                        claim.as_ref(),
-                        None,
+                        (claim.as_ref(), None),
                         phases,
                     );
                     r.key = Some(key.clone());
@@ -537,8 +535,7 @@ impl Core {
                         key,
                         &slot.hash,
                         Layer::Db,
-                        claim.as_ref(),
-                        applied.as_ref(),
+                        (claim.as_ref(), applied.as_ref()),
                         phases,
                     );
                     r.key = Some(key.clone());
@@ -546,8 +543,14 @@ impl Core {
                 }
                 (Before::Claim(key, _), Some(Decided::TakenInGroup(j))) => {
                     let claim = claim_of(slots[j].d, &slots[j].hash);
-                    let mut r =
-                        self.duplicate_disposition(d, key, &slot.hash, Layer::Db, Some(&claim), None, phases);
+                    let mut r = self.duplicate_disposition(
+                        d,
+                        key,
+                        &slot.hash,
+                        Layer::Db,
+                        (Some(&claim), None),
+                        phases,
+                    );
                     r.key = Some(key.clone());
                     (r, Some(claim))
                 }
@@ -557,8 +560,7 @@ impl Core {
                         key,
                         &slot.hash,
                         Layer::LateDuplicate,
-                        Some(&claim),
-                        None,
+                        (Some(&claim), None),
                         phases,
                     );
                     r.key = Some(key.clone());
@@ -674,7 +676,8 @@ impl Core {
     }
 
     /// The claims that deliveries outside the group hold: those the claim statement returned
-    /// (`held`, on PostgreSQL), and the others read in one statement per table. On MariaDB on a
+    /// (`held`, on PostgreSQL), and the others read in one statement per table; and the log's
+    /// rows of the deliveries that made them, the evidence of their causes. On MariaDB on a
     /// connection of its own: a read inside the group's transaction could miss a claim committed
     /// after the transaction's snapshot (repeatable read). PostgreSQL's read committed sees it
     /// from inside, and SQLite's writer is the only one.
@@ -685,66 +688,53 @@ impl Core {
         slots: &[Slot<'_>],
         decided: &[Option<Decided>],
         held: HashMap<usize, Claim>,
-    ) -> HashMap<usize, Claim> {
+    ) -> (HashMap<usize, Claim>, HashMap<usize, ClaimDelivery>) {
         let taken = (0..slots.len())
             .filter(|&i| matches!(decided[i], Some(Decided::Taken(_))) && !held.contains_key(&i));
         let by_table = by_table(slots, taken);
         let mut found = held;
-        if by_table.is_empty() {
-            return found;
+        let mut applied = HashMap::new();
+        if found.is_empty() && by_table.is_empty() {
+            return (found, applied);
         }
-        let read = async {
-            let mut own: Option<sqlx::pool::PoolConnection<sqlx::Any>> = None;
-            let conn: &mut Conn = match backend {
-                Backend::MySql => &mut *own.insert(self.store.pool().acquire().await?),
-                Backend::Postgres | Backend::Sqlite => tx,
-            };
+        let mut own: Option<sqlx::pool::PoolConnection<sqlx::Any>> = None;
+        let conn: &mut Conn = match backend {
+            Backend::MySql => match self.store.pool().acquire().await {
+                Ok(conn) => &mut *own.insert(conn),
+                Err(e) => {
+                    tracing::warn!(error = %e, "could not read the earlier claims of a group's duplicates; their causes are logged as unknown");
+                    return (found, applied);
+                }
+            },
+            Backend::Postgres | Backend::Sqlite => tx,
+        };
+        let claims = async {
             for (table, members) in by_table.values() {
                 find_many(conn, backend, table, &self.identity.consumer_group, members, &mut found).await?;
             }
             Ok::<_, sqlx::Error>(())
         };
-        if let Err(e) = read.await {
+        if let Err(e) = claims.await {
             tracing::warn!(error = %e, "could not read the earlier claims of a group's duplicates; their causes are logged as unknown");
         }
-        found
-    }
-
-    /// What the log holds of the deliveries that made the earlier claims of the group's
-    /// duplicates ([`delivery_log::applied`]): the stored copy each was read from. Read on the
-    /// connection [`Self::earlier_claims`] reads on, one duplicate at a time, as duplicates are
-    /// few. A read that fails leaves the rest unread: their causes fall back to the claims
-    /// alone.
-    async fn evidence(
-        &self,
-        tx: &mut Conn,
-        backend: Backend,
-        slots: &[Slot<'_>],
-        earlier: &HashMap<usize, Claim>,
-    ) -> HashMap<usize, ClaimDelivery> {
-        let mut found = HashMap::new();
-        if earlier.is_empty() {
-            return found;
-        }
-        let read = async {
-            let mut own: Option<sqlx::pool::PoolConnection<sqlx::Any>> = None;
-            let conn: &mut Conn = match backend {
-                Backend::MySql => &mut *own.insert(self.store.pool().acquire().await?),
-                Backend::Postgres | Backend::Sqlite => tx,
-            };
-            for (&i, claim) in earlier {
+        // What the log holds of the deliveries that made those claims
+        // ([`delivery_log::applied`]): the stored copy each was read from, one duplicate at a
+        // time, as duplicates are few. A read that fails leaves the rest unread: their causes
+        // fall back to the claims alone.
+        let deliveries = async {
+            for (&i, claim) in &found {
                 let Before::Claim(key, _) = &slots[i].before else { continue };
                 let group = &self.identity.consumer_group;
-                if let Some(applied) = delivery_log::applied(conn, backend, group, key, claim).await? {
-                    found.insert(i, applied);
+                if let Some(row) = delivery_log::applied(conn, backend, group, key, claim).await? {
+                    applied.insert(i, row);
                 }
             }
             Ok::<_, sqlx::Error>(())
         };
-        if let Err(e) = read.await {
+        if let Err(e) = deliveries.await {
             tracing::warn!(error = %e, "could not read what the log holds of the earlier claims' deliveries; their causes are read from the claims alone");
         }
-        found
+        (found, applied)
     }
 
     /// Each delivery through the gate alone by the group's `due`, after the group could not

@@ -11,7 +11,7 @@ use rdkafka::consumer::{BaseConsumer, ConsumerContext, Rebalance};
 use rdkafka::error::KafkaResult;
 
 use crate::delivery::BrokerKind;
-use crate::instances::{EventKind, Record, queue_name};
+use crate::instances::{EventKind, Record};
 
 /// The consumer's context: the record it reports to, when the service keeps one.
 pub(crate) struct Recording {
@@ -22,7 +22,7 @@ impl Recording {
     fn note_each(&self, kind: EventKind, partitions: &TopicPartitionList, detail: &str) {
         let Some(record) = &self.record else { return };
         for p in partitions.elements() {
-            record.note(kind, &queue_name(BrokerKind::Kafka, p.topic(), p.partition()), detail);
+            record.note(kind, &BrokerKind::Kafka.queue(p.topic(), p.partition()), detail);
         }
     }
 }

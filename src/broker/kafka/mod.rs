@@ -477,7 +477,7 @@ async fn handle_batch(
         for (topic, partition) in commit.keys() {
             shared.answering.note(
                 EventKind::AckFailed,
-                &crate::instances::queue_name(BrokerKind::Kafka, topic, *partition),
+                &BrokerKind::Kafka.queue(topic, *partition),
                 &format!("the offset commit could not be sent: {e}"),
             );
         }

@@ -10,7 +10,7 @@ use rocketmq_client_rust::MessageQueueListener;
 use rocketmq_model::common::message::message_queue::MessageQueue;
 
 use crate::delivery::BrokerKind;
-use crate::instances::{EventKind, Record, queue_name};
+use crate::instances::{EventKind, Record};
 
 /// The listener: the record, and each topic's last allocation.
 pub(crate) struct QueueWatch {
@@ -38,14 +38,14 @@ impl MessageQueueListener for QueueWatch {
         for (broker, queue) in before.difference(&now) {
             self.record.note(
                 EventKind::Revoked,
-                &queue_name(BrokerKind::RocketMq, topic, *queue),
+                &BrokerKind::RocketMq.queue(topic, *queue),
                 &format!("broker {broker}"),
             );
         }
         for (broker, queue) in now.difference(&before) {
             self.record.note(
                 EventKind::Assigned,
-                &queue_name(BrokerKind::RocketMq, topic, *queue),
+                &BrokerKind::RocketMq.queue(topic, *queue),
                 &format!("broker {broker}"),
             );
         }

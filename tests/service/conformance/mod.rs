@@ -423,7 +423,6 @@ mod cases {
         let mut replay = d("M-5", "U-5");
         replay.properties.insert(REPLAY_PROPERTY.into(), "M-1".into());
         for (delivery, cause) in [
-            (d("M-1", "U-1"), DuplicateCause::Redelivery),
             (d("M-2", "U-1"), DuplicateCause::ProducerRetry),
             (d("M-3", "U-3"), DuplicateCause::ProducerResend),
             (d("M-4", ""), DuplicateCause::Unknown),
@@ -443,6 +442,15 @@ mod cases {
                 ("duplicate", Some(cause.as_str()), Some("db"), Some(1))
             );
         }
+        // The claim's own delivery again (its msgId): the same stored copy, a redelivery.
+        let r = g.process(&d("M-1", "U-1")).await;
+        assert_eq!(
+            (r.outcome, r.cause, r.layer),
+            (Outcome::Duplicate, Some(DuplicateCause::Redelivery), Some(Layer::Db))
+        );
+        let rows = log_rows(&db, "M-1").await;
+        let seen: Vec<_> = rows.iter().map(|r| (r.outcome.as_str(), r.cause.as_deref())).collect();
+        assert_eq!(seen, [("processed", None), ("duplicate", Some("redelivery"))]);
         assert_eq!(db.scalar(&STOCK_OF, &["SKU-C"]).await, 99);
     }
 
