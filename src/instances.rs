@@ -516,16 +516,14 @@ async fn facts(
 /// `now_ms`, from the facts of the run that applied it and `me`'s own events:
 ///
 /// 1. that run recorded the broker's timeout from the delivery's start on: `consume_timeout`;
-/// 2. it recorded an answer that did not reach the broker after the delivery was applied:
-///    `ack_lost`;
-/// 3. it recorded the delivery's queue taken from it after the delivery was applied:
-///    `rebalance`;
-/// 4. it stopped without a clean stop (marked `crash`, or its heartbeat is older than
+/// 2. after the delivery was applied, it recorded an answer that did not reach the broker
+///    (`ack_lost`) or the delivery's queue taken from it (`rebalance`): whichever came first;
+/// 3. it stopped without a clean stop (marked `crash`, or its heartbeat is older than
 ///    [`STALE_AFTER_MS`] and no stop is on record): `crash`;
-/// 5. on a broker that moves queues (RocketMQ, Kafka), the queue was given to another run after
+/// 4. on a broker that moves queues (RocketMQ, Kafka), the queue was given to another run after
 ///    the delivery was applied, or that run stopped cleanly with the delivery unanswered:
 ///    `rebalance`;
-/// 6. otherwise `unattributed`: never a guess.
+/// 5. otherwise `unattributed`: never a guess.
 pub(crate) fn judge(
     applied: &ClaimDelivery,
     run: &RunFacts,
@@ -539,12 +537,20 @@ pub(crate) fn judge(
     if run.events.iter().any(|e| e.kind == EventKind::ConsumeTimeout) {
         return RedeliveryCause::ConsumeTimeout;
     }
-    if run.events.iter().filter(after).filter(this_queue).any(|e| e.kind == EventKind::AckFailed) {
-        return RedeliveryCause::AckLost;
-    }
-    let revoked = |e: &Event| e.kind == EventKind::Revoked && !e.queue.is_empty() && e.queue == applied.queue;
-    if run.events.iter().filter(after).any(revoked) {
-        return RedeliveryCause::Rebalance;
+    // Whichever came first to the unanswered delivery: its answer lost (an offset commit that
+    // failed because the partition had already been taken is the rebalance's doing), or its
+    // queue taken (a queue taken after the answer could not be sent is the lost answer's).
+    let revoked =
+        |e: &&Event| e.kind == EventKind::Revoked && !e.queue.is_empty() && e.queue == applied.queue;
+    let ack_failed = |e: &&Event| e.kind == EventKind::AckFailed && this_queue(e);
+    let first =
+        run.events.iter().filter(after).filter(|e| revoked(e) || ack_failed(e)).min_by_key(|e| e.at_ms);
+    if let Some(e) = first {
+        return if e.kind == EventKind::Revoked {
+            RedeliveryCause::Rebalance
+        } else {
+            RedeliveryCause::AckLost
+        };
     }
     let stale = run.heartbeat_at_ms.is_some_and(|h| h < now_ms - STALE_AFTER_MS);
     match run.stop {
@@ -605,6 +611,18 @@ mod tests {
             judge(&alive(vec![event(10_200, EventKind::Revoked, "orders · q3")]), &[], k),
             RedeliveryCause::Rebalance
         );
+        let taken_then_failed = vec![
+            event(10_200, EventKind::Revoked, "orders · q3"),
+            event(10_300, EventKind::AckFailed, "orders · q3"),
+        ];
+        assert_eq!(
+            judge(&alive(taken_then_failed), &[], k),
+            RedeliveryCause::Rebalance,
+            "the commit failed because the partition was taken"
+        );
+        let failed_then_taken =
+            vec![event(10_200, EventKind::AckFailed, ""), event(10_300, EventKind::Revoked, "orders · q3")];
+        assert_eq!(judge(&alive(failed_then_taken), &[], k), RedeliveryCause::AckLost, "cut off, then taken");
         assert_eq!(
             judge(&alive(vec![event(9_000, EventKind::Revoked, "orders · q3")]), &[], k),
             RedeliveryCause::Unattributed,

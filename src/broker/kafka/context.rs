@@ -8,7 +8,8 @@ use std::sync::Arc;
 use rdkafka::ClientContext;
 use rdkafka::TopicPartitionList;
 use rdkafka::consumer::{BaseConsumer, ConsumerContext, Rebalance};
-use rdkafka::error::KafkaResult;
+use rdkafka::error::{KafkaError, KafkaResult};
+use rdkafka::types::RDKafkaErrorCode;
 
 use crate::delivery::BrokerKind;
 use crate::instances::{EventKind, Record};
@@ -29,6 +30,20 @@ impl Recording {
 
 impl ClientContext for Recording {}
 
+/// What a failed offset commit says in the record: the coordinator refusing it because the
+/// group is rebalancing (the partition is being taken: `revoked`), or an answer that did not
+/// reach the broker (`ack_failed`).
+pub(crate) fn commit_failure(e: &KafkaError) -> EventKind {
+    match e.rdkafka_error_code() {
+        Some(
+            RDKafkaErrorCode::RebalanceInProgress
+            | RDKafkaErrorCode::IllegalGeneration
+            | RDKafkaErrorCode::UnknownMemberId,
+        ) => EventKind::Revoked,
+        _ => EventKind::AckFailed,
+    }
+}
+
 impl ConsumerContext for Recording {
     fn pre_rebalance(&self, _: &BaseConsumer<Self>, rebalance: &Rebalance<'_>) {
         if let Rebalance::Revoke(partitions) = rebalance {
@@ -44,7 +59,7 @@ impl ConsumerContext for Recording {
 
     fn commit_callback(&self, result: KafkaResult<()>, offsets: &TopicPartitionList) {
         if let Err(e) = result {
-            self.note_each(EventKind::AckFailed, offsets, &format!("the offset commit failed: {e}"));
+            self.note_each(commit_failure(&e), offsets, &format!("the offset commit failed: {e}"));
         }
     }
 }

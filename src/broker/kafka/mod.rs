@@ -356,7 +356,7 @@ async fn consume_until_stopped(
     .await;
     if let Ok(Err(e)) = committed {
         shared.answering.note(
-            EventKind::AckFailed,
+            context::commit_failure(&e),
             "",
             &format!("the last offsets could not be committed: {e}"),
         );
@@ -476,7 +476,7 @@ async fn handle_batch(
         tracing::warn!(error = %e, "the batch's offsets could not be committed; its records are read again");
         for (topic, partition) in commit.keys() {
             shared.answering.note(
-                EventKind::AckFailed,
+                context::commit_failure(&e),
                 &BrokerKind::Kafka.queue(topic, *partition),
                 &format!("the offset commit could not be sent: {e}"),
             );

@@ -9,6 +9,7 @@
 //! replayed by its key or its msgId. The msgId and UNIQ_KEY are held exactly as delivered too.
 
 use idemgate::clock::now_ms;
+use idemgate::delivery::Delivery;
 use idemgate::inspect::trace::{Answer, FinalState, SearchBy, Story, TraceContext, TraceQuery, trace};
 use idemgate::outcome::{DuplicateCause, Outcome};
 use idemgate::reconcile::{AnomalyKind, ReconcileOptions, reconcile_once, runs};
@@ -93,7 +94,11 @@ mod cases {
             assert_eq!((r.outcome, r.logged), (Outcome::Processed, true), "{key}: {r:?}");
         }
         let copies = KEYS.iter().enumerate().map(|(i, key)| {
-            let d = stock_deduct(key, &format!("M-{i}-again"), &format!("U-{i}"), "SKU-U", 1);
+            // A retry copy: its own msgId, naming the stored copy it retries.
+            let d = Delivery {
+                stored_copy: format!("M-{i}"),
+                ..stock_deduct(key, &format!("M-{i}-again"), &format!("U-{i}"), "SKU-U", 1)
+            };
             let g = &g;
             async move { g.process(&d).await }
         });
@@ -277,7 +282,12 @@ mod cases {
         let (msg_id, uniq_key) = ("7F00'01\\注文\"x", "U-'ユニーク'\\ключ");
         let r = g.process(&stock_deduct("ODD-1", msg_id, uniq_key, "SKU-O", 1)).await;
         assert_eq!(r.outcome, Outcome::Processed, "{r:?}");
-        let again = g.process(&stock_deduct("ODD-1", "M-ODD-again", uniq_key, "SKU-O", 1)).await;
+        // A retry copy of it, naming its odd msgId as the stored copy it retries.
+        let retry = Delivery {
+            stored_copy: msg_id.to_owned(),
+            ..stock_deduct("ODD-1", "M-ODD-again", uniq_key, "SKU-O", 1)
+        };
+        let again = g.process(&retry).await;
         assert_eq!((again.outcome, again.cause), (Outcome::Duplicate, Some(DuplicateCause::Redelivery)));
 
         let report = reconcile_once(store, &window(started), &[STOCK_LEDGER_CHECK], now_ms()).await.unwrap();
