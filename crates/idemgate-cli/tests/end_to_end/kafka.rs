@@ -454,7 +454,6 @@ fn tail(log: &str) -> String {
 const SESSION_TIMEOUT_MS: u32 = 10_000;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "tansu 0.6.0's group coordinator, not the service: a member that joins within the session timeout of a dead leader is handed an empty assignment and the group is formed with every partition unassigned, for good (tansu-broker src/coordinator/group/administrator.rs, Inner<Forming>::sync accepts a follower's empty SyncGroup once the dead leader is cleared); docs/testing.md"]
 async fn a_restart_one_second_after_a_sigkill_with_retries_pending_resumes_and_keeps_the_books() {
     restart_after_a_sigkill(Duration::from_secs(1)).await;
 }
