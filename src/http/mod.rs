@@ -22,6 +22,7 @@ pub(crate) mod auth;
 pub(crate) mod csrf;
 mod health;
 pub(crate) mod host;
+mod instances;
 mod lists;
 mod metrics;
 mod overview;
@@ -117,6 +118,7 @@ pub(crate) fn router(state: AppState) -> Router {
         .merge(trace::router())
         .merge(lists::router())
         .merge(anomalies::router())
+        .merge(instances::router())
         .merge(replay::router())
         .route("/assets/style.css", get(view::style))
         .route_layer(middleware::from_fn_with_state(state.clone(), limit_in_flight));

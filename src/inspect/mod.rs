@@ -6,6 +6,7 @@
 //! ([`Limits`]), so that a page opened during an incident cannot add to it. This module only
 //! reads; it must not write, and it must not know about HTTP or HTML.
 
+pub mod instances;
 pub mod lists;
 pub mod overview;
 pub mod trace;

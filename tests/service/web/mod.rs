@@ -491,6 +491,49 @@ mod cases {
         assert!(metrics.contains("idemgate_reconcile_last_run_timestamp_seconds{"), "{metrics}");
     }
 
+    /// The instances page: this run, running, with its start on record, and the duplicates it
+    /// logged by cause; a redelivery's sub-cause once this run has read it from its record (the
+    /// same instance handed the same copy again with nothing on record: `unattributed`).
+    pub async fn the_instances_page_shows_each_run_and_its_duplicates_by_cause(
+        backend: idemgate::store::Backend,
+    ) {
+        let app = App::new(backend).await;
+        assert_eq!(app.deliver(&stock_deduct("D-I", "M1", "U1", "SKU-W", 1)).await, Outcome::Processed);
+        assert_eq!(app.deliver(&stock_deduct("D-I", "M1", "U1", "SKU-W", 1)).await, Outcome::Duplicate);
+        assert_eq!(app.deliver(&stock_deduct("D-I", "M2", "U1", "SKU-W", 1)).await, Outcome::Duplicate);
+        let started = std::time::Instant::now();
+        let json = loop {
+            let (status, json) = app.json("/api/instances").await;
+            assert_eq!(status, StatusCode::OK);
+            let attributed = json["runs"][0]["duplicates"]["redelivery/unattributed"] == 1;
+            if attributed || started.elapsed() > std::time::Duration::from_secs(20) {
+                break json;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(250)).await;
+        };
+        let run = &json["runs"][0];
+        assert_eq!(json["runs"].as_array().map(Vec::len), Some(1), "{json}");
+        assert_eq!(
+            (run["instance_id"].as_str(), run["state"].as_str()),
+            (Some("web-1"), Some("running")),
+            "{json}"
+        );
+        assert_eq!(run["duplicates"]["redelivery/unattributed"], 1, "{json}");
+        assert_eq!(run["duplicates"]["producer_retry"], 1, "{json}");
+        let kinds: Vec<&str> =
+            json["events"].as_array().unwrap().iter().filter_map(|e| e["kind"].as_str()).collect();
+        assert_eq!(kinds, ["started"], "{json}");
+        let (status, html, _) = app.get("/instances").await;
+        assert_eq!(status, StatusCode::OK);
+        assert!(html.contains("web-1") && html.contains(">running<"), "{html}");
+        assert!(
+            html.contains("<b>1</b> redelivery/unattributed") && html.contains("<b>1</b> producer retry"),
+            "{html}"
+        );
+        let (_, html, _) = app.get("/trace?biz_id=D-I").await;
+        assert!(html.contains("redelivery · unattributed"), "the trace names the sub-cause: {html}");
+    }
+
     /// With credentials configured, everything but health needs them; the token never shows.
     pub async fn credentials_guard_everything_but_health(backend: idemgate::store::Backend) {
         let mut settings = shop::settings();
@@ -501,7 +544,9 @@ mod cases {
         for open in ["/healthz", "/readyz"] {
             assert_eq!(app.get(open).await.0, StatusCode::OK, "{open}");
         }
-        for guarded in ["/", "/trace?q=x", "/dead-letters", "/api/overview", "/metrics", "/archive"] {
+        for guarded in
+            ["/", "/trace?q=x", "/dead-letters", "/api/overview", "/metrics", "/archive", "/instances"]
+        {
             let (status, body, headers) = app.get(guarded).await;
             assert_eq!(status, StatusCode::UNAUTHORIZED, "{guarded}");
             assert!(headers.get(header::WWW_AUTHENTICATE).is_some());
@@ -536,6 +581,7 @@ on_every_backend!(
     history_beyond_the_log_retention_is_noted,
     credentials_guard_everything_but_health,
     anomalies_are_listed_with_links_to_their_traces,
+    the_instances_page_shows_each_run_and_its_duplicates_by_cause,
 );
 
 /// A request for `uri` that names `host` in its `Host` header, as a browser's does.
