@@ -159,10 +159,9 @@ impl Record {
         self.wake.notify_one();
     }
 
-    /// This run's own events since `since_ms`, from memory.
-    fn recent_since(&self, since_ms: i64) -> Vec<Event> {
-        let recent = self.recent.lock().unwrap_or_else(|p| p.into_inner());
-        recent.iter().filter(|e| e.at_ms >= since_ms).cloned().collect()
+    /// This run's own events, from memory (the latest [`MAX_RECENT`]).
+    fn own_events(&self) -> Vec<Event> {
+        self.recent.lock().unwrap_or_else(|p| p.into_inner()).iter().cloned().collect()
     }
 
     /// Starts the run: its row, its `started` event, and the earlier runs of the group whose
@@ -248,7 +247,7 @@ impl Record {
             let cause = match applied {
                 Some(applied) => {
                     let run = facts(&mut conn, backend, &applied, now).await?;
-                    let mine = self.recent_since(applied.logged_at_ms);
+                    let mine = self.own_events();
                     judge(&applied, &run, &mine, &self.instance_id, self.broker, now)
                 }
                 None => RedeliveryCause::Unattributed,
@@ -476,7 +475,7 @@ pub(crate) struct RunFacts {
 }
 
 /// Reads what the record holds of the run of `applied.instance_id` that applied the claim's
-/// delivery, up to `now_ms`, and this run's own events (from `me`, in memory) since then.
+/// delivery, up to `now_ms`.
 async fn facts(
     conn: &mut Conn,
     backend: Backend,
@@ -520,9 +519,9 @@ async fn facts(
 ///    (`ack_lost`) or the delivery's queue taken from it (`rebalance`): whichever came first;
 /// 3. it stopped without a clean stop (marked `crash`, or its heartbeat is older than
 ///    [`STALE_AFTER_MS`] and no stop is on record): `crash`;
-/// 4. on a broker that moves queues (RocketMQ, Kafka), the queue was given to another run after
-///    the delivery was applied, or that run stopped cleanly with the delivery unanswered:
-///    `rebalance`;
+/// 4. on a broker that moves queues (RocketMQ, Kafka), `me` holds the delivery's queue (its
+///    last event of it gave it), applied by another run, or that run stopped cleanly with the
+///    delivery unanswered: `rebalance`;
 /// 5. otherwise `unattributed`: never a guess.
 pub(crate) fn judge(
     applied: &ClaimDelivery,
@@ -559,8 +558,14 @@ pub(crate) fn judge(
         _ => {}
     }
     let moves_queues = broker != BrokerKind::RabbitMq;
-    let given_to_me = applied.instance_id != me_id
-        && me.iter().filter(after).any(|e| e.kind == EventKind::Assigned && e.queue == applied.queue);
+    // This run holds the queue another run applied the copy from: the queue moved between them
+    // (RocketMQ's two owners overlap until the old one's own rebalance drops it).
+    let held_by_me = me
+        .iter()
+        .filter(|e| e.queue == applied.queue && matches!(e.kind, EventKind::Assigned | EventKind::Revoked))
+        .max_by_key(|e| e.at_ms)
+        .is_some_and(|e| e.kind == EventKind::Assigned);
+    let given_to_me = applied.instance_id != me_id && held_by_me;
     if moves_queues && (given_to_me || run.stop == Some(Stop::Clean)) {
         return RedeliveryCause::Rebalance;
     }
@@ -634,6 +639,17 @@ mod tests {
         assert_eq!(judge(&silent, &[], k), RedeliveryCause::Crash, "a heartbeat older than 3 s and no stop");
         let given = [event(10_300, EventKind::Assigned, "orders · q3")];
         assert_eq!(judge(&alive(vec![]), &given, k), RedeliveryCause::Rebalance);
+        let overlapping = [event(9_000, EventKind::Assigned, "orders · q3")];
+        assert_eq!(
+            judge(&alive(vec![]), &overlapping, k),
+            RedeliveryCause::Rebalance,
+            "given before the old owner applied it: both held it until the old one let go"
+        );
+        let given_back = [
+            event(9_000, EventKind::Assigned, "orders · q3"),
+            event(9_500, EventKind::Revoked, "orders · q3"),
+        ];
+        assert_eq!(judge(&alive(vec![]), &given_back, k), RedeliveryCause::Unattributed, "no longer held");
         assert_eq!(
             judge(&alive(vec![]), &given, BrokerKind::RabbitMq),
             RedeliveryCause::Unattributed,

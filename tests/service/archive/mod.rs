@@ -17,6 +17,7 @@ use idemgate::archive::{
     dry_run, runs,
 };
 use idemgate::cron::Schedule;
+use idemgate::delivery::Delivery;
 use idemgate::handler::Handlers;
 use idemgate::outcome::{Layer, Outcome};
 use idemgate::store::{Sql, Store};
@@ -386,8 +387,12 @@ mod cases {
         let guarded =
             gate_with(db.store.clone(), identity(GROUP, "c"), |s| s.archive.late_duplicate_guard = true);
 
-        // Same UNIQ_KEY as the archived claim: the broker bringing the message back.
-        let copy = stock_deduct("OLD-0", "LATE-1", "U-OLD-0", "SKU-A", 1);
+        // Same UNIQ_KEY and stored copy as the archived claim: the broker bringing the message
+        // back, as a retry copy with its own msgId.
+        let copy = Delivery {
+            stored_copy: "M-OLD-0".to_owned(),
+            ..stock_deduct("OLD-0", "LATE-1", "U-OLD-0", "SKU-A", 1)
+        };
         let stopped = guarded.process(&copy).await;
         assert_eq!((stopped.outcome, stopped.layer), (Outcome::Duplicate, Some(Layer::LateDuplicate)));
         assert_eq!(stopped.cause, Some(idemgate::outcome::DuplicateCause::Redelivery));

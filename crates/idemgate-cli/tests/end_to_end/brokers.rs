@@ -287,8 +287,7 @@ async fn two_consumers_share_the_stream(kind: BrokerKind, backend: Backend) {
 }
 
 /// A second instance that joins the group mid-stream takes queues or partitions from the first:
-/// every copy the first applied and the second was handed again is named a rebalance. On
-/// RocketMQ, whose client stores its offsets every 5 s, the new owner always reads some again.
+/// every copy the first applied and the second was handed again is named a rebalance.
 async fn joined_mid_stream(kind: BrokerKind, backend: Backend) {
     let db = database(backend).await;
     let (topic, group, run) = (unique("join"), unique("group"), unique("J").replace('_', ""));
@@ -301,11 +300,10 @@ async fn joined_mid_stream(kind: BrokerKind, backend: Backend) {
     let second = Service::start(&settings_for(kind, &db.url, &topic, &group, "second", 2));
     let (report, sends) = producer.join().expect("producer thread");
     assert_converges(&db.store, &run, &group, &report, &sends).await;
+    // How many copies the second reads again depends on where the first's offsets stood when
+    // the queues moved (none, when the first stored them as it let go).
     let named = redelivery_sub_causes(&db.store, &group, "second", "first").await;
     assert!(named.iter().all(|n| n == "rebalance"), "{named:?}");
-    if kind == BrokerKind::RocketMq {
-        assert!(!named.is_empty(), "the new owner reads the first's unstored offsets again");
-    }
     assert_eq!(second.terminate().code(), Some(0));
     assert_eq!(first.terminate().code(), Some(0));
     clean_up(kind, &group, &topic).await;
